@@ -1,0 +1,113 @@
+"""Fuzzing campaigns: judge drawn cases, turn the shrunk failure into a fixture.
+
+`check_case` is what every Hypothesis test body calls. Hypothesis runs the minimal failing
+example one last time with `is_final` set after shrinking; only that run writes a fixture, so
+`regressions/` receives the shrunk case and never the intermediate ones.
+
+`fuzz` runs a campaign outside pytest (the CLI's `fuzz`, `gate` and `mutants`), with a case
+and/or time budget, and returns what it found.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+
+from hypothesis import given, seed as hypothesis_seed, settings, strategies as st
+from hypothesis.control import current_build_context, currently_in_test_context
+from hypothesis.errors import HypothesisException
+
+from . import fixtures
+from .case import AttentionCase
+from .contract import Implementation
+from .inputs import inputs_sha256, materialize
+from .judge import Report, judge
+
+
+class Counterexample(AssertionError):
+    """A case on which an implementation failed a check; carries the report and fixture path."""
+
+    def __init__(self, report: Report, fixture_path: Path | None):
+        self.report = report
+        self.fixture_path = fixture_path
+        lines = [report.describe()]
+        if fixture_path is not None:
+            fx = fixtures.Fixture(case=report.case, path=fixture_path)
+            lines += [f"  fixture: {fixtures._display(fixture_path)}",
+                      f"  replay:  {fx.replay_command()}"]
+        super().__init__("\n".join(lines))
+
+
+def _is_final_run() -> bool:
+    if not currently_in_test_context():
+        return True            # called directly (replay, a unit test): every failure is final
+    return current_build_context().is_final
+
+
+def save_fixture(report: Report, directory=None) -> Path:
+    """Write the report's failure as a fixture (create-if-absent); returns its path."""
+    case = report.case
+    sha = inputs_sha256(materialize(case, "cpu"))
+    path, _ = fixtures.write(fixtures.from_report(report, sha),
+                             directory if directory is not None else fixtures.DEFAULT_DIR)
+    return path
+
+
+def check_case(impl: Implementation, case: AttentionCase, *, save: bool = True,
+               fixtures_dir=None, device=None) -> Report:
+    """Judge one case; raise Counterexample on failure (writing a fixture on the final run)."""
+    report = judge(impl, case, device=device)
+    if report.skipped is not None:
+        raise RuntimeError(f"{case} was drawn but cannot run: {report.skipped}")
+    if not report.passed:
+        path = save_fixture(report, fixtures_dir) if (save and _is_final_run()) else None
+        raise Counterexample(report, path)
+    return report
+
+
+@dataclasses.dataclass
+class CampaignResult:
+    impl: str
+    cases: int                          # cases judged (all, including shrinking)
+    seconds: float
+    counterexample: Counterexample | None = None
+    cases_to_first_failure: int | None = None
+    error: str | None = None            # the campaign could not run (e.g. nothing drawable)
+
+    @property
+    def passed(self) -> bool:
+        return self.counterexample is None and self.error is None
+
+
+def fuzz(impl: Implementation, strategy: st.SearchStrategy[AttentionCase], *, max_examples: int,
+         seconds: float | None = None, seed: int | None = 0, save: bool = True, fixtures_dir=None,
+         device=None) -> CampaignResult:
+    """Draw up to `max_examples` cases (or until `seconds` pass), shrink the first failure."""
+    counter = {"cases": 0, "first": None}
+    start = time.perf_counter()
+
+    @settings(max_examples=max_examples, database=None, deadline=None, derandomize=seed is None,
+              print_blob=False)
+    @given(strategy)
+    def campaign(case):
+        counter["cases"] += 1
+        if seconds is not None and time.perf_counter() - start > seconds and counter["first"] is None:
+            return          # budget spent: let the remaining draws pass quickly
+        try:
+            check_case(impl, case, save=save, fixtures_dir=fixtures_dir, device=device)
+        except Counterexample:
+            if counter["first"] is None:
+                counter["first"] = counter["cases"]
+            raise
+
+    if seed is not None:
+        campaign = hypothesis_seed(seed)(campaign)
+    try:
+        campaign()
+    except Counterexample as found:
+        return CampaignResult(impl.name, counter["cases"], time.perf_counter() - start, found,
+                              counter["first"])
+    except HypothesisException as exc:
+        return CampaignResult(impl.name, counter["cases"], time.perf_counter() - start,
+                              error=f"{type(exc).__name__}: {exc}")
+    return CampaignResult(impl.name, counter["cases"], time.perf_counter() - start)

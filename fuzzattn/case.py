@@ -1,0 +1,154 @@
+"""AttentionCase: a small, printable, hashable description of one attention problem.
+
+A case holds sizes, flags and a seed, never tensors: `fuzzattn.inputs.materialize` turns it into
+bit-identical tensors on any machine. Hypothesis draws cases, so shrinking acts on shapes.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+from typing import Any
+
+DTYPES = ("float32", "bfloat16", "float16")
+CAUSAL_ALIGNMENTS = ("top_left", "bottom_right")
+CAUSAL_MODES = ("none",) + CAUSAL_ALIGNMENTS
+
+# How each of q, k, v sits in memory. Ordered simple -> exotic so that shrinking moves left.
+#   contiguous       (B, H, N, D) row-major, NaN guard storage before and after it
+#   transposed       stored (B, N, H, D) and viewed as (B, H, N, D): FlashAttention's native layout
+#   sliced           every other row of a larger NaN-filled storage, with a storage offset and NaN
+#                    columns past D: padding past every sequence end and every row
+#   broadcast_batch  k/v only: one batch element expanded with stride 0 over the batch
+#   broadcast_heads  k/v only: one head expanded with stride 0 over the heads
+#   last_dim_strided last dimension has stride 2 (NaN in between): only for kernels declaring it
+LAYOUTS = ("contiguous", "transposed", "sliced", "broadcast_batch", "broadcast_heads",
+           "last_dim_strided")
+KV_ONLY_LAYOUTS = ("broadcast_batch", "broadcast_heads")
+
+# Value profiles, ordered simple -> exotic so that shrinking moves toward "normal".
+#   normal          standard normal q, k, v
+#   large           q and k scaled so scores reach ~1e4: far beyond exp's range without a max
+#   near_constant   all keys nearly equal: every row's softmax is almost uniform
+#   dominant_key    one key per (batch, head) aligned with every query: softmax almost one-hot
+#   zero_query_rows some query rows are exactly zero: uniform weights over visible keys
+#   below_sentinel  every score far below -1e6: a finite mask sentinel then out-votes real keys
+VALUE_PROFILES = ("normal", "large", "near_constant", "dominant_key", "zero_query_rows",
+                  "below_sentinel")
+
+_SHORT = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+
+
+class CaseError(ValueError):
+    """A case description that names an impossible or unknown value."""
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionCase:
+    batch: int
+    heads: int
+    kv_heads: int
+    seq_q: int
+    seq_k: int
+    head_dim: int
+    dtype: str = "float32"
+    causal: str = "none"
+    scale: float | None = None          # None: the usual 1/sqrt(head_dim)
+    layout: tuple[str, str, str] = ("contiguous", "contiguous", "contiguous")  # q, k, v
+    values: str = "normal"
+    seed: int = 0
+
+    def __post_init__(self):
+        if isinstance(self.layout, list):
+            object.__setattr__(self, "layout", tuple(self.layout))
+        for name in ("batch", "heads", "kv_heads", "seq_q", "seq_k", "head_dim", "seed"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise CaseError(f"{name}={value!r} must be a non-negative int")
+        for name in ("batch", "heads", "kv_heads", "head_dim"):
+            if getattr(self, name) == 0:
+                raise CaseError(f"{name}=0 must be at least 1")
+        if self.heads % self.kv_heads:
+            raise CaseError(f"heads={self.heads} is not a multiple of kv_heads={self.kv_heads}")
+        if self.dtype not in DTYPES:
+            raise CaseError(f"dtype={self.dtype!r} is not one of {DTYPES}")
+        if self.causal not in CAUSAL_MODES:
+            raise CaseError(f"causal={self.causal!r} is not one of {CAUSAL_MODES}")
+        if self.scale is not None and (not isinstance(self.scale, (int, float))
+                                       or isinstance(self.scale, bool)
+                                       or not math.isfinite(self.scale)):
+            raise CaseError(f"scale={self.scale!r} must be a finite number or None")
+        if len(self.layout) != 3:
+            raise CaseError(f"layout={self.layout!r} needs one entry for each of q, k, v")
+        for tensor, layout in zip("qkv", self.layout):
+            if layout not in LAYOUTS:
+                raise CaseError(f"layout[{tensor}]={layout!r} is not one of {LAYOUTS}")
+            if tensor == "q" and layout in KV_ONLY_LAYOUTS:
+                raise CaseError(f"layout[q]={layout!r} only applies to k and v")
+        if self.values not in VALUE_PROFILES:
+            raise CaseError(f"values={self.values!r} is not one of {VALUE_PROFILES}")
+
+    # -- derived facts ------------------------------------------------------------------------
+    @property
+    def softmax_scale(self) -> float:
+        return 1.0 / math.sqrt(self.head_dim) if self.scale is None else float(self.scale)
+
+    @property
+    def is_causal(self) -> bool:
+        return self.causal != "none"
+
+    @property
+    def group_size(self) -> int:
+        """Query heads per kv head: 1 for MHA, heads for MQA."""
+        return self.heads // self.kv_heads
+
+    def shape(self, tensor: str) -> tuple[int, int, int, int]:
+        if tensor == "q":
+            return (self.batch, self.heads, self.seq_q, self.head_dim)
+        return (self.batch, self.kv_heads, self.seq_k, self.head_dim)
+
+    def replace(self, **changes) -> "AttentionCase":
+        return dataclasses.replace(self, **changes)
+
+    # -- serialisation ------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["layout"] = list(self.layout)
+        return d
+
+    @classmethod
+    def from_dict(cls, data: Any) -> "AttentionCase":
+        """Build a case from parsed JSON; errors name the offending field."""
+        if not isinstance(data, dict):
+            raise CaseError(f"case must be an object, got {type(data).__name__}")
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - set(fields))
+        if unknown:
+            raise CaseError(f"case.{unknown[0]} is not a known field (known: {', '.join(fields)})")
+        required = [n for n, f in fields.items() if f.default is dataclasses.MISSING]
+        missing = [n for n in required if n not in data]
+        if missing:
+            raise CaseError(f"case.{missing[0]} is missing")
+        expected = {"batch": int, "heads": int, "kv_heads": int, "seq_q": int, "seq_k": int,
+                    "head_dim": int, "seed": int, "dtype": str, "causal": str, "values": str,
+                    "layout": list}
+        for name, kind in expected.items():
+            if name in data and (not isinstance(data[name], kind) or isinstance(data[name], bool)):
+                raise CaseError(f"case.{name}={data[name]!r} should be of type {kind.__name__}")
+        return cls(**data)
+
+    def key(self) -> str:
+        """Short stable hash: names fixtures and deduplicates them."""
+        blob = json.dumps(self.to_dict(), sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()[:12]
+
+    def __str__(self) -> str:
+        heads = f"H={self.heads}" if self.kv_heads == self.heads else f"H={self.heads}/{self.kv_heads}"
+        scale = "" if self.scale is None else f" scale={self.scale:g}"
+        layout = "" if set(self.layout) == {"contiguous"} else " layout=" + ",".join(
+            f"{t}:{l}" for t, l in zip("qkv", self.layout) if l != "contiguous")
+        causal = "" if self.causal == "none" else f" causal={self.causal}"
+        values = "" if self.values == "normal" else f" values={self.values}"
+        return (f"B={self.batch} {heads} Nq={self.seq_q} Nk={self.seq_k} D={self.head_dim} "
+                f"{_SHORT[self.dtype]}{causal}{scale}{layout}{values} seed={self.seed}")

@@ -1,0 +1,148 @@
+"""Materialise an AttentionCase into q, k, v: deterministic values inside guarded storage.
+
+Values come from a CPU `torch.Generator(case.seed)` and are rounded to the case's dtype on the
+CPU; the whole storage (guards included) is then moved to the device in one piece and the views
+are rebuilt there with `as_strided`, so every machine sees the same bits at the same offsets.
+
+Every tensor lives inside a larger storage whose unused elements hold `pad_value` (NaN by
+default, after xformers): a kernel that reads past a sequence end, past D, or outside the tensor
+picks up NaN, which the oracle never has.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import math
+
+import torch
+
+from .case import AttentionCase
+
+TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+GUARD = 64   # elements of padding before and after each tensor inside its storage
+
+
+@dataclasses.dataclass
+class Inputs:
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    storages: dict[str, torch.Tensor]   # the whole buffer each view lives in, guards included
+
+    def tensors(self):
+        return self.q, self.k, self.v
+
+    def snapshot(self) -> dict[str, torch.Tensor]:
+        return {name: buf.clone() for name, buf in self.storages.items()}
+
+    def changed_since(self, snapshot: dict[str, torch.Tensor]) -> list[str]:
+        """Names of storages whose bytes differ from the snapshot (NaN-safe: compares bits)."""
+        return [name for name, buf in self.storages.items()
+                if not torch.equal(_bits(buf), _bits(snapshot[name]))]
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.int16 if t.element_size() == 2 else torch.int32)
+
+
+def logical_values(case: AttentionCase) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """float32 q, k, v of the case's logical shapes, before rounding and layout."""
+    g = torch.Generator().manual_seed(case.seed)
+    q = torch.randn(case.shape("q"), generator=g)
+    k = torch.randn(case.shape("k"), generator=g)
+    v = torch.randn(case.shape("v"), generator=g)
+    return _apply_profile(case, q, k, v, g)
+
+
+def _apply_profile(case, q, k, v, g):
+    profile = case.values
+    if profile == "normal":
+        pass
+    elif profile == "large":
+        # x64 each: scores ~ 4096 * N(0, 1), reaching ~1e4. Powers of two keep bf16 rounding exact.
+        q, k = q * 64, k * 64
+    elif profile == "near_constant":
+        # Every key equals key 0 up to 1e-3 noise: rows are nearly uniform, the max barely moves.
+        k = k[:, :, :1, :] + 1e-3 * k
+    elif profile == "dominant_key":
+        # q >= 0.5 everywhere and one key of all 4.0 per (batch, kv head): its score is ~5*sqrt(D)
+        # above the others, so each row's softmax is close to one-hot on that key (when visible).
+        q = q.abs() + 0.5
+        if case.seq_k:
+            j = torch.randint(case.seq_k, (case.batch, case.kv_heads), generator=g)
+            k[torch.arange(case.batch)[:, None], torch.arange(case.kv_heads)[None, :], j] = 4.0
+    elif profile == "zero_query_rows":
+        rows = torch.rand(case.batch, case.heads, case.seq_q, generator=g) < 0.5
+        q = q.masked_fill(rows[..., None], 0.0)
+    elif profile == "below_sentinel":
+        # q = 1024 everywhere, key j = -1024 * m_j (m_j in 1..32): every score is a multiple of
+        # -2**20 * D * scale, at most about -4e6, and exact in fp32 (and bf16/fp16) so equal m_j
+        # tie exactly. Gaps between distinct keys are ~1e6, so each row is one-hot (or evenly
+        # split over ties) on its smallest visible m_j and rounding cannot move the answer. A
+        # kernel that masks with a finite sentinel such as -1e6 gives masked keys the larger score.
+        q = torch.full_like(q, 1024.0)
+        m = torch.randint(1, 33, (case.batch, case.kv_heads, case.seq_k, 1), generator=g).float()
+        k = (-1024.0 * m).expand_as(k).clone()
+    else:  # guarded by AttentionCase validation
+        raise AssertionError(profile)
+    return q, k, v
+
+
+def _storage_and_view(logical: torch.Tensor, layout: str, dtype: torch.dtype, pad_value: float):
+    """Place `logical` (B, H, N, D) into a padded CPU storage; return (storage, view)."""
+    B, H, N, D = logical.shape
+    if layout == "broadcast_batch":
+        base_shape, expand = (1, H, N, D), True
+    elif layout == "broadcast_heads":
+        base_shape, expand = (B, 1, N, D), True
+    else:
+        base_shape, expand = (B, H, N, D), False
+    b, h, n, d = base_shape
+    if layout == "sliced":
+        # rows 1, 3, 5, ... of a (b, h, 2n + 1, d + 3) block: NaN rows between and after every
+        # sequence element, NaN columns past D, and a non-zero storage offset.
+        inner = (b, h, 2 * n + 1, d + 3)
+    elif layout == "last_dim_strided":
+        inner = (b, h, n, 2 * d)
+    elif layout == "transposed":
+        inner = (b, n, h, d)
+    else:
+        inner = base_shape
+    numel = math.prod(inner)
+    storage = torch.full((GUARD + numel + GUARD,), pad_value, dtype=dtype)
+    block = storage[GUARD:GUARD + numel].view(inner)
+    if layout == "sliced":
+        view = block[:, :, 1:2 * n:2, :d]
+    elif layout == "last_dim_strided":
+        view = block[..., ::2]
+    elif layout == "transposed":
+        view = block.transpose(1, 2)
+    else:
+        view = block
+    view.copy_(logical[:b, :h].to(dtype))
+    if expand:
+        view = view.expand(B, H, N, D)
+    return storage, view
+
+
+def materialize(case: AttentionCase, device: str | torch.device = "cpu",
+                pad_value: float = float("nan")) -> Inputs:
+    """Deterministic inputs for `case` on `device`, bit-identical on every machine."""
+    dtype = TORCH_DTYPES[case.dtype]
+    storages, views = {}, {}
+    for name, logical, layout in zip("qkv", logical_values(case), case.layout):
+        storage, view = _storage_and_view(logical, layout, dtype, pad_value)
+        storage = storage.to(device)
+        storages[name] = storage
+        views[name] = storage.as_strided(view.shape, view.stride(), view.storage_offset())
+    return Inputs(views["q"], views["k"], views["v"], storages)
+
+
+def inputs_sha256(inputs: Inputs) -> str:
+    """Hash of the logical input values (not padding or layout): what a fixture pins."""
+    h = hashlib.sha256()
+    for t in inputs.tensors():
+        h.update(str(tuple(t.shape)).encode())
+        h.update(str(t.dtype).encode())
+        h.update(_bits(t.detach().to("cpu").contiguous()).numpy().tobytes())
+    return h.hexdigest()

@@ -1,0 +1,259 @@
+"""Judge one implementation on one case: run it, compute references, and return named verdicts.
+
+Order matters (after robust-kbench): the implementation runs first, on freshly materialised
+inputs, before any reference touches the device; the references run on their own fresh copies;
+then the implementation runs again on fresh copies. A kernel therefore cannot pass by returning
+memory a reference left behind, and the second run doubles as the determinism check.
+
+The first run is the adversarial one: its inputs sit in NaN-padded storage, and its outputs are
+either caller-provided buffers pre-filled with NaN between canary guards (`out_buffer`
+implementations) or allocated right after the allocator was handed NaN-filled blocks of the
+same sizes, so stale memory shows. The second run gets plain allocations.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+
+from .case import AttentionCase
+from .contract import ContractError, Implementation, UnsupportedCaseError
+from .inputs import Inputs, materialize
+from .oracle import Reference, oracle, same_precision_reference
+from .tolerance import lse_bound, out_bound
+from .verdict import CHECKS, Verdict, heatmap, locate
+
+GUARD = 256                                  # canary elements on each side of an output buffer
+CANARY = {2: 0x5A5A, 4: 0x5A5A5A5A}          # bit pattern by element size: no kernel writes it
+
+
+def default_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@dataclasses.dataclass
+class Report:
+    impl: str
+    case: AttentionCase
+    verdicts: list[Verdict]
+    skipped: str | None = None
+
+    @property
+    def failures(self) -> list[Verdict]:
+        order = {c: i for i, c in enumerate(CHECKS)}
+        return sorted((v for v in self.verdicts if not v.passed), key=lambda v: order[v.check])
+
+    @property
+    def passed(self) -> bool:
+        return self.skipped is None and not self.failures
+
+    @property
+    def first_failure(self) -> Verdict | None:
+        fails = self.failures
+        return fails[0] if fails else None
+
+    def describe(self) -> str:
+        if self.skipped:
+            return f"[skip] {self.impl}: {self.skipped}\n  case: {self.case}"
+        if self.passed:
+            return f"[ok] {self.impl} {self.case}"
+        return "\n".join(v.describe() for v in self.failures)
+
+
+def skip_reason(impl: Implementation, case: AttentionCase) -> str | None:
+    """Why this implementation cannot be judged on this case here, or None."""
+    why = impl.caps.why_not(case)
+    if why is not None:
+        return f"{impl.name} does not declare {why}"
+    if impl.backend == "triton" and case.dtype == "bfloat16":
+        from .interpreter import bf16_dot_status
+        ok, reason = bf16_dot_status()
+        if not ok:
+            return reason
+    return None
+
+
+# -- output buffers ---------------------------------------------------------------------------
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.int16 if t.element_size() == 2 else torch.int32)
+
+
+class _GuardedBuffer:
+    """A contiguous output tensor between two canary regions, its body pre-filled with NaN."""
+
+    def __init__(self, shape, dtype, device):
+        numel = math.prod(shape)
+        self.storage = torch.empty(GUARD + numel + GUARD, dtype=dtype, device=device)
+        self.pattern = CANARY[self.storage.element_size()]
+        _bits(self.storage).fill_(self.pattern)
+        self.tensor = self.storage[GUARD:GUARD + numel].view(shape)
+        self.tensor.fill_(float("nan"))
+
+    def canary_intact(self) -> bool:
+        bits = _bits(self.storage)
+        return bool((bits[:GUARD] == self.pattern).all() and (bits[-GUARD:] == self.pattern).all())
+
+
+def _poison_allocator(case: AttentionCase, device) -> None:
+    """Hand the allocator NaN-filled blocks of the output's sizes, so a kernel that returns
+    memory it never wrote returns NaN. Reliable with CUDA's caching allocator (freed blocks are
+    reused for same-size requests); on the CPU it depends on malloc reusing the freed chunk."""
+    out_bytes = math.prod(case.shape("q")) * {"float32": 4}.get(case.dtype, 2)
+    lse_bytes = case.batch * case.heads * case.seq_q * 4
+    blocks = [torch.full((n,), 0xFF, dtype=torch.uint8, device=device)
+              for n in (out_bytes, lse_bytes) if n]
+    del blocks
+
+
+# -- running ----------------------------------------------------------------------------------
+@dataclasses.dataclass
+class _Run:
+    out: torch.Tensor | None = None
+    lse: torch.Tensor | None = None
+    failure: Verdict | None = None          # crash or contract: nothing else can be judged
+    side_effects: list[Verdict] = dataclasses.field(default_factory=list)
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"
+
+
+def _run(impl: Implementation, case: AttentionCase, device, *, adversarial: bool,
+         pad_value: float = float("nan"), poison: bool = True) -> _Run:
+    inputs: Inputs = materialize(case, device, pad_value=pad_value)
+    snapshot = inputs.snapshot()
+    guarded = None
+    kwargs = {}
+    if adversarial and impl.caps.out_buffer:
+        guarded = (_GuardedBuffer(case.shape("q"), inputs.q.dtype, device),
+                   _GuardedBuffer((case.batch, case.heads, case.seq_q), torch.float32, device))
+        if not poison:
+            for g in guarded:
+                g.tensor.zero_()
+        kwargs = dict(out=guarded[0].tensor, lse=guarded[1].tensor)
+    elif adversarial and poison:
+        _poison_allocator(case, device)
+    verdict = dict(impl=impl.name, case=case)
+    try:
+        out, lse = impl(*inputs.tensors(), case, **kwargs)
+        if device != "cpu" and torch.cuda.is_available():
+            torch.cuda.synchronize()
+    except UnsupportedCaseError as exc:
+        return _Run(failure=Verdict(check="crash", passed=False,
+                                    detail=f"refused a declared case: {_one_line(exc)}", **verdict))
+    except ContractError as exc:
+        return _Run(failure=Verdict(check="contract", passed=False, detail=_one_line(exc), **verdict))
+    except Exception as exc:  # a kernel that crashes is a verdict, not a harness error
+        return _Run(failure=Verdict(check="crash", passed=False, detail=_one_line(exc), **verdict))
+    run = _Run(out=out, lse=lse)
+    if lse is None and impl.caps.returns_lse:
+        run.failure = Verdict(check="contract", passed=False,
+                              detail="declares returns_lse but returned no lse", **verdict)
+        return run
+    changed = inputs.changed_since(snapshot)
+    run.side_effects.append(Verdict(check="inputs_mutated", passed=not changed,
+                                    detail=f"storage of {', '.join(changed)} changed" if changed else "",
+                                    **verdict))
+    if guarded is not None:
+        broken = [name for name, g in zip(("out", "lse"), guarded) if not g.canary_intact()]
+        run.side_effects.append(Verdict(
+            check="out_of_bounds_write", passed=not broken,
+            detail=f"canary next to the {', '.join(broken)} buffer overwritten" if broken else "",
+            **verdict))
+    return run
+
+
+def _nonfinite_rows(run: _Run, ref: Reference) -> torch.Tensor:
+    """(B, H, Nq) bool: rows with NaN/inf in out (or lse) where the oracle is finite."""
+    bad = (~torch.isfinite(run.out.to(torch.float64)) & torch.isfinite(ref.out)).any(dim=-1)
+    if run.lse is not None:
+        bad |= torch.isnan(run.lse) | (torch.isinf(run.lse) & torch.isfinite(ref.lse))
+    return bad
+
+
+def _attribute_nonfinite(impl, case, device) -> tuple[str, str]:
+    """Re-run without one source of NaN at a time to name where a NaN came from."""
+    zero_pad = _run(impl, case, device, adversarial=True, pad_value=0.0)
+    if zero_pad.failure is None and torch.isfinite(zero_pad.out.to(torch.float32)).all():
+        return "out_of_bounds_read", "NaN appears only when the storage around the inputs holds NaN"
+    no_poison = _run(impl, case, device, adversarial=True, poison=False)
+    if no_poison.failure is None and torch.isfinite(no_poison.out.to(torch.float32)).all():
+        return "unwritten_output", "NaN appears only when the output memory starts as NaN"
+    return "nonfinite", "NaN/inf with clean padding and clean output memory"
+
+
+def _value_verdicts(impl, case, run: _Run, ref: Reference, spr: Reference, *, check_out="out",
+                    check_lse="lse") -> list[Verdict]:
+    verdict = dict(impl=impl.name, case=case)
+    out_results = []
+    empty = ref.empty_rows
+    if bool(empty.any()):
+        wrong = run.out[:, :, empty].to(torch.float64).ne(0).any(dim=-1) | \
+            torch.isnan(run.out[:, :, empty].to(torch.float64)).any(dim=-1)
+        if run.lse is not None:
+            wrong |= ~(run.lse[:, :, empty] == float("-inf"))
+        bad = torch.zeros_like(ref.lse, dtype=torch.bool)
+        bad[:, :, empty] = wrong
+        out_results.append(Verdict(
+            check="empty_rows", passed=not bool(wrong.any()), where=locate(bad) if wrong.any() else "",
+            detail="rows with no visible key must be out=0, lse=-inf" if wrong.any() else "",
+            heatmap=heatmap(bad) if wrong.any() else "", **verdict))
+    for check, got, reference, truth, rule in (
+            (check_out, run.out, spr.out, ref.out, out_bound),
+            (check_lse, run.lse, spr.lse, ref.lse, lse_bound)):
+        if got is None:
+            continue
+        b = rule(got, reference, truth)
+        bad = b.row_errors > b.allowed
+        if not b.ok:
+            bad = bad | torch.isnan(b.row_errors)
+        out_results.append(Verdict(
+            check=check, passed=b.ok, error=b.error, allowed=b.allowed,
+            where=locate(bad) if not b.ok else "", heatmap=heatmap(bad) if not b.ok else "",
+            detail="" if b.ok else f"same-precision reference error {b.reference_error:.3g}",
+            **verdict))
+    return out_results
+
+
+def judge(impl: Implementation, case: AttentionCase, device=None) -> Report:
+    """Every check of `impl` on `case`; skipped (with the reason) when it cannot apply here."""
+    device = device or default_device()
+    reason = skip_reason(impl, case)
+    if reason is not None:
+        return Report(impl.name, case, [], skipped=reason)
+    first = _run(impl, case, device, adversarial=True)
+    if first.failure is not None:
+        return Report(impl.name, case, [first.failure])
+    verdicts = list(first.side_effects)
+
+    fresh = materialize(case, device)
+    ref = oracle(*fresh.tensors(), case)
+    spr = same_precision_reference(*fresh.tensors(), case, impl.caps.fp32_matmul)
+
+    nonfinite = _nonfinite_rows(first, ref)
+    if bool(nonfinite.any()):
+        check, detail = _attribute_nonfinite(impl, case, device)
+        verdicts.append(Verdict(impl=impl.name, case=case, check=check, passed=False,
+                                where=locate(nonfinite), heatmap=heatmap(nonfinite), detail=detail))
+    verdicts += _value_verdicts(impl, case, first, ref, spr)
+
+    second = _run(impl, case, device, adversarial=False)
+    if second.failure is not None:
+        verdicts.append(dataclasses.replace(second.failure, detail="second run: " + second.failure.detail))
+        return Report(impl.name, case, verdicts)
+    if all(v.passed for v in verdicts):
+        # The rerun is judged on its own only when the first run passed, so one bug is one verdict.
+        rerun = [v for v in _value_verdicts(impl, case, second, ref, spr, check_out="rerun",
+                                            check_lse="rerun") if v.check == "rerun"]
+        verdicts += rerun
+    if impl.caps.deterministic:
+        same_out = torch.equal(_bits(first.out), _bits(second.out))
+        same_lse = (first.lse is None or second.lse is None
+                    or torch.equal(_bits(first.lse), _bits(second.lse)))
+        differs = [n for n, same in (("out", same_out), ("lse", same_lse)) if not same]
+        verdicts.append(Verdict(impl=impl.name, case=case, check="nondeterministic",
+                                passed=not differs,
+                                detail=f"{', '.join(differs)} differ bitwise between two runs" if differs else ""))
+    return Report(impl.name, case, verdicts)

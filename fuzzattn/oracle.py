@@ -1,0 +1,94 @@
+"""Reference attention: the float64 oracle and the same-precision reference the tolerance uses.
+
+Both compute softmax(scale * q k^T, masked) v on the *materialised* (already rounded) inputs, so
+the oracle's only error is float64 rounding. Rows with no visible key (bottom-right alignment
+with Nq > Nk, or Nk == 0) are defined as out = 0 and lse = -inf: the limit of an empty sum, and
+what FlashAttention returns. SDPA's own behaviour for such rows is documented in kernels/sdpa.py.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from .case import AttentionCase
+
+
+def visible_keys(seq_q: int, seq_k: int, causal: str, device=None) -> torch.Tensor | None:
+    """(Nq, Nk) bool mask of the keys each query may see, or None when all are visible.
+
+    top_left     (SDPA's is_causal):         key j visible to query i iff j <= i
+    bottom_right (FlashAttention >= 2.1):    key j visible to query i iff j <= i + Nk - Nq
+    """
+    if causal == "none":
+        return None
+    offset = 0 if causal == "top_left" else seq_k - seq_q
+    return torch.ones(seq_q, seq_k, dtype=torch.bool, device=device).tril(diagonal=offset)
+
+
+def _expand_kv(t: torch.Tensor, heads: int) -> torch.Tensor:
+    """GQA/MQA: query head h reads kv head h // (Hq // Hkv)."""
+    return t.repeat_interleave(heads // t.shape[1], dim=1) if t.shape[1] != heads else t
+
+
+def round_to_tf32(x: torch.Tensor) -> torch.Tensor:
+    """Round fp32 to TF32 (10 explicit mantissa bits), nearest-even, as tensor cores read it."""
+    bits = x.contiguous().view(torch.int32).to(torch.int64)
+    lsb = (bits >> 13) & 1
+    rounded = ((bits + 0xFFF + lsb) & ~0x1FFF) & 0xFFFFFFFF
+    rounded = torch.where(rounded >= 2**31, rounded - 2**32, rounded).to(torch.int32)
+    finite = torch.isfinite(x)
+    return torch.where(finite, rounded.view(torch.float32).view(x.shape), x)
+
+
+@dataclasses.dataclass
+class Reference:
+    out: torch.Tensor        # (B, Hq, Nq, D), float64 for the oracle, the input dtype otherwise
+    lse: torch.Tensor        # (B, Hq, Nq), float64 for the oracle, float32 otherwise
+    empty_rows: torch.Tensor  # (Nq,) bool: rows that see no key
+
+
+def _attend(q, k, v, case: AttentionCase, compute: torch.dtype, p_dtype: torch.dtype | None,
+            matmul_round=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    q, k, v = (t.to(compute) for t in (q, k, v))
+    k, v = _expand_kv(k, case.heads), _expand_kv(v, case.heads)
+    if matmul_round is not None:
+        q, k, v = matmul_round(q), matmul_round(k), matmul_round(v)
+    scores = (q @ k.transpose(-1, -2)) * case.softmax_scale
+    mask = visible_keys(case.seq_q, case.seq_k, case.causal, q.device)
+    if mask is None:
+        mask = torch.ones(case.seq_q, case.seq_k, dtype=torch.bool, device=q.device)
+    scores = scores.masked_fill(~mask, float("-inf"))
+    empty = ~mask.any(dim=-1)
+    # A safe row maximum: rows with no visible key get 0 so exp(-inf - 0) = 0, not NaN.
+    row_max = scores.amax(dim=-1, keepdim=True) if case.seq_k else scores.sum(-1, keepdim=True)
+    row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
+    p = torch.exp(scores - row_max)
+    denom = p.sum(dim=-1, keepdim=True)
+    if p_dtype is not None:     # the kernels' precision contract: P rounded before P @ V
+        p = p.to(p_dtype).to(compute)
+    if matmul_round is not None:
+        p = matmul_round(p)
+    out = (p @ v) / torch.where(denom > 0, denom, torch.ones_like(denom))
+    lse = (row_max + torch.log(denom)).squeeze(-1)
+    out = out.masked_fill(empty[:, None], 0.0)
+    return out, lse, empty
+
+
+def oracle(q, k, v, case: AttentionCase) -> Reference:
+    """float64 attention on the rounded inputs: the ground truth."""
+    out, lse, empty = _attend(q, k, v, case, torch.float64, None)
+    return Reference(out, lse, empty)
+
+
+def same_precision_reference(q, k, v, case: AttentionCase, fp32_matmul: str = "ieee") -> Reference:
+    """What a careful implementation at the input precision computes (FlashAttention's rule).
+
+    Scores and softmax state in fp32 (bf16 x bf16 products are exact there), P rounded to the
+    input dtype before P @ V as FlashAttention-style kernels do, fp32 accumulation, output rounded
+    to the input dtype. A TF32 implementation is judged against TF32-rounded matmul operands.
+    """
+    in_dtype = q.dtype
+    tf32 = round_to_tf32 if (fp32_matmul == "tf32" and in_dtype == torch.float32) else None
+    out, lse, empty = _attend(q, k, v, case, torch.float32, in_dtype, tf32)
+    return Reference(out.to(in_dtype), lse, empty)

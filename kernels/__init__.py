@@ -1,0 +1,12 @@
+"""Implementations under test: the article's Triton FA2 forward, its tiled PyTorch twin, and SDPA.
+
+`ensure_backend()` runs before anything else here: `@triton.jit` reads TRITON_INTERPRET when it
+decorates, so the interpreter must be chosen (on machines without a GPU) before triton_fa2 loads.
+"""
+from fuzzattn.interpreter import ensure_backend
+
+ensure_backend()
+
+from . import sdpa, torch_tiled, triton_fa2  # noqa: E402  (must follow ensure_backend)
+
+IMPLEMENTATIONS = (triton_fa2.IMPL, torch_tiled.IMPL, sdpa.IMPL)

@@ -1,0 +1,3 @@
+"""Seeded-bug variants of the kernels (filled in later)."""
+
+MUTANTS = ()

@@ -1,0 +1,116 @@
+"""PyTorch's scaled_dot_product_attention as an implementation under test, with lse beside it.
+
+SDPA returns only the output, so the lse is computed here, in fp32 from the same inputs: the
+logsumexp of the scaled, masked scores. It is therefore an fp32 reference value, not SDPA's own
+internal statistic (which the public API does not expose).
+
+Causal: top-left is SDPA's `is_causal=True` (key j visible to query i iff j <= i); bottom-right
+(j <= i + Nk - Nq, FlashAttention >= 2.1) is an explicit boolean mask, tril with diagonal Nk - Nq.
+
+Rows with no visible key (bottom-right with Nq > Nk): measured on torch 2.13.0+cpu, SDPA returns
+0 for them (default dispatch, and the MATH and FLASH_ATTENTION backends alike, for fp32, bf16 and
+fp16); older releases' math path gave NaN (softmax of an all -inf row). We do not rely on either:
+such rows are set to out 0 and lse -inf explicitly, the project's convention.
+
+Zero lengths (torch 2.13.0+cpu): Nq == 0 returns an empty (B, H, 0, D) tensor and Nk == 0 returns
+zeros, with or without is_causal; the adapter still forces Nk == 0 to out 0 / lse -inf itself.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from fuzzattn.contract import Capabilities, Implementation, refuse
+
+_DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+_ALIGNMENTS = ("top_left", "bottom_right")
+MAX_HEAD_DIM = 256
+
+
+def sdpa_forward(q, k, v, *, causal, scale):
+    """(out (B,Hq,Nq,D) in q's dtype, lse (B,Hq,Nq) float32) from F.scaled_dot_product_attention."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            refuse(f"type({name})", type(t).__name__, "torch.Tensor")
+        if t.dim() != 4:
+            refuse(f"{name}.dim()", t.dim(), "4: (B, H, N, D)")
+        if t.dtype not in _DTYPES:
+            refuse(f"{name}.dtype", str(t.dtype), sorted(_DTYPES.values()))
+    if not (k.dtype == v.dtype == q.dtype):
+        refuse("dtypes (q, k, v)", (str(q.dtype), str(k.dtype), str(v.dtype)), "one shared dtype")
+    if not (q.device == k.device == v.device):
+        refuse("devices (q, k, v)", (str(q.device), str(k.device), str(v.device)), "one device")
+    batch, heads, seq_q, head_dim = q.shape
+    _, kv_heads, seq_k, _ = k.shape
+    if k.shape != v.shape:
+        refuse("v.shape", tuple(v.shape), f"k.shape {tuple(k.shape)}")
+    if k.shape[0] != batch or k.shape[3] != head_dim:
+        refuse("k.shape", tuple(k.shape), f"(B={batch}, Hkv, Nk, D={head_dim})")
+    if kv_heads == 0 or heads % kv_heads:
+        refuse("kv_heads", kv_heads, f"a divisor of heads={heads}")
+    if not 1 <= head_dim <= MAX_HEAD_DIM:
+        refuse("head_dim", head_dim, f"1..{MAX_HEAD_DIM}")
+    if causal is True:
+        causal = "top_left"          # SDPA's own meaning of is_causal
+    if causal is not False and causal not in _ALIGNMENTS:
+        refuse("causal", causal, "False, True, 'top_left', 'bottom_right'")
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
+        refuse("scale", scale, "a finite float")
+
+    # visible[i, j]: may query i see key j? None when every key is visible.
+    visible = None
+    if causal:
+        offset = 0 if causal == "top_left" else seq_k - seq_q
+        visible = torch.ones(seq_q, seq_k, dtype=torch.bool, device=q.device).tril(diagonal=offset)
+
+    gqa = dict(enable_gqa=True) if kv_heads != heads else {}   # torch >= 2.5: no k/v copy
+    if causal == "bottom_right":
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=visible, scale=scale, **gqa)
+    else:
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=bool(causal), scale=scale, **gqa)
+
+    # lse in fp32 from the inputs; GQA by broadcasting (B, Hkv, G, Nq, D) against (B, Hkv, 1, Nk, D).
+    q5 = q.unflatten(1, (kv_heads, heads // kv_heads)).float()
+    scores = (q5 @ k.unsqueeze(2).float().transpose(-1, -2)) * scale
+    if visible is not None:
+        scores = scores.masked_fill(~visible, -math.inf)
+    if seq_k == 0:
+        lse = torch.full(scores.shape[:-1], -math.inf, dtype=torch.float32, device=q.device)
+    else:
+        lse = torch.logsumexp(scores, dim=-1)      # all -inf rows give -inf, not NaN
+    lse = lse.flatten(1, 2)
+
+    # Rows that see no key: the convention is out 0, lse -inf, whatever SDPA chose to return.
+    empty = (torch.ones(seq_q, dtype=torch.bool, device=q.device) if seq_k == 0
+             else (~visible.any(dim=-1) if visible is not None else None))
+    if empty is not None and bool(empty.any()):
+        out = out.masked_fill(empty[:, None], 0.0)
+        lse = lse.masked_fill(empty, -math.inf)
+    return out, lse
+
+
+IMPL = Implementation(
+    name="sdpa",
+    fn=sdpa_forward,
+    caps=Capabilities(
+        dtypes=frozenset(_DTYPES.values()),
+        head_dims=None,
+        max_head_dim=MAX_HEAD_DIM,
+        causal=_ALIGNMENTS,
+        gqa=True,
+        strides="any",
+        zero_length=True,
+        returns_lse=True,
+        backward=False,
+        fp32_matmul="ieee",
+        # CPU SDPA reruns are bitwise identical; CUDA flash/cuDNN forwards are too (no atomics in
+        # the forward pass).
+        deterministic=True,
+        out_buffer=False,
+    ),
+    description="torch.nn.functional.scaled_dot_product_attention (is_causal for top-left, a "
+                "boolean tril mask for bottom-right), lse computed beside it in fp32.",
+    sources=(__file__,),
+)

@@ -1,0 +1,110 @@
+"""attention_cases: whole AttentionCases drawn within what an implementation declares."""
+from __future__ import annotations
+
+from hypothesis import event, strategies as st
+from hypothesis.errors import InvalidArgument
+
+from fuzzattn.case import DTYPES, AttentionCase
+from fuzzattn.contract import Capabilities
+from fuzzattn.profiles import Profile, active
+
+from .layouts import layouts
+from .lengths import head_dims, seq_lens
+from .values import value_profiles
+
+# Scales other than 1/sqrt(D): None (the default) first so shrinking returns to it.
+SCALES = (None, 1.0, 0.5, 0.125, 2.0, 0.3)
+
+
+def attention_cases(caps: Capabilities = Capabilities(), *, dtype: str | None = None,
+                    profile: Profile | None = None) -> st.SearchStrategy[AttentionCase]:
+    """Cases inside `caps`, sized by `profile` (default: the active one); `dtype` pins one."""
+    if dtype is not None and dtype not in caps.dtypes:
+        raise InvalidArgument(f"dtype={dtype!r} is not among the declared dtypes {sorted(caps.dtypes)}")
+    profile = profile or active()
+    dtypes = [dtype] if dtype is not None else [d for d in DTYPES if d in caps.dtypes]
+    return _cases(caps, tuple(dtypes), profile)
+
+
+@st.composite
+def _cases(draw, caps: Capabilities, dtypes: tuple[str, ...], profile: Profile) -> AttentionCase:
+    dtype = draw(st.sampled_from(dtypes))
+    head_dim = draw(head_dims(caps.head_dims, max_head_dim=caps.max_head_dim))
+    batch = draw(st.integers(1, profile.max_batch))
+    kv_heads = draw(st.integers(1, profile.max_kv_heads))
+    group = draw(st.integers(1, profile.max_group)) if caps.gqa else 1
+    causal = draw(st.sampled_from(("none",) + caps.causal))
+    lengths = seq_lens(max_len=profile.max_seq, max_large_len=profile.max_large_seq,
+                       allow_zero=caps.zero_length)
+    seq_q = draw(lengths)
+    seq_k = draw(lengths)
+    scale = draw(st.sampled_from(SCALES))
+    layout = draw(layouts(caps))
+    values = draw(value_profiles())
+    seed = draw(st.integers(0, 2**31 - 1))
+    case = AttentionCase(batch=batch, heads=kv_heads * group, kv_heads=kv_heads, seq_q=seq_q,
+                         seq_k=seq_k, head_dim=head_dim, dtype=dtype, causal=causal, scale=scale,
+                         layout=layout, values=values, seed=seed)
+    _label(case)
+    return case
+
+
+def _label(case: AttentionCase) -> None:
+    """event() labels for --hypothesis-show-statistics: how often each input class is drawn."""
+    event(f"dtype={case.dtype}")
+    event(f"causal={case.causal}")
+    if case.causal != "none":
+        event("causal Nq<Nk" if case.seq_q < case.seq_k else
+              "causal Nq>Nk" if case.seq_q > case.seq_k else "causal Nq=Nk")
+    if case.causal == "bottom_right" and case.seq_q > case.seq_k:
+        event("rows with no visible key")
+    for axis, n in (("Nq", case.seq_q), ("Nk", case.seq_k)):
+        if n == 0:
+            event(f"{axis}=0")
+        elif n % 16 == 0:
+            event(f"{axis} multiple of tile")
+        else:
+            event(f"{axis} ragged tail")
+    event("head_dim power of two" if case.head_dim & (case.head_dim - 1) == 0 else "head_dim odd")
+    if case.kv_heads != case.heads:
+        event("MQA" if case.kv_heads == 1 else "GQA")
+    if case.scale is not None:
+        event("non-default scale")
+    for layout in sorted(set(case.layout)):
+        event(f"layout {layout}")
+    event(f"values={case.values}")
+
+
+# -- cases outside a declaration: the refusal property ------------------------------------------
+def undeclared_cases(caps: Capabilities, *, profile: Profile | None = None
+                     ) -> st.SearchStrategy[tuple[str, AttentionCase]]:
+    """(what, case): a declared case with exactly one property moved outside the declaration.
+
+    Raises InvalidArgument when the capabilities leave nothing undeclared to draw."""
+    profile = profile or active()
+    edits = []
+    if set(DTYPES) - set(caps.dtypes):
+        edits.append(("dtype", lambda c, d: st.sampled_from(sorted(set(DTYPES) - set(caps.dtypes)))
+                      .map(lambda x: c.replace(dtype=x))))
+    if caps.head_dims is not None:
+        bad = [d for d in (8, 24, 40, 80, 96, 256, 3) if d not in caps.head_dims]
+        if bad:
+            edits.append(("head_dim", lambda c, d, bad=bad: st.sampled_from(bad)
+                          .map(lambda x: c.replace(head_dim=x))))
+    missing_align = [a for a in ("top_left", "bottom_right") if a not in caps.causal]
+    if missing_align:
+        edits.append(("causal", lambda c, d: st.sampled_from(missing_align)
+                      .map(lambda x: c.replace(causal=x))))
+    if not caps.gqa:
+        edits.append(("gqa", lambda c, d: st.just(c.replace(heads=2 * c.kv_heads))))
+    if not caps.zero_length:
+        edits.append(("zero length", lambda c, d: st.sampled_from(("seq_q", "seq_k"))
+                      .map(lambda f: c.replace(**{f: 0}))))
+    if caps.strides != "any":
+        bad_layout = "last_dim_strided" if caps.strides == "unit_last" else "transposed"
+        edits.append(("layout", lambda c, d: st.just(c.replace(layout=(bad_layout,) + c.layout[1:]))))
+    if not edits:
+        raise InvalidArgument("these capabilities declare every input class: nothing to refuse")
+    declared = attention_cases(caps, profile=profile)
+    return st.tuples(st.sampled_from(edits), declared).flatmap(
+        lambda pair: pair[0][1](pair[1], None).map(lambda case, what=pair[0][0]: (what, case)))

@@ -1,0 +1,20 @@
+"""Memory layouts for q, k and v, drawn independently per tensor."""
+from __future__ import annotations
+
+from hypothesis import strategies as st
+
+from fuzzattn.case import KV_ONLY_LAYOUTS, LAYOUTS
+from fuzzattn.contract import Capabilities
+
+
+def _allowed(caps: Capabilities, tensor: str) -> list[str]:
+    return [l for l in LAYOUTS if caps.accepts_layout(l)
+            and not (tensor == "q" and l in KV_ONLY_LAYOUTS)]
+
+
+def layouts(caps: Capabilities) -> st.SearchStrategy[tuple[str, str, str]]:
+    """(q, k, v) layouts the capabilities accept. All-contiguous is one branch of its own (so
+    about half the cases are plain and shrinking reaches it); otherwise each tensor independently."""
+    plain = st.just(("contiguous",) * 3)
+    mixed = st.tuples(*(st.sampled_from(_allowed(caps, t)) for t in "qkv"))
+    return st.one_of(plain, mixed)
