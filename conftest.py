@@ -13,6 +13,8 @@ when CUDA is available, dev otherwise. The fuzzattn plugin loads it in pytest_co
 """
 from fuzzattn import profiles
 
+pytest_plugins = ["pytester"]   # the plugin and fixture-replay tests drive pytest itself
+
 # Registering here (at conftest import, before any plugin's pytest_configure) makes the names
 # valid for --hypothesis-profile too.
 profiles.register_hypothesis_profiles()

@@ -48,8 +48,7 @@ def save_fixture(report: Report, directory=None) -> Path:
     """Write the report's failure as a fixture (create-if-absent); returns its path."""
     case = report.case
     sha = inputs_sha256(materialize(case, "cpu"))
-    path, _ = fixtures.write(fixtures.from_report(report, sha),
-                             directory if directory is not None else fixtures.DEFAULT_DIR)
+    path, _ = fixtures.write(fixtures.from_report(report, sha), directory)
     return path
 
 

@@ -31,7 +31,16 @@ from typing import Any
 from .case import AttentionCase, CaseError
 
 SCHEMA_VERSION = 1
-DEFAULT_DIR = Path(__file__).resolve().parent.parent / "regressions"
+_CHECKOUT_DIR = Path(__file__).resolve().parent.parent / "regressions"
+
+
+def default_dir() -> Path:
+    """FUZZATTN_FIXTURES_DIR if set; else the checkout's regressions/ (source or editable
+    install); else ./regressions."""
+    env = os.environ.get("FUZZATTN_FIXTURES_DIR")
+    if env:
+        return Path(env)
+    return _CHECKOUT_DIR if _CHECKOUT_DIR.is_dir() else Path.cwd() / "regressions"
 
 _FIELDS: dict[str, tuple[type, ...]] = {
     "schema": (int,), "covers": (str,), "case": (dict,), "impl": (str,), "check": (str,),
@@ -118,8 +127,8 @@ def load(path: str | os.PathLike) -> Fixture:
     return parse(data, path)
 
 
-def discover(directory: str | os.PathLike = DEFAULT_DIR) -> list[Path]:
-    directory = Path(directory)
+def discover(directory: str | os.PathLike | None = None) -> list[Path]:
+    directory = Path(directory) if directory is not None else default_dir()
     return sorted(directory.glob("*.json")) if directory.is_dir() else []
 
 
@@ -132,9 +141,9 @@ def versions() -> dict[str, str]:
             "hypothesis": hypothesis.__version__, "fuzzattn": __version__}
 
 
-def write(fixture: Fixture, directory: str | os.PathLike = DEFAULT_DIR) -> tuple[Path, bool]:
+def write(fixture: Fixture, directory: str | os.PathLike | None = None) -> tuple[Path, bool]:
     """Write atomically unless a fixture for this case exists; returns (path, newly_written)."""
-    directory = Path(directory)
+    directory = Path(directory) if directory is not None else default_dir()
     directory.mkdir(parents=True, exist_ok=True)
     final = directory / f"{fixture.case.key()}.json"
     if final.exists():

@@ -43,14 +43,6 @@ _DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: 
 
 
 @triton.jit
-def _load_rows(base_ptr, offs_rows, offs_d, stride_row, stride_d, n_rows, head_dim):
-    """Load a (rows, BLOCK_D) tile; rows past n_rows and columns past head_dim read as 0."""
-    ptrs = base_ptr + offs_rows[:, None] * stride_row + offs_d[None, :] * stride_d
-    mask = (offs_rows[:, None] < n_rows) & (offs_d[None, :] < head_dim)
-    return tl.load(ptrs, mask=mask, other=0.0)
-
-
-@triton.jit
 def fa2_fwd_kernel(
     Q, K, V, O, L,
     stride_qb, stride_qh, stride_qm, stride_qd,
@@ -80,9 +72,17 @@ def fa2_fwd_kernel(
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
+    mask_m = offs_m < N_QUERIES
+    mask_d = offs_d < HEAD_DIM      # BLOCK_D pads D to a power of two; the padding reads as 0
 
     # Q is loaded once; padded rows (past N_QUERIES) compute garbage that the store discards.
-    q = _load_rows(q_base, offs_m, offs_d, stride_qm, stride_qd, N_QUERIES, HEAD_DIM)
+    q_ptrs = q_base + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd
+    q = tl.load(q_ptrs, mask=mask_m[:, None] & mask_d[None, :], other=0.0)
+
+    # K and V tile pointers start at key 0 and advance by BLOCK_N rows per step (one add each,
+    # instead of rebuilding the offsets: the interpreter pays per integer op).
+    k_ptrs = k_base + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd
+    v_ptrs = v_base + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd
 
     # Running state in fp32 whatever the input dtype.
     m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
@@ -91,14 +91,15 @@ def fa2_fwd_kernel(
 
     for start_n in range(0, N_KEYS, BLOCK_N):
         offs_kn = start_n + offs_n
-        # Masked loads read 0 past N_KEYS: v must be 0 there, since 0 * NaN garbage is NaN.
-        k = _load_rows(k_base, offs_kn, offs_d, stride_kn, stride_kd, N_KEYS, HEAD_DIM)
-        v = _load_rows(v_base, offs_kn, offs_d, stride_vn, stride_vd, N_KEYS, HEAD_DIM)
+        mask_n = offs_kn < N_KEYS
+        # Masked loads read 0 past N_KEYS; v must be 0 there, since 0 * NaN garbage is NaN.
+        k = tl.load(k_ptrs, mask=mask_n[:, None] & mask_d[None, :], other=0.0)
+        v = tl.load(v_ptrs, mask=mask_n[:, None] & mask_d[None, :], other=0.0)
 
         s = tl.dot(q, tl.trans(k)) * scale          # (BLOCK_M, BLOCK_N), fp32
 
         # Article fix 2: zero-padded keys past N_KEYS would score 0 and vote; mask them.
-        keep = offs_kn[None, :] < N_KEYS
+        keep = mask_n[None, :]
         if IS_CAUSAL:
             keep = keep & (offs_kn[None, :] <= offs_m[:, None])   # top-left alignment
         s = tl.where(keep, s, float("-inf"))
@@ -117,14 +118,16 @@ def fa2_fwd_kernel(
         acc = tl.dot(p, v, acc)
         m_i = m_new
 
+        k_ptrs += BLOCK_N * stride_kn
+        v_ptrs += BLOCK_N * stride_vn
+
     # Rows that saw no key (l == 0) end as out 0 and lse -inf, the project's convention.
     empty = l_i == 0.0
     out = acc / tl.where(empty, 1.0, l_i)[:, None]
     lse = tl.where(empty, float("-inf"), m_i + tl.log(l_i))
 
-    mask_m = offs_m < N_QUERIES
     o_ptrs = o_base + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od
-    tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=mask_m[:, None] & (offs_d[None, :] < HEAD_DIM))
+    tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=mask_m[:, None] & mask_d[None, :])
     tl.store(l_base + offs_m * stride_lm, lse, mask=mask_m)
 
 

@@ -1,0 +1,203 @@
+"""How the CLI shows what it did: plain-text tables, a markdown summary, JUnit XML, and progress.
+
+Everything the CLI runs (a fixture replayed on an implementation, a fuzzing campaign, a mutant
+self-test) ends as one `Outcome`; the renderers here only read outcomes, so the terminal table,
+the CI step summary and the JUnit file always agree.
+
+Progress is shown only when stdout is a terminal and CI is not set: it is a single line per
+campaign, rewritten with carriage returns, so logs stay clean everywhere else. `campaign.fuzz`
+has no progress hook, so the count comes from a `.map()` on the strategy: Hypothesis calls it
+once per drawn case (shrinking included) and it consumes no randomness, so the cases drawn are
+the same with or without progress.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Iterable, Sequence
+
+# Verdict words, also used as the JUnit status.
+OK, FAIL, SKIP, ERROR = "ok", "FAIL", "skip", "error"
+
+
+@dataclasses.dataclass
+class Outcome:
+    """One unit of work: a replay (fixture x impl), a campaign (impl x dtype) or a mutant run."""
+    stage: str                  # "replay" | "fuzz" | "mutant"
+    subject: str                # "abc123.json on sdpa", "sdpa float32", "mutant_phantom_keys"
+    verdict: str                # ok | FAIL | skip | error | inputs_drifted | killed | SURVIVED
+    passed: bool                # counts toward the exit status (skips pass)
+    cases: int | None = None
+    seconds: float | None = None
+    detail: str = ""            # one line for tables and the JUnit failure message
+    message: str = ""           # the full failure text (heatmap, case, replay command)
+    skipped: bool = False
+
+
+# -- plain-text tables ------------------------------------------------------------------------
+def _cell(value, width: int) -> str:
+    text = "" if value is None else str(value)
+    text = " ".join(text.split())          # a table row is one line, whatever the cell held
+    return text if len(text) <= width else text[:width - 3] + "..."
+
+
+def table(headers: Sequence[str], rows: Iterable[Sequence], *, max_width: int = 72) -> str:
+    """A left-aligned fixed-width table; cells longer than `max_width` are cut with '...'."""
+    body = [[_cell(v, max_width) for v in row] for row in rows]
+    widths = [max([len(h)] + [len(r[i]) for r in body]) for i, h in enumerate(headers)]
+    line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()
+    out = [line(headers), line(["-" * w for w in widths])]
+    out += [line(r) for r in body]
+    return "\n".join(out)
+
+
+def seconds(value: float | None) -> str:
+    return "" if value is None else f"{value:.1f}"
+
+
+def outcome_rows(outcomes: Sequence[Outcome]) -> list[list]:
+    return [[o.stage, o.subject, o.verdict, "" if o.cases is None else o.cases,
+             seconds(o.seconds), o.detail] for o in outcomes]
+
+
+OUTCOME_HEADERS = ("stage", "subject", "verdict", "cases", "seconds", "detail")
+
+
+def summary_table(outcomes: Sequence[Outcome]) -> str:
+    return table(OUTCOME_HEADERS, outcome_rows(outcomes))
+
+
+def failure_details(outcomes: Sequence[Outcome]) -> str:
+    """The full message of every failed outcome, each under a header naming it."""
+    blocks = []
+    for o in outcomes:
+        if not o.passed and o.message:
+            blocks.append(f"--- {o.stage}: {o.subject} ({o.verdict})\n{o.message}")
+    return "\n\n".join(blocks)
+
+
+def totals(outcomes: Sequence[Outcome]) -> str:
+    failed = sum(not o.passed for o in outcomes)
+    skipped = sum(o.skipped for o in outcomes)
+    passed = len(outcomes) - failed - skipped
+    return f"{passed} passed, {failed} failed, {skipped} skipped"
+
+
+# -- markdown (a CI step summary) ---------------------------------------------------------------
+def _md_cell(value) -> str:
+    text = " ".join(("" if value is None else str(value)).split())
+    return text.replace("|", "\\|")
+
+
+def markdown(outcomes: Sequence[Outcome], *, title: str = "fuzzattn gate", notes: Sequence[str] = ()) -> str:
+    """A markdown summary: status line, the outcome table, then each failure in a code block."""
+    failed = [o for o in outcomes if not o.passed]
+    status = "FAILED" if failed else "passed"
+    lines = [f"## {title}: {status}", "", f"{totals(outcomes)}.", ""]
+    lines += [f"- {_md_cell(n)}" for n in notes]
+    if notes:
+        lines.append("")
+    lines.append("| " + " | ".join(OUTCOME_HEADERS) + " |")
+    lines.append("|" + "---|" * len(OUTCOME_HEADERS))
+    for row in outcome_rows(outcomes):
+        lines.append("| " + " | ".join(_md_cell(v) for v in row) + " |")
+    if failed:
+        lines += ["", "### Failures"]
+        for o in failed:
+            lines += ["", f"**{_md_cell(o.stage)}: {_md_cell(o.subject)}** ({o.verdict})", "",
+                      "```", (o.message or o.detail).replace("```", "'''"), "```"]
+    return "\n".join(lines) + "\n"
+
+
+# -- JUnit XML ----------------------------------------------------------------------------------
+def junit_xml(outcomes: Sequence[Outcome], *, name: str = "fuzzattn") -> str:
+    """One <testsuite> per stage, one <testcase> per outcome; failures carry message and text."""
+    root = ET.Element("testsuites", name=name)
+    stages: dict[str, list[Outcome]] = {}
+    for o in outcomes:
+        stages.setdefault(o.stage, []).append(o)
+    grand = dict(tests=0, failures=0, errors=0, skipped=0, time=0.0)
+    for stage, items in stages.items():
+        counts = dict(tests=len(items),
+                      failures=sum(not o.passed and o.verdict != ERROR for o in items),
+                      errors=sum(not o.passed and o.verdict == ERROR for o in items),
+                      skipped=sum(o.skipped for o in items),
+                      time=sum(o.seconds or 0.0 for o in items))
+        suite = ET.SubElement(root, "testsuite", name=f"{name}.{stage}",
+                              **{k: (f"{v:.3f}" if k == "time" else str(v)) for k, v in counts.items()})
+        for k, v in counts.items():
+            grand[k] += v
+        for o in items:
+            case = ET.SubElement(suite, "testcase", classname=f"{name}.{stage}", name=o.subject,
+                                 time=f"{o.seconds or 0.0:.3f}")
+            if o.skipped:
+                ET.SubElement(case, "skipped", message=o.detail)
+            elif not o.passed:
+                tag = "error" if o.verdict == ERROR else "failure"
+                node = ET.SubElement(case, tag, message=o.detail or o.verdict, type=o.verdict)
+                node.text = o.message or o.detail
+            if o.cases is not None:
+                ET.SubElement(case, "system-out").text = f"{o.cases} cases judged"
+    for k, v in grand.items():
+        root.set(k, f"{v:.3f}" if k == "time" else str(v))
+    ET.indent(root)
+    return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
+
+
+def write_text(path: str | os.PathLike, text: str) -> Path:
+    path = Path(path)
+    if path.parent and not path.parent.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+# -- progress -----------------------------------------------------------------------------------
+def progress_enabled(stream=None) -> bool:
+    stream = stream or sys.stdout
+    return bool(getattr(stream, "isatty", lambda: False)()) and not os.environ.get("CI")
+
+
+class Progress:
+    """'label  12/60 cases  4.3s' on one rewritten line while a campaign runs (TTY only)."""
+
+    def __init__(self, enabled: bool | None = None, stream=None):
+        self.stream = stream or sys.stdout
+        self.enabled = progress_enabled(self.stream) if enabled is None else enabled
+        self._width = 0
+
+    def track(self, strategy, label: str, budget: int):
+        """The same strategy, counting each drawn case on the progress line."""
+        if not self.enabled:
+            return strategy
+        state = {"n": 0, "start": time.perf_counter(), "shown": 0.0}
+
+        def count(case):
+            state["n"] += 1
+            now = time.perf_counter()
+            if now - state["shown"] >= 0.1:          # ~10 redraws a second is plenty
+                state["shown"] = now
+                self._show(f"{label}  {state['n']}/{budget} cases  {now - state['start']:.1f}s")
+            return case
+
+        return strategy.map(count)
+
+    def status(self, text: str) -> None:
+        if self.enabled:
+            self._show(text)
+
+    def _show(self, text: str) -> None:
+        pad = max(0, self._width - len(text))
+        self.stream.write("\r" + text + " " * pad)
+        self.stream.flush()
+        self._width = len(text)
+
+    def clear(self) -> None:
+        if self.enabled and self._width:
+            self.stream.write("\r" + " " * self._width + "\r")
+            self.stream.flush()
+            self._width = 0

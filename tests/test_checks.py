@@ -1,0 +1,190 @@
+"""Every named check catches a purpose-built bad implementation, and the real ones pass it.
+
+Each bad implementation wraps the correct SDPA adapter and breaks exactly one thing, so the test
+shows that the check (not some other check) is what catches it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib
+
+import pytest
+import torch
+
+from fuzzattn import AttentionCase, Capabilities, Implementation, judge
+from fuzzattn.registry import implementations
+from kernels.sdpa import sdpa_forward
+
+judge_module = importlib.import_module("fuzzattn.judge")   # the package re-exports judge()
+
+ANY = Capabilities(dtypes={"float32", "bfloat16", "float16"}, head_dims=None,
+                   causal=("top_left", "bottom_right"), gqa=True, strides="any")
+OUT_BUFFER = dataclasses.replace(ANY, out_buffer=True)
+
+RAGGED = AttentionCase(batch=2, heads=2, kv_heads=2, seq_q=17, seq_k=19, head_dim=16)
+
+
+def bad(name, fn, caps=ANY):
+    return Implementation(name=name, fn=fn, caps=caps, description="purpose-built bad implementation")
+
+
+def _mutating(q, k, v, *, causal, scale):
+    out = sdpa_forward(q, k, v, causal=causal, scale=scale)
+    k[0, 0, 0, 0] = 0.0                      # scribbles on an input
+    return out
+
+
+def _writes_past_out(q, k, v, *, causal, scale, out=None, lse=None):
+    o, l = sdpa_forward(q, k, v, causal=causal, scale=scale)
+    if out is None:
+        return o, l
+    out.copy_(o)
+    lse.copy_(l)
+    # one element past the end of out, as a kernel with a wrong tail mask would write
+    torch.as_strided(out, (1,), (1,), out.storage_offset() + out.numel()).fill_(0.0)
+    return out, lse
+
+
+def _reads_past_keys(q, k, v, *, causal, scale):
+    # one key row more than there is: a missing `k_pos < N_KEYS` load mask
+    grow = lambda t: torch.as_strided(t, t.shape[:2] + (t.shape[2] + 1, t.shape[3]), t.stride(),
+                                      t.storage_offset())
+    o, l = sdpa_forward(q, grow(k), grow(v), causal=False, scale=scale)
+    return o, l
+
+
+def _skips_last_row(q, k, v, *, causal, scale, out=None, lse=None):
+    o, l = sdpa_forward(q, k, v, causal=causal, scale=scale)
+    if out is None:
+        return o, l
+    out[:, :, :-1].copy_(o[:, :, :-1])       # the tail row is never written
+    lse.copy_(l)
+    return out, lse
+
+
+def _no_max_subtraction(q, k, v, *, causal, scale):
+    s = (q.float() @ k.float().transpose(-1, -2)) * scale
+    p = torch.exp(s)                          # overflows to inf for large scores
+    out = (p @ v.float()) / p.sum(-1, keepdim=True)
+    return out.to(q.dtype), torch.log(p.sum(-1))
+
+
+def _averages_empty_rows(q, k, v, *, causal, scale):
+    o, l = sdpa_forward(q, k, v, causal=causal, scale=scale)
+    # a finite sentinel: rows that see no key become the mean of all values
+    nq, nk = q.shape[2], k.shape[2]
+    empty = torch.arange(nq) + nk - nq < 0
+    o[:, :, empty] = v.mean(dim=2, keepdim=True).to(o.dtype)
+    l[:, :, empty] = 0.0
+    return o, l
+
+
+def _wrong_scale(q, k, v, *, causal, scale):
+    return sdpa_forward(q, k, v, causal=causal, scale=1.0 / q.shape[-1] ** 0.5)
+
+
+def _lse_base2(q, k, v, *, causal, scale):
+    o, l = sdpa_forward(q, k, v, causal=causal, scale=scale)
+    return o, l / torch.log(torch.tensor(2.0))
+
+
+class _CorrectOnce:
+    """Right on its first call, garbage afterwards: only the rerun after the references sees it."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def __call__(self, q, k, v, *, causal, scale):
+        self.calls += 1
+        o, l = sdpa_forward(q, k, v, causal=causal, scale=scale)
+        return (o, l) if self.calls % 2 == 1 else (torch.zeros_like(o), l)
+
+
+class _Jittery:
+    """Within tolerance every time, never the same bits twice (an atomics-order race)."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def __call__(self, q, k, v, *, causal, scale):
+        self.calls += 1
+        o, l = sdpa_forward(q, k, v, causal=causal, scale=scale)
+        return o, l + self.calls * 2.0 ** -22 * l.abs().clamp(min=1)
+
+
+def _crashes(q, k, v, *, causal, scale):
+    raise RuntimeError("illegal memory access (simulated)")
+
+
+def _wrong_shape(q, k, v, *, causal, scale):
+    o, l = sdpa_forward(q, k, v, causal=causal, scale=scale)
+    return o[:, :, :, :-1], l
+
+
+CASES = [
+    ("inputs_mutated", bad("mutates_k", _mutating), RAGGED),
+    ("out_of_bounds_write", bad("writes_past_out", _writes_past_out, OUT_BUFFER), RAGGED),
+    ("out_of_bounds_read", bad("reads_past_keys", _reads_past_keys), RAGGED),
+    ("unwritten_output", bad("skips_last_row", _skips_last_row, OUT_BUFFER), RAGGED),
+    ("nonfinite", bad("no_max_subtraction", _no_max_subtraction), RAGGED.replace(values="large")),
+    ("empty_rows", bad("averages_empty_rows", _averages_empty_rows),
+     RAGGED.replace(seq_q=20, seq_k=5, causal="bottom_right")),
+    ("out", bad("wrong_scale", _wrong_scale), RAGGED.replace(scale=0.5)),
+    ("lse", bad("lse_base2", _lse_base2), RAGGED),
+    ("rerun", bad("correct_once", _CorrectOnce()), RAGGED),
+    ("nondeterministic", bad("jittery", _Jittery()), RAGGED),
+    ("crash", bad("crashes", _crashes), RAGGED),
+    ("contract", bad("wrong_shape", _wrong_shape), RAGGED),
+]
+
+
+@pytest.mark.parametrize("check,impl,case", [pytest.param(*c, id=c[0]) for c in CASES])
+def test_check_catches_its_bad_implementation(check, impl, case):
+    report = judge(impl, case)
+    assert not report.passed, report.describe()
+    assert report.first_failure.check == check, report.describe()
+
+
+@pytest.mark.parametrize("check,impl,case", [pytest.param(*c, id=c[0]) for c in CASES])
+@pytest.mark.parametrize("real", sorted(implementations()))
+def test_real_implementations_pass_the_same_cases(check, impl, case, real):
+    real_impl = implementations()[real]
+    case = case.replace(causal="top_left") if case.causal not in ("none",) + real_impl.caps.causal \
+        else case
+    if not real_impl.supports(case):
+        case = case.replace(seq_q=17, seq_k=19, causal="none")
+    report = judge(real_impl, case)
+    assert report.passed, report.describe()
+
+
+def test_implementation_runs_before_and_after_the_references(monkeypatch):
+    events = []
+    real_oracle = judge_module.oracle
+
+    def logging_oracle(*args, **kwargs):
+        events.append("oracle")
+        return real_oracle(*args, **kwargs)
+
+    def logging_impl(q, k, v, *, causal, scale):
+        events.append("impl")
+        return sdpa_forward(q, k, v, causal=causal, scale=scale)
+
+    monkeypatch.setattr(judge_module, "oracle", logging_oracle)
+    report = judge(bad("logger", logging_impl), RAGGED)
+    assert report.passed
+    assert events == ["impl", "oracle", "impl"]
+
+
+def test_failure_names_where_it_is():
+    # wrong only in batch 1, head 0, rows 3..5: the verdict must say exactly that
+    def wrong_rows(q, k, v, *, causal, scale):
+        o, l = sdpa_forward(q, k, v, causal=causal, scale=scale)
+        o[1, 0, 3:6] += 1.0
+        return o, l
+
+    report = judge(bad("wrong_rows", wrong_rows), RAGGED)
+    failure = report.first_failure
+    assert failure.check == "out"
+    assert failure.where == "b1 h0 rows 3-5"
+    assert "b1 h0 |...xxx" in failure.heatmap
+    assert failure.error > failure.allowed

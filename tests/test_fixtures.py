@@ -1,0 +1,198 @@
+"""Regression fixtures: capture, atomic concurrent writes, validation, replay, drift."""
+from __future__ import annotations
+
+import json
+import multiprocessing
+import textwrap
+
+import pytest
+
+from fuzzattn import AttentionCase, Capabilities, Implementation
+from fuzzattn.campaign import Counterexample, check_case
+from fuzzattn.fixtures import Fixture, FixtureError, discover, load, parse, write
+from fuzzattn.registry import implementations, mutants
+from fuzzattn.replay import replay_one
+from kernels.sdpa import sdpa_forward
+
+CASE = AttentionCase(batch=1, heads=1, kv_heads=1, seq_q=3, seq_k=5, head_dim=16)
+
+
+def _wrong_scale(q, k, v, *, causal, scale):
+    return sdpa_forward(q, k, v, causal=causal, scale=2 * scale)
+
+
+WRONG_SCALE = Implementation("wrong_scale", _wrong_scale,
+                             Capabilities(head_dims=None, causal=("top_left", "bottom_right")))
+
+
+def test_failure_writes_a_complete_fixture_and_says_how_to_replay(tmp_path):
+    with pytest.raises(Counterexample) as excinfo:
+        check_case(WRONG_SCALE, CASE, fixtures_dir=tmp_path)
+    path = tmp_path / f"{CASE.key()}.json"
+    assert excinfo.value.fixture_path == path
+    assert f"fuzzattn replay {path}" in str(excinfo.value)
+    fixture = load(path)
+    assert fixture.case == CASE and fixture.impl == "wrong_scale" and fixture.check == "out"
+    assert fixture.observed_error > fixture.allowed_error > 0
+    assert set(fixture.versions) == {"torch", "triton", "hypothesis", "fuzzattn"}
+    assert len(fixture.inputs_sha256) == 64 and fixture.covers and fixture.found
+
+
+def test_same_case_is_written_once(tmp_path):
+    first = write(Fixture(case=CASE, covers="first"), tmp_path)
+    second = write(Fixture(case=CASE, covers="second"), tmp_path)
+    assert first == (tmp_path / f"{CASE.key()}.json", True)
+    assert second == (first[0], False)
+    assert load(first[0]).covers == "first"
+    assert [p.name for p in tmp_path.iterdir()] == [first[0].name]   # no temporary files left
+
+
+def _hammer(args):
+    directory, worker = args
+    written = []
+    for i in range(40):
+        # half the cases are shared by every worker (a dedupe race), half are the worker's own
+        seed = i if i % 2 == 0 else 1000 * (worker + 1) + i
+        case = CASE.replace(seed=seed)
+        path, new = write(Fixture(case=case, covers=f"worker {worker}"), directory)
+        if new:
+            written.append(path.name)
+    return written
+
+
+def test_concurrent_writers_never_lose_or_corrupt_a_fixture(tmp_path):
+    workers = 4
+    with multiprocessing.get_context("spawn").Pool(workers) as pool:
+        results = pool.map(_hammer, [(str(tmp_path), w) for w in range(workers)])
+    names = [n for r in results for n in r]
+    assert len(names) == len(set(names)), "a fixture was reported new by two writers"
+    expected = {CASE.replace(seed=s).key() + ".json" for s in range(0, 40, 2)}
+    expected |= {CASE.replace(seed=1000 * (w + 1) + i).key() + ".json"
+                 for w in range(workers) for i in range(1, 40, 2)}
+    on_disk = {p.name for p in tmp_path.iterdir()}
+    assert on_disk == expected == set(names)
+    for path in tmp_path.iterdir():
+        load(path)          # every file parses: none is half-written
+
+
+@pytest.mark.parametrize("data,message", [
+    pytest.param({"schema": 1}, "missing required field 'case'", id="no-case"),
+    pytest.param({"schema": 2, "case": CASE.to_dict()}, "unsupported schema version 2", id="schema-2"),
+    pytest.param({"schema": 1, "case": CASE.to_dict(), "colour": "red"}, "unknown field 'colour'",
+                 id="unknown-field"),
+    pytest.param({"schema": "1", "case": CASE.to_dict()}, "field 'schema' should be int", id="schema-str"),
+    pytest.param({"schema": 1, "case": CASE.to_dict(), "observed_error": "big"},
+                 "field 'observed_error' should be int or float or null", id="error-str"),
+    pytest.param({"schema": 1, "case": {**CASE.to_dict(), "dtype": "int8"}},
+                 "field 'case': dtype='int8'", id="case-dtype"),
+    pytest.param([1, 2], "must be a JSON object", id="list"),
+])
+def test_malformed_fixture_gets_one_line_naming_the_field(data, message):
+    with pytest.raises(FixtureError, match=message) as excinfo:
+        parse(data)
+    assert "\n" not in str(excinfo.value)
+
+
+def test_invalid_json_names_the_file(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(FixtureError, match="bad.json: not valid JSON"):
+        load(bad)
+
+
+def test_hand_written_fixture_needs_only_schema_and_case(tmp_path):
+    path = tmp_path / "from-a-bug-report.json"
+    path.write_text(json.dumps({"schema": 1, "case": {"batch": 1, "heads": 2, "kv_heads": 2,
+                                                      "seq_q": 1, "seq_k": 33, "head_dim": 32}}))
+    fixture = load(path)
+    result = replay_one(fixture, implementations()["sdpa"])
+    assert result.passed, result.message
+
+
+def test_replay_refuses_drifted_inputs():
+    fixture = Fixture(case=CASE, inputs_sha256="0" * 64)
+    result = replay_one(fixture, implementations()["sdpa"])
+    assert not result.passed and result.check == "inputs_drifted"
+    assert "inputs drifted" in result.message
+
+
+def test_replay_fails_on_the_bug_and_passes_on_the_fix(tmp_path):
+    with pytest.raises(Counterexample):
+        check_case(WRONG_SCALE, CASE, fixtures_dir=tmp_path)
+    fixture = load(discover(tmp_path)[0])
+    assert not replay_one(fixture, WRONG_SCALE).passed
+    for impl in implementations().values():
+        assert replay_one(fixture, impl).passed
+
+
+def test_pytest_collects_fixtures_per_implementation_and_isolates_broken_ones(pytester):
+    regressions = pytester.mkdir("regressions")
+    (regressions / "good.json").write_text(json.dumps({"schema": 1, "case": CASE.to_dict()}))
+    (regressions / "broken.json").write_text(json.dumps({"schema": 1, "case": CASE.to_dict(),
+                                                         "colour": "red"}))
+    result = pytester.runpytest("regressions", "-v", "-p", "no:cacheprovider")
+    outcomes = result.parseoutcomes()
+    assert outcomes.get("passed") == len(implementations()), result.stdout.str()
+    assert outcomes.get("failed") == 1
+    result.stdout.fnmatch_lines(["*broken.json::malformed FAILED*",
+                                 "*good.json::triton_fa2 PASSED*", "*good.json::sdpa PASSED*",
+                                 "*broken.json: unknown field 'colour'*"])
+
+
+def test_simultaneous_failures_under_xdist_keep_every_fixture(pytester, tmp_path):
+    """Two xdist workers fail at the same moment (a file barrier lines them up); every fixture
+    written is intact and none is lost, including one both workers write."""
+    out = tmp_path / "fixtures"
+    barrier = tmp_path / "barrier"
+    barrier.mkdir()
+    pytester.makepyfile(test_race=textwrap.dedent(f"""
+        import os, time, pytest
+        from fuzzattn import AttentionCase, Capabilities, Implementation
+        from fuzzattn.campaign import check_case
+        from kernels.sdpa import sdpa_forward
+
+        IMPL = Implementation("wrong_scale",
+                              lambda q, k, v, *, causal, scale: sdpa_forward(q, k, v, causal=causal, scale=2 * scale),
+                              Capabilities(head_dims=None))
+        BASE = AttentionCase(batch=1, heads=1, kv_heads=1, seq_q=3, seq_k=5, head_dim=16)
+
+        @pytest.mark.parametrize("worker", [0, 1])
+        def test_fail(worker):
+            open(os.path.join({str(barrier)!r}, str(worker)), "w").close()
+            while len(os.listdir({str(barrier)!r})) < 2:
+                time.sleep(0.01)
+            for seed in [0, 1, 2, 3] + [100 + worker]:
+                try:
+                    check_case(IMPL, BASE.replace(seed=seed), fixtures_dir={str(out)!r})
+                except AssertionError:
+                    pass
+            raise AssertionError("failed on purpose")
+    """))
+    result = pytester.runpytest_subprocess("-n", "2", "-p", "no:cacheprovider", "test_race.py")
+    result.assert_outcomes(failed=2)
+    names = sorted(p.name for p in out.iterdir())
+    expected = sorted(f"{AttentionCase(1, 1, 1, 3, 5, 16, seed=s).key()}.json" for s in (0, 1, 2, 3, 100, 101))
+    assert names == expected
+    for path in out.iterdir():
+        assert load(path).impl == "wrong_scale"
+
+
+SHIPPED = [p for p in discover() if load(p).impl in mutants()]
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=[p.name for p in SHIPPED])
+def test_shipped_fixture_fails_on_its_mutant_and_passes_on_the_real_kernels(path):
+    fixture = load(path)
+    assert fixture.covers, f"{path.name} has no covers line"
+    mutant = mutants()[fixture.impl]
+    assert not replay_one(fixture, mutant).passed, f"{path.name} no longer catches {mutant.name}"
+    for impl in implementations().values():
+        if impl.supports(fixture.case):
+            result = replay_one(fixture, impl)
+            assert result.passed or result.skipped, result.message
+
+
+def test_every_mutant_has_a_shipped_fixture():
+    covered = {load(p).impl for p in SHIPPED}
+    missing = sorted(set(mutants()) - covered)
+    assert not missing, f"mutants without a fixture in regressions/: {missing}"
