@@ -205,7 +205,7 @@ def _value_verdicts(impl, case, run: _Run, ref: Reference, spr: Reference, *, ch
             (check_lse, run.lse, spr.lse, ref.lse, lse_bound)):
         if got is None:
             continue
-        b = rule(got, reference, truth)
+        b = rule(got, reference, truth, ref.score_max)
         bad = b.row_errors > b.allowed
         if not b.ok:
             bad = bad | torch.isnan(b.row_errors)

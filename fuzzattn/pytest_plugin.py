@@ -34,9 +34,20 @@ def pytest_configure(config):
     if hyp is not None and hyp != profiles.active_name():
         from hypothesis import settings
         settings.load_profile(hyp)      # an explicit --hypothesis-profile wins for settings
+    _pin_worker_gpu()
     specs = config.getoption("fuzzattn_impl")
     if specs:
         os.environ["FUZZATTN_IMPL"] = os.pathsep.join(specs)   # xdist workers inherit it
+
+
+def _pin_worker_gpu():
+    """One pytest-xdist worker per GPU: worker gwN uses GPU N mod count (`pytest -n <GPUs>`)."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if not worker.startswith("gw"):
+        return
+    import torch
+    if torch.cuda.is_available() and torch.cuda.device_count() > 1:
+        torch.cuda.set_device(int(worker[2:]) % torch.cuda.device_count())
 
 
 def pytest_report_header(config):

@@ -65,6 +65,11 @@ def sdpa_forward(q, k, v, *, causal, scale):
         offset = 0 if causal == "top_left" else seq_k - seq_q
         visible = torch.ones(seq_q, seq_k, dtype=torch.bool, device=q.device).tril(diagonal=offset)
 
+    # CUDA flash backend (torch 2.11 on an H200) faults with "misaligned address" when a base
+    # pointer is not 16-byte aligned (fp16, storage offset 91 elements); the fault poisons the
+    # CUDA context and ends the whole run. Copy such inputs to fresh (aligned) memory: this moves
+    # bytes, never changes values, and leaves SDPA's arithmetic under test.
+    q, k, v = (_aligned_for_cuda(t) for t in (q, k, v))
     gqa = dict(enable_gqa=True) if kv_heads != heads else {}   # torch >= 2.5: no k/v copy
     if causal == "bottom_right":
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=visible, scale=scale, **gqa)
@@ -89,6 +94,17 @@ def sdpa_forward(q, k, v, *, causal, scale):
         out = out.masked_fill(empty[:, None], 0.0)
         lse = lse.masked_fill(empty, -math.inf)
     return out, lse
+
+
+def _aligned_for_cuda(t: torch.Tensor) -> torch.Tensor:
+    """t itself, or a contiguous copy when on CUDA its base or a row stride is not 16-byte aligned."""
+    if t.device.type != "cuda":
+        return t
+    size = t.element_size()
+    misaligned = t.data_ptr() % 16 != 0 or any(
+        (stride * size) % 16 for stride, n in zip(t.stride()[:-1], t.shape[:-1]) if n > 1)
+    # clone, not contiguous(): a contiguous view at an odd storage offset would come back as is.
+    return t.clone(memory_format=torch.contiguous_format) if misaligned else t
 
 
 IMPL = Implementation(

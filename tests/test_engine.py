@@ -11,7 +11,7 @@ from hypothesis import given, settings, strategies as st
 from fuzzattn.case import LAYOUTS, AttentionCase, CaseError
 from fuzzattn.contract import Capabilities
 from fuzzattn.inputs import GUARD, inputs_sha256, materialize
-from fuzzattn.oracle import oracle, round_to_tf32, same_precision_reference, visible_keys
+from fuzzattn.oracle import oracle, same_precision_reference, truncate_to_tf32, visible_keys
 from fuzzattn.tolerance import EPS_ULPS, K_OUT, UNIT_ROUNDOFF, out_bound
 from strategies import attention_cases, seq_lens, undeclared_cases
 
@@ -131,9 +131,9 @@ def test_rows_with_no_visible_key_are_zero_with_lse_minus_inf():
     assert torch.isfinite(ref.out).all() and torch.isfinite(ref.lse[:, :, 4:]).all()
 
 
-def test_tf32_rounding_keeps_ten_mantissa_bits():
-    x = torch.tensor([1.0 + 2 ** -10, 1.0 + 2 ** -11, 1.0 + 2 ** -11 + 2 ** -12, -3.0, float("inf")])
-    assert round_to_tf32(x).tolist() == [1.0 + 2 ** -10, 1.0, 1.0 + 2 ** -10, -3.0, float("inf")]
+def test_tf32_truncation_keeps_ten_mantissa_bits():
+    x = torch.tensor([1.0 + 2 ** -10, 1.0 + 2 ** -11 + 2 ** -12, -(1.0 + 2 ** -11), -3.0, float("inf")])
+    assert truncate_to_tf32(x).tolist() == [1.0 + 2 ** -10, 1.0, -1.0, -3.0, float("inf")]
 
 
 def test_tf32_reference_is_less_accurate_than_ieee():

@@ -1,0 +1,524 @@
+"""Metamorphic relations: identities between two runs of one implementation, no oracle needed.
+
+Each relation takes the case's inputs (`materialize`: the case's layout, in NaN-guarded storage),
+derives transformed inputs from them exactly, runs the implementation on both, and checks the
+identity attention must satisfy. No float64 attention is computed and no Nq x Nk matrix is formed
+outside the kernel, so relations also run at lengths too large for the oracle
+(`Profile.metamorphic_seq`). Transformed inputs are written into a second materialisation of
+the case, so both runs see the case's layout in NaN-guarded storage (batch_independence passes
+slices, views of that layout): a layout-dependent code path then rounds both runs alike, which
+value_shift and causal_prefix rely on (CPU matmuls round a strided q differently from a copy).
+
+    relation(impl, case, device) -> Verdict | None      (None: the relation does not apply)
+
+Verdicts are named "metamorphic:<relation>". They are not engine checks (not in verdict.CHECKS)
+and belong in no judge.Report: callers collect them as a plain list (`check_relations`). A crash
+in either run fails the relation; NaN in either output fails it too (the identities are between
+finite numbers, and a correct kernel gives finite outputs for finite inputs).
+
+Rounding model, from which every tolerance is built. One run may deviate from exact attention of
+the inputs it was given by:
+  score     s_ij = scale * q_i.k_j is an fp32 (or better) dot product of length D, then shifted by
+            the running max: |error| <= eps_i = scale |q_i|_2 max_j |k_j|_2 ((D + 4) u32 + 2 u_mm)
+            (worst-case dot-product bound, Cauchy-Schwarz, plus the scale multiply and the max
+            subtraction; u_mm = 2^-11 for TF32 fp32 matmuls, else 0). Scores off by <= eps move
+            each weight by a factor in [e^-2eps, e^2eps], the output by <= min(e^2eps - 1, 1) 2 max|V|.
+  weights   P is rounded to the input dtype before P @ V (relative u_p: the dtype's roundoff, or
+            u_mm for fp32), absolutely by eta = 2^-25 below fp16's normal range, and V as a
+            matmul operand by u_mm: (u_p + u_mm + Nk eta) max|V|.
+  sums      fp32 sums over Nk keys, per-tile rescales, exp and the division: (Nk + 8) u32 max|V|.
+  output    rounding to the output dtype: u_out |O|.
+  lse       1-Lipschitz in the scores: eps + (Nk + 8) u32 + u32 |lse|.
+max|V| is per (batch, kv head), |O|, eps and lse per query row. A relation's tolerance sums these
+for the two runs, keeping only the terms that can differ between them (each relation says which).
+
+The score term is needed whenever the two runs feed a kernel different vectors or positions:
+scores of the same pair are not bit-identical across runs in practice (torch_tiled's lse moves by
+3 ulps between batch sizes on values=large). Being a worst-case bound, it saturates where
+scale |q| |k| D u32 nears 1 (values=large, below_sentinel): there the out checks of
+key_permutation, batch_independence and score_shift only bound the change by the spread of V;
+they are sharp on normal-scale scores. value_shift and causal_prefix feed identical q and k at
+identical positions, so for deterministic kernels their scores are bit-identical and they have
+no score term; for kernels declaring deterministic=False both runs' whole error is allowed.
+
+The relations:
+  key_permutation     non-causal: permuting keys and values together leaves the output unchanged.
+  batch_independence  each batch element computed alone equals its slice of the batched result.
+  value_shift         V + c (c a constant row) gives O + c on rows that see a key; lse unchanged.
+  score_shift         k_j + w for every key adds scale * q_i.w to every score of row i: the output
+                      is unchanged and lse moves by exactly that amount.
+  causal_prefix       causal: replacing keys and values from a cut t on leaves every row whose last
+                      visible key is before t unchanged, exactly.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import torch
+
+from .case import AttentionCase
+from .contract import Implementation
+from .inputs import TORCH_DTYPES, materialize
+from .judge import default_device, skip_reason
+from .oracle import visible_keys
+from .tolerance import UNIT_ROUNDOFF
+from .verdict import Verdict, heatmap, locate
+
+U32 = 2.0 ** -24                 # fp32 unit roundoff: running state, sums and lse are fp32
+TF32_ROUNDOFF = 2.0 ** -11       # unit roundoff of a TF32 operand (10 explicit mantissa bits)
+FP16_WEIGHT_FLOOR = 2.0 ** -25   # absolute rounding of an fp16 weight below 2^-14 (subnormal)
+EXTRA_OPS = 8                    # per-row fp32 operations besides the Nk-term sums (exp, rescale, divide)
+SCORE_EXTRA_OPS = 4              # besides the D-term dot product: scale multiply, max subtraction
+PRECISION_BITS = {"float32": 24, "bfloat16": 8, "float16": 11}
+SHIFT_MIN = 8.0                  # score_shift: smallest added key component (a power of two)
+REPLACEMENT_SCALE = 16.0         # causal_prefix: replaced keys/values are 16 * N(0, 1)
+
+PREFIX = "metamorphic:"
+
+
+class _RunFailed(Exception):
+    """The implementation raised on one of a relation's runs: the relation fails, with this detail."""
+
+
+def _generator(case: AttentionCase) -> torch.Generator:
+    return torch.Generator().manual_seed(case.seed)
+
+
+def _run(impl: Implementation, q, k, v, case: AttentionCase, which: str):
+    try:
+        out, lse = impl(q, k, v, case)
+    except Exception as exc:  # a crash on a declared case is a failed relation, not a harness error
+        text = str(exc).strip().splitlines()
+        raise _RunFailed(f"{which} run raised {type(exc).__name__}: {text[0] if text else ''}")
+    if out.device.type == "cuda":
+        torch.cuda.synchronize()
+    return out, lse
+
+
+# -- the rounding model ------------------------------------------------------------------------
+class _Rounding:
+    """The unit roundoffs of the model in the module docstring, for one implementation and case."""
+
+    def __init__(self, impl: Implementation, case: AttentionCase):
+        dtype = TORCH_DTYPES[case.dtype]
+        tf32 = case.dtype == "float32" and impl.caps.fp32_matmul == "tf32"
+        self.u_mm = TF32_ROUNDOFF if tf32 else 0.0
+        # fp32 weights are not rounded before P @ V, except as a TF32 operand.
+        self.u_p = self.u_mm if case.dtype == "float32" else UNIT_ROUNDOFF[dtype]
+        self.u_out = UNIT_ROUNDOFF[dtype]
+        self.eta = FP16_WEIGHT_FLOOR if case.dtype == "float16" else 0.0
+        self.nk = case.seq_k
+        self.head_dim = case.head_dim
+        self.scale = abs(case.softmax_scale)
+
+    @property
+    def reduction(self) -> float:
+        """Relative error of the fp32 sums over keys (with rescales, exp and the division)."""
+        return (self.nk + EXTRA_OPS) * U32
+
+    def weights_and_sums(self, v_max: torch.Tensor) -> torch.Tensor:
+        """One run's error from rounding P (and V as a matmul operand) and from the fp32 sums."""
+        return (self.u_p + self.u_mm + self.nk * self.eta + self.reduction) * v_max
+
+    def score_error(self, q: torch.Tensor, k: torch.Tensor, group: int) -> torch.Tensor:
+        """(B, Hq, Nq) bound eps_i on the score error of row i, over all keys of its kv head.
+
+        sum_d |q_id k_jd| <= |q_i|_2 |k_j|_2 (Cauchy-Schwarz) keeps this O((Nq + Nk) D): no
+        Nq x Nk matrix is formed, so the bound costs nothing at oracle-free sizes."""
+        q_norm = q.to(torch.float64).norm(dim=-1)                               # (B, Hq, Nq)
+        if k.shape[2] == 0:
+            return torch.zeros_like(q_norm)
+        k_norm = k.to(torch.float64).norm(dim=-1).amax(dim=-1)                   # (B, Hkv)
+        k_norm = k_norm.repeat_interleave(group, dim=1)[..., None]               # (B, Hq, 1)
+        per_product = (self.head_dim + SCORE_EXTRA_OPS) * U32 + 2 * self.u_mm
+        return self.scale * per_product * q_norm * k_norm
+
+    def score_term(self, eps: torch.Tensor, v_max: torch.Tensor) -> torch.Tensor:
+        """Output error from scores off by at most eps: the weights move by e^(+-2 eps)."""
+        return torch.clamp(torch.expm1(2 * eps), max=1.0) * 2 * v_max
+
+    def rerun(self, eps: torch.Tensor, v_max: torch.Tensor) -> torch.Tensor:
+        """One run's whole error, output rounding aside: scores, weights and sums."""
+        return self.score_term(eps, v_max) + self.weights_and_sums(v_max)
+
+
+def _v_max(v: torch.Tensor, group: int) -> torch.Tensor:
+    """(B, Hq, 1): max|v| over the keys of each query head's kv head."""
+    if v.shape[2] == 0:
+        return torch.zeros(v.shape[0], v.shape[1] * group, 1, dtype=torch.float64, device=v.device)
+    m = v.to(torch.float64).abs().amax(dim=(-2, -1))
+    return m.repeat_interleave(group, dim=1)[..., None]
+
+
+def _finite_abs(t: torch.Tensor) -> torch.Tensor:
+    """|t| in float64, with NaN and inf read as 0: a tolerance must stay finite, so that a NaN
+    or a -inf where a finite value belongs (error inf) can never be within it."""
+    t = t.to(torch.float64)
+    return torch.where(torch.isfinite(t), t.abs(), torch.zeros_like(t))
+
+
+def _row_abs(out: torch.Tensor) -> torch.Tensor:
+    """(B, H, Nq): max|O| of each row, finite entries only."""
+    return _finite_abs(out).amax(dim=-1)
+
+
+def _rows_with_keys(case: AttentionCase, device) -> torch.Tensor:
+    """(Nq,) bool: rows that see at least one key (the others are out 0, lse -inf)."""
+    mask = visible_keys(case.seq_q, case.seq_k, case.causal, device)
+    if mask is None:
+        return torch.full((case.seq_q,), case.seq_k > 0, dtype=torch.bool, device=device)
+    return mask.any(dim=-1)
+
+
+# -- judging one relation ---------------------------------------------------------------------
+def _row_errors(got: torch.Tensor, expected: torch.Tensor) -> torch.Tensor:
+    """|got - expected| in float64, per row for outputs; equal values (-inf lse included) give 0,
+    and NaN on either side gives inf: the identities hold between finite numbers only."""
+    got, expected = got.to(torch.float64), expected.to(torch.float64)
+    err = torch.where(got == expected, torch.zeros_like(got), (got - expected).abs())
+    err = torch.where(torch.isnan(err), torch.full_like(err, math.inf), err)
+    return err.amax(dim=-1) if err.dim() == 4 else err
+
+
+def _verdict(name: str, impl: Implementation, case: AttentionCase, parts, note: str = "") -> Verdict:
+    """One verdict from (quantity, row errors, rows allowed, rows checked) parts: out, then lse.
+
+    error/allowed are those of the worst row (largest error over allowed), among the failing
+    quantities when any fails."""
+    failed, worst, bad_rows = [], None, None
+    for quantity, errors, allowed, checked in parts:
+        allowed = torch.broadcast_to(allowed, errors.shape)
+        bad = (errors > allowed) & checked
+        if bool(bad.any()):
+            failed.append(quantity)
+            bad_rows = bad if bad_rows is None else bad_rows | bad
+        if errors.numel() == 0:
+            continue
+        ratio = torch.where(checked, errors / allowed.clamp_min(1e-300), torch.zeros_like(errors))
+        i = int(torch.argmax(ratio.flatten()))
+        candidate = (bool(bad.any()), float(ratio.flatten()[i]), quantity,
+                     float(errors.flatten()[i]), float(allowed.flatten()[i]))
+        if worst is None or candidate[:2] > worst[:2]:
+            worst = candidate
+    detail = note
+    if failed:
+        detail = f"{' and '.join(failed)} break the relation" + (f"; {note}" if note else "")
+    if failed and worst[2] != "out":
+        detail += f" (error/allowed are {worst[2]}'s)"
+    error, allowed = (worst[3], worst[4]) if worst is not None else (None, None)
+    return Verdict(impl=impl.name, case=case, check=PREFIX + name, passed=not failed, error=error,
+                   allowed=allowed, where=locate(bad_rows) if failed else "",
+                   heatmap=heatmap(bad_rows) if failed else "", detail=detail)
+
+
+def _all_rows(out: torch.Tensor) -> torch.Tensor:
+    return torch.ones(out.shape[:3], dtype=torch.bool, device=out.device)
+
+
+def _relation(name: str):
+    """Turn a relation body that may raise _RunFailed into one that returns a failed verdict."""
+    def wrap(body: Callable) -> Callable:
+        def relation(impl: Implementation, case: AttentionCase, device=None) -> Verdict | None:
+            device = device or default_device()
+            if skip_reason(impl, case) is not None:
+                return None
+            try:
+                return body(impl, case, device)
+            except _RunFailed as exc:
+                return Verdict(impl=impl.name, case=case, check=PREFIX + name, passed=False,
+                               detail=str(exc))
+        relation.__name__ = name
+        relation.__doc__ = body.__doc__
+        return relation
+    return wrap
+
+
+def _lse_part(lse, expected, allowed, checked):
+    return ("lse", _row_errors(lse, expected), allowed, checked)
+
+
+def _out_allowed(r: _Rounding, eps: tuple, v_max, outs) -> torch.Tensor:
+    """Two runs that may differ in every rounding: each run's whole error, each output rounded."""
+    return (r.rerun(eps[0], v_max) + r.rerun(eps[1], v_max)
+            + r.u_out * (_row_abs(outs[0]) + _row_abs(outs[1])))
+
+
+def _lse_allowed(r: _Rounding, eps: tuple, lses) -> torch.Tensor:
+    return (eps[0] + eps[1] + 2 * r.reduction
+            + U32 * (_finite_abs(lses[0]) + _finite_abs(lses[1])))
+
+
+def _compare_runs(name, impl, case, r, eps, v_max, out, lse, out2, lse2, note="") -> Verdict:
+    """Verdict for two runs that must agree up to the rounding of two independent runs."""
+    rows = _all_rows(out)
+    parts = [("out", _row_errors(out2, out), _out_allowed(r, eps, v_max, (out, out2)), rows)]
+    if lse is not None and lse2 is not None:
+        parts.append(_lse_part(lse2, lse, _lse_allowed(r, eps, (lse, lse2)), rows))
+    return _verdict(name, impl, case, parts, note=note)
+
+
+def _overwrite(view: torch.Tensor, values: torch.Tensor) -> None:
+    """Write `values` (the view's logical shape) into `view` in place, also where `view`
+    broadcasts with stride 0: index 0 of a broadcast dimension is written, and every index sees
+    it, so the transformed tensor stays a broadcast (values differing along it are dropped)."""
+    index = tuple(slice(0, 1) if stride == 0 and size > 1 else slice(None)
+                  for size, stride in zip(view.shape, view.stride()))
+    view[index].copy_(values[index])
+
+
+def _transformed(case: AttentionCase, device, **tensors: torch.Tensor):
+    """A second materialisation of the case with some of q, k, v overwritten in place."""
+    inputs = materialize(case, device)
+    for name, values in tensors.items():
+        _overwrite(getattr(inputs, name), values)
+    return inputs
+
+
+# -- 1. key permutation -----------------------------------------------------------------------
+@_relation("key_permutation")
+def key_permutation(impl, case, device):
+    """Non-causal attention is a sum over keys: permuting k and v rows together (one permutation
+    from torch.Generator(case.seed), never the identity) changes only how that sum is formed.
+
+    Tolerance: every term of the model, for both runs. The pairs (q_i, k_j) are the same, but a
+    key's position decides its tile, the running max it is shifted by, how its weight is
+    rounded and where it enters the sums. Out: sum over runs of min(e^2eps - 1, 1) 2 max|V|
+    + (u_p + u_mm + Nk eta + (Nk + 8) u32) max|V|, plus u_out (|O| + |O'|).
+    lse: 2 eps + 2 (Nk + 8) u32 + u32 (|lse| + |lse'|).
+    """
+    if case.is_causal or case.seq_k < 2 or case.seq_q == 0:
+        return None
+    inputs = materialize(case, device)
+    perm = torch.randperm(case.seq_k, generator=_generator(case))
+    if bool((perm == torch.arange(case.seq_k)).all()):
+        perm = perm.roll(1)
+    perm = perm.to(device)
+    permuted = _transformed(case, device, k=inputs.k[:, :, perm], v=inputs.v[:, :, perm])
+    out, lse = _run(impl, *inputs.tensors(), case, "original")
+    out2, lse2 = _run(impl, *permuted.tensors(), case, "permuted")
+
+    r = _Rounding(impl, case)
+    eps = r.score_error(inputs.q, inputs.k, case.group_size)
+    note = "bitwise identical" if torch.equal(out, out2) else ""
+    return _compare_runs("key_permutation", impl, case, r, (eps, eps),
+                         _v_max(inputs.v, case.group_size), out, lse, out2, lse2, note)
+
+
+# -- 2. batch independence --------------------------------------------------------------------
+@_relation("batch_independence")
+def batch_independence(impl, case, device):
+    """Batch elements do not interact: element b computed alone (q, k, v sliced b:b+1, views of
+    the case's layout) equals element b of the batched run.
+
+    Not asserted bitwise, though often it is (the detail says which): a kernel may legitimately
+    schedule differently for another batch size (FlashAttention's split-KV count depends on
+    batch * heads; CPU GEMMs block by shape), which changes roundings and nothing else. Tolerance:
+    key_permutation's, every term for both runs.
+    """
+    if case.batch < 2 or case.seq_q == 0:
+        return None
+    inputs = materialize(case, device)
+    out, lse = _run(impl, *inputs.tensors(), case, "batched")
+    alone = case.replace(batch=1)
+    runs = [_run(impl, *(t[b:b + 1] for t in inputs.tensors()), alone, f"batch element {b}")
+            for b in range(case.batch)]
+    out2 = torch.cat([o for o, _ in runs])
+    lse2 = None if any(l is None for _, l in runs) else torch.cat([l for _, l in runs])
+
+    r = _Rounding(impl, case)
+    eps = r.score_error(inputs.q, inputs.k, case.group_size)
+    bitwise = torch.equal(out, out2) and (lse is None or lse2 is None or torch.equal(lse, lse2))
+    return _compare_runs("batch_independence", impl, case, r, (eps, eps),
+                         _v_max(inputs.v, case.group_size), out, lse, out2, lse2,
+                         "bitwise identical" if bitwise else "not bitwise identical")
+
+
+# -- 3. value shift ---------------------------------------------------------------------------
+def _shift_row(case: AttentionCase) -> torch.Tensor:
+    """(D,) float64: c_d = +-2^e, e in -1..2, from the case's seed. Powers of two are exact in
+    every dtype, so O + c is exact in float64 and only the rounding of V + c is inexact."""
+    g = _generator(case)
+    exponents = torch.randint(-1, 3, (case.head_dim,), generator=g).to(torch.float64)
+    signs = torch.randint(0, 2, (case.head_dim,), generator=g).to(torch.float64) * 2 - 1
+    return signs * torch.exp2(exponents)
+
+
+@_relation("value_shift")
+def value_shift(impl, case, device):
+    """Attention weights sum to one, so the output is affine in V: V' = round(V + c), c a constant
+    row (+-0.5 .. +-4 per column), gives O + c on rows that see a key (the others stay 0).
+
+    Exactness: V' is V + c rounded once to the dtype; that rounding d = V' - V - c is measured
+    exactly in float64. q and k are the same tensors at the same positions, so (deterministic
+    kernel) scores, the rounded weights p~ and their fp32 sum l are identical in both runs, and
+    exactly O' - O = c sum_j p~_j / l + sum_j p~_j d_j / l. Hence |O' - (O + c)| <=
+        (1 + u_p) max|d|                         the rounded shift
+      + (u_p + (Nk + 8) u32) max|c|               sum p~ / l is not exactly 1
+      + (u_mm + Nk eta + (Nk + 8) u32) (max|V| + max|V'|)   operand rounding and sums, both runs
+      + u_out (|O| + |O'|)                       each output rounded once
+    lse depends on q and k only: it must be unchanged, exactly. A kernel declaring
+    deterministic=False may round its scores differently per run: both runs' whole error is
+    added to both tolerances.
+    """
+    if case.seq_q == 0:
+        return None
+    inputs = materialize(case, device)
+    c = _shift_row(case).to(device)
+    v64 = inputs.v.to(torch.float64)
+    shifted = _transformed(case, device, v=(v64 + c).to(inputs.v.dtype))
+    v2 = shifted.v
+    d = v2.to(torch.float64) - v64 - c
+    out, lse = _run(impl, *inputs.tensors(), case, "original")
+    out2, lse2 = _run(impl, *shifted.tensors(), case, "shifted")
+
+    r = _Rounding(impl, case)
+    group = case.group_size
+    v_max, v2_max, d_max = _v_max(inputs.v, group), _v_max(v2, group), _v_max(d, group)
+    c_max = float(c.abs().max())
+    allowed = ((1 + r.u_p) * d_max + (r.u_p + r.reduction) * c_max
+               + (r.u_mm + r.nk * r.eta + r.reduction) * (v_max + v2_max)
+               + r.u_out * (_row_abs(out) + _row_abs(out2)))
+    lse_allowed = torch.zeros((), dtype=torch.float64, device=device)
+    if not impl.caps.deterministic:
+        eps = r.score_error(inputs.q, inputs.k, group)
+        allowed = allowed + 2 * r.rerun(eps, torch.maximum(v_max, v2_max))
+        lse_allowed = lse_allowed + 2 * eps + 2 * r.reduction
+    seen = _rows_with_keys(case, device)
+    expected = out.to(torch.float64) + c * seen[:, None].to(torch.float64)
+    rows = _all_rows(out)
+    parts = [("out", _row_errors(out2, expected), allowed, rows)]
+    if lse is not None and lse2 is not None:
+        parts.append(_lse_part(lse2, lse, lse_allowed, rows))
+    return _verdict("value_shift", impl, case, parts)
+
+
+# -- 4. score shift ---------------------------------------------------------------------------
+def _grid(magnitude: float, bits: int) -> float:
+    """Smallest power of two g such that every multiple of g up to `magnitude` in absolute value
+    is exact with `bits` significant bits (magnitude <= 2^bits * g)."""
+    return 2.0 ** math.ceil(math.log2(max(magnitude, 2.0 ** -100) / 2.0 ** bits))
+
+
+@_relation("score_shift")
+def score_shift(impl, case, device):
+    """Adding the same vector w to every key adds scale * q_i.w to every score of row i, the same
+    for all its keys: the softmax, hence the output, is unchanged, and lse moves by scale * q_i.w.
+
+    Construction, exact in the dtype: w = t e_d0, one coordinate d0 from the case's seed, t a power
+    of two >= 8. Column d0 of k is first snapped to multiples of a power of two g <= t chosen so
+    that every multiple of g up to max|k_d0| + t is representable; then the snapped k (written
+    back into the case's layout, the baseline) and k + w are both exact. The expected lse shift
+    sigma_i = scale * q_i,d0 * t is exact in float64.
+    Tolerance: the two runs' scores are different dot products, so every term of the model
+    enters for both runs, with eps from k and from k + w. lse: eps + eps' + 2 (Nk + 8) u32
+    + u32 (|lse| + |lse'| + |sigma|), the last for the kernel's fp32 copy of the scale.
+    """
+    if case.seq_q == 0 or case.seq_k == 0:
+        return None
+    inputs = materialize(case, device)
+    d0 = int(torch.randint(case.head_dim, (1,), generator=_generator(case)))
+    bits = PRECISION_BITS[case.dtype]
+    column = inputs.k[..., d0].to(torch.float64)
+    k_max = float(column.abs().max())
+    t = SHIFT_MIN
+    while _grid(k_max + t, bits) > t:
+        t *= 2
+    grid = _grid(k_max + t, bits)
+    snapped = inputs.k.to(torch.float64)
+    snapped[..., d0] = torch.round(column / grid) * grid
+    _overwrite(inputs.k, snapped.to(inputs.k.dtype))
+    snapped[..., d0] += t
+    shifted = _transformed(case, device, k=snapped.to(inputs.k.dtype))
+    k2 = shifted.k
+    added = k2.to(torch.float64) - inputs.k.to(torch.float64)
+    if not (bool((added[..., d0] == t).all()) and int(added.count_nonzero()) == added[..., d0].numel()):
+        raise AssertionError(f"score_shift: k and k + {t:g} e_{d0} are not both exact in {case.dtype}")
+    out, lse = _run(impl, *inputs.tensors(), case, "original")
+    out2, lse2 = _run(impl, *shifted.tensors(), case, "shifted")
+
+    r = _Rounding(impl, case)
+    group = case.group_size
+    eps = (r.score_error(inputs.q, inputs.k, group), r.score_error(inputs.q, k2, group))
+    rows = _all_rows(out)
+    parts = [("out", _row_errors(out2, out), _out_allowed(r, eps, _v_max(inputs.v, group),
+                                                          (out, out2)), rows)]
+    if lse is not None and lse2 is not None:
+        sigma = case.softmax_scale * inputs.q[..., d0].to(torch.float64) * t
+        expected = lse.to(torch.float64) + sigma     # -inf + sigma stays -inf for empty rows
+        allowed = _lse_allowed(r, eps, (lse, lse2)) + U32 * _finite_abs(sigma)
+        parts.append(_lse_part(lse2, expected, allowed, rows))
+    return _verdict("score_shift", impl, case, parts, note=f"w = {t:g} e_{d0}")
+
+
+# -- 5. causal prefix -------------------------------------------------------------------------
+@_relation("causal_prefix")
+def causal_prefix(impl, case, device):
+    """Causal row i reads no key after its last visible one: replace k and v rows >= t (a cut from
+    the case's seed) with 16 * N(0, 1) values, and every row whose last visible key is < t
+    (top_left: i < t; bottom_right: i + Nk - Nq < t; rows that see no key included) must be
+    unchanged.
+
+    Replacements are large and finite, never NaN: a correct kernel may load masked keys and form
+    exp(-inf) * v = 0 * v, which is NaN for v = NaN. They are large so that a leaked key moves the
+    output visibly (and an additive mask sentinel smaller than their scores lets them through).
+    Tolerance: none (for deterministic kernels). Every quantity entering a checked row is
+    bit-identical in both runs (same q, same visible keys at the same positions), and a masked key
+    contributes exact zeros (exp(-inf) = 0, 0 * v = 0, x + 0 = x), so out and lse must be equal
+    as values (+0 and -0 compare equal). deterministic=False kernels get both runs' whole error.
+    """
+    if not case.is_causal or case.seq_k < 2 or case.seq_q == 0:
+        return None
+    offset = 0 if case.causal == "top_left" else case.seq_k - case.seq_q
+    # t must leave a key to replace (t <= Nk - 1) and a row with a visible key to check (row 0's
+    # last visible key is `offset`, so t > offset).
+    low = max(1, offset + 1)
+    if low > case.seq_k - 1:
+        return None
+    g = _generator(case)
+    t = int(torch.randint(low, case.seq_k, (1,), generator=g))
+    inputs = materialize(case, device)
+    replaced = {}
+    for name in "kv":
+        tensor = getattr(inputs, name).clone()
+        fresh = REPLACEMENT_SCALE * torch.randn(tensor[:, :, t:].shape, generator=g)
+        tensor[:, :, t:] = fresh.to(tensor.dtype).to(device)
+        replaced[name] = tensor
+    replaced = _transformed(case, device, **replaced)
+    out, lse = _run(impl, *inputs.tensors(), case, "original")
+    out2, lse2 = _run(impl, *replaced.tensors(), case, "replaced")
+
+    last_checked = min(t - offset, case.seq_q) - 1
+    checked = (torch.arange(case.seq_q, device=device) <= last_checked).expand(out.shape[:3])
+    allowed = lse_allowed = torch.zeros((), dtype=torch.float64, device=device)
+    if not impl.caps.deterministic:
+        r = _Rounding(impl, case)
+        eps = r.score_error(inputs.q, replaced.k, case.group_size)
+        allowed = _out_allowed(r, (eps, eps), _v_max(inputs.v, case.group_size), (out, out2))
+        if lse is not None and lse2 is not None:
+            lse_allowed = _lse_allowed(r, (eps, eps), (lse, lse2))
+    parts = [("out", _row_errors(out2, out), allowed, checked)]
+    if lse is not None and lse2 is not None:
+        parts.append(_lse_part(lse2, lse, lse_allowed, checked))
+    return _verdict("causal_prefix", impl, case, parts,
+                    note=f"keys >= {t} replaced; rows 0-{last_checked} checked")
+
+
+RELATIONS: dict[str, Callable[..., Verdict | None]] = {
+    "key_permutation": key_permutation,
+    "batch_independence": batch_independence,
+    "value_shift": value_shift,
+    "score_shift": score_shift,
+    "causal_prefix": causal_prefix,
+}
+
+
+def check_relations(impl: Implementation, case: AttentionCase, device=None) -> list[Verdict]:
+    """The verdict of every relation that applies to this implementation and case."""
+    device = device or default_device()
+    verdicts = []
+    for relation in RELATIONS.values():
+        verdict = relation(impl, case, device)
+        if verdict is not None:
+            verdicts.append(verdict)
+    return verdicts

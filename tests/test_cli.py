@@ -1,0 +1,301 @@
+"""The `fuzzattn` command, run in-process through `main([...])` with tiny budgets.
+
+A purpose-built broken implementation lives in a temporary file outside the repo, so the tests
+also cover loading FILE.py:NAME. Every fixture goes to a temporary directory: FUZZATTN_FIXTURES_DIR
+points there for the whole module, so nothing can land in regressions/.
+"""
+from __future__ import annotations
+
+import io
+from contextlib import redirect_stdout
+import os
+import shutil
+import subprocess
+import textwrap
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from fuzzattn import cli, report
+from fuzzattn.contract import Capabilities, Implementation
+
+BROKEN = textwrap.dedent('''
+    """Attention that never looks at the last key: wrong whenever Nk > 1."""
+    import math
+    import torch
+
+    def drop_last_key(q, k, v, *, causal, scale):
+        s = (q.float() @ k.float().transpose(-1, -2)) * scale
+        n, m = s.shape[-2:]
+        if causal:
+            s = s.masked_fill(~torch.ones(n, m, dtype=torch.bool).tril(), -math.inf)
+        if m > 1:
+            s[..., -1] = -math.inf
+        return (torch.softmax(s, -1) @ v.float()).to(q.dtype), torch.logsumexp(s, -1)
+
+    NOT_CALLABLE = 42
+''')
+
+
+@pytest.fixture(autouse=True)
+def _isolated(tmp_path, monkeypatch):
+    # A stray default must never write into the repo's regressions/, and CI must not matter.
+    monkeypatch.setenv("FUZZATTN_FIXTURES_DIR", str(tmp_path / "default-fixtures"))
+    monkeypatch.delenv("CI", raising=False)
+
+
+@pytest.fixture(scope="module")
+def broken(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("outside") / "broken.py"
+    path.write_text(BROKEN)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def found(broken, tmp_path_factory):
+    """Fuzz the broken implementation once; (exit status, stdout, the fixture it wrote)."""
+    fixtures_dir = tmp_path_factory.mktemp("found")
+    out = io.StringIO()
+    with redirect_stdout(out):          # capsys is function-scoped; this fixture is not
+        status = cli.main(["fuzz", "--impl", f"{broken}:drop_last_key", "--dtype", "float32",
+                           "--max-examples", "10", "--fixtures-dir", str(fixtures_dir)])
+    written = sorted(fixtures_dir.glob("*.json"))
+    return status, out.getvalue(), written
+
+
+def run(capsys, *argv):
+    status = cli.main([str(a) for a in argv])
+    captured = capsys.readouterr()
+    return status, captured.out, captured.err
+
+
+# -- fuzz ---------------------------------------------------------------------------------------
+def test_fuzz_passing_implementation_exits_0(capsys, tmp_path):
+    status, out, err = run(capsys, "fuzz", "--impl", "sdpa", "--dtype", "float32",
+                           "--max-examples", 5, "--fixtures-dir", tmp_path)
+    assert status == 0, out + err
+    assert "sdpa" in out and "float32" in out and "1 passed, 0 failed" in out
+    assert not list(tmp_path.glob("*.json"))
+
+
+def test_fuzz_broken_implementation_exits_1_and_writes_a_fixture(found):
+    status, out, written = found
+    assert status == 1
+    assert len(written) == 1
+    assert "FAIL" in out and "bad query rows (x) per batch/head" in out   # the heatmap
+    assert f"fixture: {written[0]}" in out or written[0].name in out
+    assert "fuzzattn replay" in out and "--impl" in out
+    assert "--seed 0" in out                                               # how it was found
+
+
+def test_fuzz_no_save_writes_nothing(capsys, broken, tmp_path):
+    status, out, _ = run(capsys, "fuzz", "--impl", f"{broken}:drop_last_key", "--dtype", "float32",
+                         "--max-examples", 10, "--fixtures-dir", tmp_path, "--no-save")
+    assert status == 1
+    assert not list(tmp_path.glob("*.json"))
+    assert "not written" in out
+
+
+# -- replay -------------------------------------------------------------------------------------
+def test_replay_fails_on_the_broken_implementation(capsys, found, broken):
+    fixture = found[2][0]
+    status, out, _ = run(capsys, "replay", fixture, "--impl", f"{broken}:drop_last_key")
+    assert status == 1
+    assert "FAIL" in out and "out" in out and "bad query rows" in out
+
+
+def test_replay_passes_on_sdpa_and_on_every_registered_implementation(capsys, found):
+    fixture = found[2][0]
+    status, out, _ = run(capsys, "replay", fixture, "--impl", "sdpa")
+    assert status == 0, out
+    status, out, _ = run(capsys, "replay", fixture.parent)          # a directory: every *.json
+    assert status == 0, out
+    assert "sdpa" in out and "ok" in out
+
+
+def test_malformed_fixture_fails_naming_the_field_and_the_others_still_run(capsys, found, tmp_path):
+    shutil.copy(found[2][0], tmp_path / found[2][0].name)
+    (tmp_path / "bad.json").write_text('{"schema": 1, "case": {"batch": "two"}}')
+    status, out, err = run(capsys, "replay", tmp_path, "--impl", "sdpa")
+    assert status == 1
+    assert "bad.json" in out and "'case'" in out and "malformed" in out
+    assert "ok" in out                                   # the good fixture was replayed
+    assert "Traceback" not in out + err
+
+
+# -- bad inputs: one line, exit 2 -------------------------------------------------------------------
+BAD = [
+    pytest.param(["fuzz", "--impl", "no_such_impl"], "unknown implementation 'no_such_impl'", id="unknown-impl"),
+    pytest.param(["fuzz", "--impl", "/nonexistent/dir/attn.py:f"], "does not exist", id="missing-file"),
+    pytest.param(["fuzz", "--impl", "{broken}:nope"], "no attribute 'nope'", id="missing-name"),
+    pytest.param(["fuzz", "--impl", "{broken}:NOT_CALLABLE"], "not callable", id="non-callable"),
+    pytest.param(["fuzz", "--impl", "no_such_module_xyz:f"], "cannot import module", id="missing-module"),
+    pytest.param(["fuzz", "--impl", "sdpa", "--max-examples", "0"], "--max-examples", id="zero-examples"),
+    pytest.param(["fuzz", "--impl", "sdpa", "--seconds", "-1"], "--seconds", id="negative-seconds"),
+    pytest.param(["fuzz", "--impl", "sdpa", "--profile", "huge"], "--profile", id="bad-profile"),
+    pytest.param(["fuzz", "--impl", "{broken}:drop_last_key", "--dtype", "float16"],
+                 "not declared by drop_last_key", id="undeclared-dtype"),
+    pytest.param(["replay", "/nonexistent/fixture.json"], "no such file", id="missing-fixture"),
+    pytest.param(["mutants", "--only", "mutant_not_there"], "not a mutant", id="unknown-mutant"),
+    pytest.param(["gate", "--changed-since", "no-such-revision-xyz"], "no-such-revision-xyz", id="bad-rev"),
+    pytest.param(["gate", "--changed-since", "--oops"], "--changed-since", id="rev-like-option"),
+    pytest.param([], "required", id="no-command"),
+]
+
+
+@pytest.mark.parametrize("argv,expected", BAD)
+def test_bad_input_is_one_line_and_exit_2(capsys, broken, argv, expected):
+    status, out, err = run(capsys, *[a.format(broken=broken) for a in argv])
+    assert status == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("fuzzattn: error:")
+    assert expected in lines[0]
+    assert "Traceback" not in out + err
+
+
+# -- gate ---------------------------------------------------------------------------------------
+def test_gate_writes_junit_xml_and_markdown(capsys, found, tmp_path):
+    fixtures_dir = tmp_path / "fixtures"
+    fixtures_dir.mkdir()
+    shutil.copy(found[2][0], fixtures_dir)
+    junit, summary = tmp_path / "out" / "gate.xml", tmp_path / "gate.md"
+    status, out, err = run(capsys, "gate", "--max-examples", 2, "--seconds", 2, "--fixtures-dir",
+                           fixtures_dir, "--junit-xml", junit, "--markdown", summary)
+    assert status == 0, out + err
+    assert "gate passed" in out
+    root = ET.parse(junit).getroot()
+    cases = root.findall(".//testcase")
+    stages = {c.get("classname") for c in cases}
+    assert {"fuzzattn.replay", "fuzzattn.fuzz"} <= stages
+    assert root.get("failures") == "0" and int(root.get("tests")) == len(cases)
+    text = summary.read_text()
+    assert text.startswith("## fuzzattn gate: passed") and "| stage | subject |" in text
+
+
+def test_gate_fails_when_an_outside_implementation_breaks(capsys, found, broken, tmp_path):
+    fixtures_dir = tmp_path / "fixtures"
+    fixtures_dir.mkdir()
+    shutil.copy(found[2][0], fixtures_dir)
+    junit = tmp_path / "gate.xml"
+    status, out, _ = run(capsys, "gate", "--max-examples", 5, "--seconds", 5, "--fixtures-dir",
+                         fixtures_dir, "--impl", f"{broken}:drop_last_key", "--junit-xml", junit)
+    assert status == 1
+    assert "gate FAILED" in out
+    failures = ET.parse(junit).getroot().findall(".//failure")
+    assert failures and all(f.get("message") for f in failures)
+    assert any("drop_last_key" in (f.text or "") for f in failures)
+
+
+def test_gate_changed_since_fuzzes_only_what_changed(capsys, monkeypatch, tmp_path):
+    from kernels import sdpa
+    monkeypatch.setattr(cli, "changed_files", lambda rev: {Path(sdpa.__file__).resolve()})
+    status, out, _ = run(capsys, "gate", "--max-examples", 2, "--fixtures-dir", tmp_path,
+                         "--changed-since", "HEAD")
+    assert status == 0, out
+    assert "fuzzing sdpa" in out
+    assert "sdpa float32" in out
+    assert "triton_fa2 float32" not in out and "unchanged since HEAD" in out
+
+
+def test_gate_changed_since_harness_change_fuzzes_everything(capsys, monkeypatch, tmp_path):
+    judge_file = Path(cli.__file__).resolve().parent / "judge.py"
+    monkeypatch.setattr(cli, "changed_files", lambda rev: {judge_file})
+    status, out, _ = run(capsys, "gate", "--max-examples", 1, "--seconds", 1, "--fixtures-dir",
+                         tmp_path, "--changed-since", "HEAD")
+    assert status == 0, out
+    assert "harness changed" in out and "triton_fa2 float32" in out
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
+def test_changed_files_reads_git(tmp_path):
+    root = Path(cli.__file__).resolve().parent.parent
+    inside = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True)
+    if inside.returncode != 0:
+        pytest.skip("not a git checkout with a commit")
+    changed = cli.changed_files("HEAD")
+    assert all(p.is_absolute() for p in changed)
+
+
+# -- mutants ------------------------------------------------------------------------------------
+def _zoo(broken_path: str) -> dict:
+    from fuzzattn.loader import load_implementation
+    from kernels.sdpa import sdpa_forward
+    caps = Capabilities(dtypes={"float32"})
+    killed = load_implementation(f"{broken_path}:drop_last_key")
+    return {
+        "mutant_drop_last_key": Implementation(name="mutant_drop_last_key", fn=killed.fn, caps=caps,
+                                               description="ignores the last key", mutant_of="sdpa"),
+        "mutant_harmless": Implementation(name="mutant_harmless", fn=sdpa_forward, caps=caps,
+                                          description="changes nothing", mutant_of="sdpa"),
+    }
+
+
+def test_mutants_reports_killed_survived_and_score(capsys, monkeypatch, broken, tmp_path):
+    import fuzzattn.registry
+    monkeypatch.setattr(fuzzattn.registry, "mutants", lambda: _zoo(broken))
+    status, out, _ = run(capsys, "mutants", "--list")
+    assert status == 0 and "ignores the last key" in out and "mutant_harmless" in out
+    status, out, _ = run(capsys, "mutants", "--max-examples", 8)
+    assert status == 1                                      # one survives
+    assert "killed" in out and "SURVIVED" in out and "mutation score: 1/2" in out
+    status, out, _ = run(capsys, "mutants", "--only", "mutant_drop_last_key", "--max-examples", 8)
+    assert status == 0 and "mutation score: 1/1" in out
+    assert not (tmp_path / "default-fixtures").exists()    # mutants never leave fixtures
+
+
+def test_mutants_with_an_empty_zoo(capsys, monkeypatch):
+    import fuzzattn.registry
+    monkeypatch.setattr(fuzzattn.registry, "mutants", lambda: {})
+    status, out, _ = run(capsys, "mutants")
+    assert status == 0 and "no mutants" in out
+
+
+# -- presentation -------------------------------------------------------------------------------
+def test_main_restores_the_profile(capsys, monkeypatch):
+    monkeypatch.setenv("FUZZATTN_PROFILE", "dev")
+    run(capsys, "fuzz", "--impl", "sdpa", "--dtype", "float32", "--max-examples", 1,
+        "--profile", "ci", "--no-save")
+    assert os.environ["FUZZATTN_PROFILE"] == "dev"
+
+
+def test_progress_only_on_a_terminal(monkeypatch):
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    stream = Terminal()
+    progress = report.Progress(stream=stream)
+    assert progress.enabled
+
+    @settings(max_examples=3, database=None)
+    @given(progress.track(st.integers(), "fuzz demo", 3))
+    def draw(_):
+        pass
+
+    draw()
+    progress.clear()
+    assert "fuzz demo" in stream.getvalue() and "/3 cases" in stream.getvalue()
+    monkeypatch.setenv("CI", "true")
+    assert not report.Progress(stream=Terminal()).enabled
+    assert not report.Progress(stream=io.StringIO()).enabled
+
+
+def test_junit_xml_and_markdown_render_every_outcome():
+    outcomes = [report.Outcome("replay", "a.json on sdpa", report.OK, True, seconds=0.1),
+                report.Outcome("fuzz", "x float32", report.FAIL, False, 7, 1.5,
+                               detail="out: B=1 | H=1", message="[FAIL] x out\n  replay: ..."),
+                report.Outcome("fuzz", "y float32", report.SKIP, True, skipped=True, detail="why"),
+                report.Outcome("mutant", "m", report.ERROR, False, detail="broke")]
+    root = ET.fromstring(report.junit_xml(outcomes).split("\n", 1)[1])
+    assert (root.get("tests"), root.get("failures"), root.get("errors"), root.get("skipped")) == \
+        ("4", "1", "1", "1")
+    assert root.find(".//failure").text.startswith("[FAIL] x out")
+    text = report.markdown(outcomes)
+    assert "FAILED" in text and "out: B=1 \\| H=1" in text and "```" in text
+    table = report.table(("a", "b"), [["1", "x" * 200]], max_width=20)
+    assert max(len(line) for line in table.splitlines()) < 30
