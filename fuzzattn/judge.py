@@ -95,14 +95,20 @@ class _GuardedBuffer:
         return bool((bits[:GUARD] == self.pattern).all() and (bits[-GUARD:] == self.pattern).all())
 
 
-def _poison_allocator(case: AttentionCase, device) -> None:
-    """Hand the allocator NaN-filled blocks of the output's sizes, so a kernel that returns
-    memory it never wrote returns NaN. Reliable with CUDA's caching allocator (freed blocks are
-    reused for same-size requests); on the CPU it depends on malloc reusing the freed chunk."""
+POISON_BLOCKS = 8   # freed NaN blocks per output size: the outputs and the kernel's own temporaries
+
+
+def _prime_allocator(case: AttentionCase, device, byte: int) -> None:
+    """Hand the allocator blocks of the output's sizes filled with `byte` (0xFF: NaN in every
+    float dtype; 0x00: clean), so a kernel that returns memory it never wrote returns NaN. Several blocks per size, because the kernel may allocate
+    temporaries of the same size before its outputs. Reliable with CUDA's caching allocator
+    (freed blocks are reused for same-size requests); on the CPU it depends on malloc handing
+    back a freed chunk (small sizes do; mmap-sized ones come back zeroed, and a missing write
+    then shows as an `out` mismatch instead)."""
     out_bytes = math.prod(case.shape("q")) * {"float32": 4}.get(case.dtype, 2)
     lse_bytes = case.batch * case.heads * case.seq_q * 4
-    blocks = [torch.full((n,), 0xFF, dtype=torch.uint8, device=device)
-              for n in (out_bytes, lse_bytes) if n]
+    blocks = [torch.full((n,), byte, dtype=torch.uint8, device=device)
+              for n in (out_bytes, lse_bytes) if n for _ in range(POISON_BLOCKS)]
     del blocks
 
 
@@ -133,8 +139,8 @@ def _run(impl: Implementation, case: AttentionCase, device, *, adversarial: bool
             for g in guarded:
                 g.tensor.zero_()
         kwargs = dict(out=guarded[0].tensor, lse=guarded[1].tensor)
-    elif adversarial and poison:
-        _poison_allocator(case, device)
+    elif adversarial:
+        _prime_allocator(case, device, 0xFF if poison else 0x00)
     verdict = dict(impl=impl.name, case=case)
     try:
         out, lse = impl(*inputs.tensors(), case, **kwargs)
@@ -174,13 +180,16 @@ def _nonfinite_rows(run: _Run, ref: Reference) -> torch.Tensor:
 
 
 def _attribute_nonfinite(impl, case, device) -> tuple[str, str]:
-    """Re-run without one source of NaN at a time to name where a NaN came from."""
-    zero_pad = _run(impl, case, device, adversarial=True, pad_value=0.0)
-    if zero_pad.failure is None and torch.isfinite(zero_pad.out.to(torch.float32)).all():
-        return "out_of_bounds_read", "NaN appears only when the storage around the inputs holds NaN"
-    no_poison = _run(impl, case, device, adversarial=True, poison=False)
-    if no_poison.failure is None and torch.isfinite(no_poison.out.to(torch.float32)).all():
+    """Re-run with clean output memory, then also with zero padding, to name the NaN's source.
+    Both re-runs hand the allocator zeroed blocks (or zeroed buffers) where the first run had NaN
+    ones, so NaN left in freed memory by earlier runs cannot masquerade as a kernel's read."""
+    def finite(run: _Run) -> bool:
+        return run.failure is None and bool(torch.isfinite(run.out.to(torch.float32)).all())
+
+    if finite(_run(impl, case, device, adversarial=True, poison=False)):
         return "unwritten_output", "NaN appears only when the output memory starts as NaN"
+    if finite(_run(impl, case, device, adversarial=True, poison=False, pad_value=0.0)):
+        return "out_of_bounds_read", "NaN appears only when the storage around the inputs holds NaN"
     return "nonfinite", "NaN/inf with clean padding and clean output memory"
 
 
@@ -257,3 +266,23 @@ def judge(impl: Implementation, case: AttentionCase, device=None) -> Report:
                                 passed=not differs,
                                 detail=f"{', '.join(differs)} differ bitwise between two runs" if differs else ""))
     return Report(impl.name, case, verdicts)
+
+
+def check_refusal(impl: Implementation, case: AttentionCase, device=None) -> Verdict:
+    """An input outside the declaration must raise with a message, not return an answer."""
+    why = impl.caps.why_not(case)
+    if why is None:
+        raise ValueError(f"{case} is inside {impl.name}'s declaration: nothing to refuse")
+    inputs = materialize(case, device or default_device())
+    verdict = dict(impl=impl.name, case=case, check="refusal")
+    try:
+        impl(*inputs.tensors(), case)
+    except ContractError as exc:
+        return Verdict(passed=False, detail=f"answered {why} in the wrong shape: {_one_line(exc)}",
+                       **verdict)
+    except Exception as exc:
+        message = str(exc).strip()
+        return Verdict(passed=bool(message), detail=f"refused {why}: {_one_line(exc)}"
+                       if message else f"refused {why} with an empty {type(exc).__name__}", **verdict)
+    return Verdict(passed=False, detail=f"answered {why}, which it does not declare, "
+                                        "instead of refusing it", **verdict)

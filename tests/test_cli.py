@@ -97,6 +97,14 @@ def test_fuzz_no_save_writes_nothing(capsys, broken, tmp_path):
     assert "not written" in out
 
 
+def test_fuzz_time_cap_reports_the_cases_it_judged(capsys, tmp_path):
+    status, out, _ = run(capsys, "fuzz", "--impl", "triton_fa2", "--dtype", "float32",
+                         "--max-examples", 40, "--seconds", 0.2, "--fixtures-dir", tmp_path)
+    assert status == 0, out
+    judged = int(out.split("time cap 0.2 s reached after ")[1].split()[0])
+    assert 1 <= judged < 40
+
+
 # -- replay -------------------------------------------------------------------------------------
 def test_replay_fails_on_the_broken_implementation(capsys, found, broken):
     fixture = found[2][0]
@@ -179,7 +187,7 @@ def test_gate_fails_when_an_outside_implementation_breaks(capsys, found, broken,
     fixtures_dir.mkdir()
     shutil.copy(found[2][0], fixtures_dir)
     junit = tmp_path / "gate.xml"
-    status, out, _ = run(capsys, "gate", "--max-examples", 5, "--seconds", 5, "--fixtures-dir",
+    status, out, _ = run(capsys, "gate", "--max-examples", 2, "--seconds", 2, "--fixtures-dir",
                          fixtures_dir, "--impl", f"{broken}:drop_last_key", "--junit-xml", junit)
     assert status == 1
     assert "gate FAILED" in out

@@ -1,0 +1,39 @@
+"""Inputs an implementation does not declare are refused with a clear error, not answered."""
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from fuzzattn import AttentionCase, Capabilities, Implementation
+from fuzzattn.judge import check_refusal
+from fuzzattn.pytest_plugin import all_implementations
+from kernels.sdpa import sdpa_forward
+from strategies import undeclared_cases
+
+
+@pytest.mark.parametrize("impl", all_implementations(), ids=lambda impl: impl.name)
+@settings(max_examples=40)
+@given(data=st.data())
+def test_undeclared_inputs_are_refused_in_one_line(impl, data):
+    what, case = data.draw(undeclared_cases(impl.caps), label="undeclared")
+    verdict = check_refusal(impl, case)
+    assert verdict.passed, verdict.headline()
+    assert "\n" not in verdict.detail
+
+
+def test_an_implementation_answering_undeclared_inputs_is_caught():
+    # declares fp32 only, but happily answers bf16: whatever it returns is unvetted
+    lax = Implementation("lax", sdpa_forward, Capabilities(dtypes={"float32"}))
+    case = AttentionCase(1, 1, 1, 4, 4, 16, dtype="bfloat16")
+    verdict = check_refusal(lax, case)
+    assert not verdict.passed
+    assert "answered dtype=bfloat16" in verdict.detail
+
+
+def test_a_silent_refusal_is_not_clear_enough():
+    def silent(q, k, v, *, causal, scale):
+        if q.dtype != __import__("torch").float32:
+            raise ValueError()
+        return sdpa_forward(q, k, v, causal=causal, scale=scale)
+
+    verdict = check_refusal(Implementation("silent", silent, Capabilities(dtypes={"float32"})),
+                            AttentionCase(1, 1, 1, 4, 4, 16, dtype="bfloat16"))
+    assert not verdict.passed and "empty ValueError" in verdict.detail
