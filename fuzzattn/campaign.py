@@ -13,7 +13,7 @@ import dataclasses
 import time
 from pathlib import Path
 
-from hypothesis import given, seed as hypothesis_seed, settings, strategies as st
+from hypothesis import Phase, given, seed as hypothesis_seed, settings, strategies as st
 from hypothesis.control import current_build_context, currently_in_test_context
 from hypothesis.errors import HypothesisException
 
@@ -67,11 +67,12 @@ def check_case(impl: Implementation, case: AttentionCase, *, save: bool = True,
 @dataclasses.dataclass
 class CampaignResult:
     impl: str
-    cases: int                          # cases judged (all, including shrinking)
+    cases: int                          # cases judged, shrinking included
     seconds: float
     counterexample: Counterexample | None = None
     cases_to_first_failure: int | None = None
     error: str | None = None            # the campaign could not run (e.g. nothing drawable)
+    budget_hit: bool = False            # the time cap stopped it before max_examples
 
     @property
     def passed(self) -> bool:
@@ -80,33 +81,48 @@ class CampaignResult:
 
 def fuzz(impl: Implementation, strategy: st.SearchStrategy[AttentionCase], *, max_examples: int,
          seconds: float | None = None, seed: int | None = 0, save: bool = True, fixtures_dir=None,
-         device=None) -> CampaignResult:
-    """Draw up to `max_examples` cases (or until `seconds` pass), shrink the first failure."""
-    counter = {"cases": 0, "first": None}
+         device=None, shrink: bool = True) -> CampaignResult:
+    """Judge up to `max_examples` drawn cases, or until `seconds` pass, and shrink the first
+    failure. Once the time cap is spent, draws are no longer judged: before a failure that ends
+    the search; during shrinking it ends the shrink, and Hypothesis's final replay of the smallest
+    failure found so far is still judged, reported and saved."""
+    state = {"judged": 0, "first": None, "over": False}
     start = time.perf_counter()
 
+    def over_budget() -> bool:
+        state["over"] = state["over"] or (seconds is not None and time.perf_counter() - start > seconds)
+        return state["over"]
+
+    phases = None if shrink else [Phase.explicit, Phase.reuse, Phase.generate]
+
     @settings(max_examples=max_examples, database=None, deadline=None, derandomize=seed is None,
-              print_blob=False)
+              print_blob=False, **({"phases": phases} if phases else {}))
     @given(strategy)
     def campaign(case):
-        counter["cases"] += 1
-        if seconds is not None and time.perf_counter() - start > seconds and counter["first"] is None:
-            return          # budget spent: let the remaining draws pass quickly
+        final = currently_in_test_context() and current_build_context().is_final
+        if over_budget() and not final:
+            # Unjudged draws pass: before a failure this ends the search; while shrinking, no
+            # candidate can improve on the smallest failure so far, so the shrink winds down.
+            return
+        state["judged"] += 1
         try:
             check_case(impl, case, save=save, fixtures_dir=fixtures_dir, device=device)
         except Counterexample:
-            if counter["first"] is None:
-                counter["first"] = counter["cases"]
+            if state["first"] is None:
+                state["first"] = state["judged"]
             raise
 
     if seed is not None:
         campaign = hypothesis_seed(seed)(campaign)
+    result = dict(impl=impl.name)
     try:
         campaign()
     except Counterexample as found:
-        return CampaignResult(impl.name, counter["cases"], time.perf_counter() - start, found,
-                              counter["first"])
+        return CampaignResult(cases=state["judged"], seconds=time.perf_counter() - start,
+                              counterexample=found, cases_to_first_failure=state["first"],
+                              budget_hit=state["over"], **result)
     except HypothesisException as exc:
-        return CampaignResult(impl.name, counter["cases"], time.perf_counter() - start,
-                              error=f"{type(exc).__name__}: {exc}")
-    return CampaignResult(impl.name, counter["cases"], time.perf_counter() - start)
+        return CampaignResult(cases=state["judged"], seconds=time.perf_counter() - start,
+                              error=f"{type(exc).__name__}: {exc}", **result)
+    return CampaignResult(cases=state["judged"], seconds=time.perf_counter() - start,
+                          budget_hit=state["over"], **result)

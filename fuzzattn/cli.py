@@ -22,11 +22,11 @@ import contextlib
 import dataclasses
 import math
 import os
-import re
 import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from pathlib import Path
 
 from . import report
@@ -138,6 +138,8 @@ def build_parser() -> argparse.ArgumentParser:
                             description="Run the default campaign against each mutant; exit 1 if any survives.")
     p.add_argument("--list", action="store_true", help="list the mutants and the bug each plants")
     p.add_argument("--only", action="append", default=[], metavar="NAME", help="run only these mutants; repeatable")
+    p.add_argument("--shrink", action="store_true",
+                   help="shrink each mutant's first failing case (minutes per mutant under the interpreter)")
     _budget_options(p, "cases per mutant (default: the profile's max_examples)",
                     "wall-time cap per mutant (default: none)")
     p.set_defaults(run=cmd_mutants)
@@ -150,7 +152,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "interpreted, else the profile's max_examples)",
                     f"wall-time cap per campaign (default: {GATE_INTERPRETED_SECONDS:g} interpreted, "
                     f"{GATE_COMPILED_SECONDS:g} compiled)")
-    p.add_argument("--mutants", action="store_true", help="also run the mutant self-test")
+    p.add_argument("--mutants", action="store_true",
+                   help="also run the mutant self-test (first failing cases, not shrunk)")
     p.add_argument("--changed-since", metavar="REV",
                    help="fuzz only implementations whose source files changed since REV (all of them "
                         "if the harness changed); the rest are only replayed")
@@ -218,7 +221,12 @@ def main(argv=None) -> int:
         return 2
     except SystemExit as exc:          # --help, --version
         return exc.code if isinstance(exc.code, int) else 0
-    with _profile_restored(), _one_cpu_thread():
+    with _profile_restored(), _one_cpu_thread(), warnings.catch_warnings():
+        # numpy's divide/overflow warnings from inside Triton's interpreter: a kernel's NaN or inf
+        # is judged as a verdict (nonfinite, out_of_bounds_read ...), the warning only adds noise.
+        warnings.filterwarnings("ignore", category=RuntimeWarning, module=r"triton\.runtime\.interpreter")
+        warnings.filterwarnings("ignore", message="Conversion of an array with ndim > 0 to a scalar",
+                                category=DeprecationWarning)
         try:
             _choose_backend()
             return args.run(args)
@@ -238,13 +246,8 @@ def main(argv=None) -> int:
 
 # -- shared helpers -----------------------------------------------------------------------------
 def _choose_backend() -> None:
-    """Pick Triton's interpreter (on CPU) before anything can import triton.
-
-    Importing triton before TRITON_INTERPRET is set leaves kernels decorated later unable to run
-    ("Cannot call @triton.jit'd outside of the scope of a kernel"), and writing a fixture imports
-    triton (to record its version): fuzzing an outside implementation first, then replaying on
-    triton_fa2 in the same process, broke exactly that way.
-    """
+    """Set up Triton (interpreter on CPU, bf16 repairs) before an outside --impl file can import
+    it, turning a broken setup (numpy too new for triton 3.6's interpreter) into one line."""
     from .interpreter import ensure_backend
     try:
         ensure_backend()
@@ -278,7 +281,6 @@ def _resolve(spec: str):
 
 
 def _triton_interpreted() -> bool:
-    import kernels  # noqa: F401  (chooses the backend before we ask which one it is)
     from .interpreter import is_interpreted
     return is_interpreted()
 
@@ -309,20 +311,6 @@ class _Campaign:
     result: object = None       # CampaignResult, when the campaign ran
 
 
-class _DrawLog:
-    """When each case was drawn: `fuzz` judges a draw only if its time cap had not passed."""
-
-    def __init__(self):
-        self.times: list[float] = []
-
-    def __call__(self, case):
-        self.times.append(time.perf_counter())
-        return case
-
-    def before(self, deadline: float) -> int:
-        return sum(t <= deadline for t in self.times)
-
-
 def _failure_text(found, spec: str, rerun: str) -> str:
     """The report with its heatmap, then where the fixture went and how to replay it."""
     from .fixtures import Fixture
@@ -339,7 +327,7 @@ def _failure_text(found, spec: str, rerun: str) -> str:
 
 def _run_campaign(impl, spec: str, dtype: str | None, *, profile, max_examples: int,
                   seconds: float | None, seed: int, save: bool, fixtures_dir, progress,
-                  stage: str = "fuzz") -> _Campaign:
+                  stage: str = "fuzz", shrink: bool = True) -> _Campaign:
     from hypothesis.errors import HypothesisException
     from strategies.cases import attention_cases
     from .campaign import fuzz
@@ -357,15 +345,14 @@ def _run_campaign(impl, spec: str, dtype: str | None, *, profile, max_examples: 
     except HypothesisException as exc:
         return _Campaign(Outcome(stage, label, ERROR, False, detail=_one_line(exc),
                                  message=_one_line(exc)), impl.name, dtype or "")
-    draws = _DrawLog()
-    strategy = progress.track(strategy.map(draws), f"{stage} {label}", max_examples)
+    strategy = progress.track(strategy, f"{stage} {label}", max_examples)
     rerun = (f"fuzzattn {'mutants --only ' + impl.name if stage == 'mutant' else 'fuzz --impl ' + spec}"
              f"{' --dtype ' + dtype if dtype else ''} --seed {seed} --max-examples {max_examples}"
              f"{' --seconds %g' % seconds if seconds else ''} --profile {profile.name}")
     start = time.perf_counter()
     try:
         result = fuzz(impl, strategy, max_examples=max_examples, seconds=seconds, seed=seed,
-                      save=save, fixtures_dir=fixtures_dir)
+                      save=save, fixtures_dir=fixtures_dir, shrink=shrink)
     except Exception as exc:   # e.g. a drawn case the harness cannot judge here: report, go on
         progress.clear()
         text = f"{type(exc).__name__}: {_one_line(exc)}"
@@ -383,10 +370,8 @@ def _run_campaign(impl, spec: str, dtype: str | None, *, profile, max_examples: 
                           message=_failure_text(found, spec, rerun))
     else:
         outcome = Outcome(stage, label, OK, True, result.cases, result.seconds)
-        if seconds is not None and result.seconds > seconds:
-            # fuzz() lets the draws after its time cap pass unjudged; count only those judged.
-            outcome.cases = draws.before(start + seconds)
-            outcome.detail = f"time cap {seconds:g} s reached after {outcome.cases} of {max_examples} cases"
+        if result.budget_hit:
+            outcome.detail = f"time cap {seconds:g} s reached after {result.cases} of {max_examples} cases"
     return _Campaign(outcome, impl.name, dtype or "", result)
 
 
@@ -453,9 +438,6 @@ def _fixture_paths(paths) -> list[Path]:
     return unique
 
 
-_NUMBERS = re.compile(r"error=(\S+) allowed=(\S+)")
-
-
 @dataclasses.dataclass
 class _Replay:
     fixture: str
@@ -468,7 +450,6 @@ class _Replay:
 def _replay_all(paths, subjects, *, only_given: bool, progress) -> list[_Replay]:
     """Replay each fixture on each supporting subject; a bad fixture is one failing row."""
     from .fixtures import FixtureError, load
-    from .judge import skip_reason
     from .replay import replay_one
     rows = []
     for n, path in enumerate(paths, 1):
@@ -497,10 +478,12 @@ def _replay_all(paths, subjects, *, only_given: bool, progress) -> list[_Replay]
             start = time.perf_counter()
             result = replay_one(fixture, impl)
             took = time.perf_counter() - start
-            match = _NUMBERS.search(result.message)
-            numbers = f"{match.group(1)} / {match.group(2)}" if match and not result.passed else ""
+            failure = result.report.first_failure if result.report is not None else None
+            numbers = (f"{failure.error:.3g} / {failure.allowed:.3g}"
+                       if failure is not None and failure.error is not None
+                       and failure.allowed is not None else "")
             if result.skipped:      # the reason judge gave, without the fixture header
-                reason = skip_reason(impl, fixture.case) or result.message
+                reason = result.report.skipped
                 outcome = Outcome("replay", subject, SKIP, True, seconds=took, skipped=True,
                                   detail=_one_line(reason))
             elif result.passed:
@@ -553,15 +536,19 @@ def _select_mutants(only) -> list:
     return [zoo[name] for name in only] if only else list(zoo.values())
 
 
-def _run_mutants(selected, *, profile, max_examples, seconds, seed, progress) -> list[_Campaign]:
+def _run_mutants(selected, *, profile, max_examples, seconds, seed, progress,
+                 shrink: bool = False) -> list[_Campaign]:
     # save=False already keeps fixtures out of regressions/; the temporary directory makes sure a
     # seeded bug can never leave a fixture behind even if saving were switched on.
+    # Without --shrink the first failing case is reported: a mutant only has to be caught, and
+    # Hypothesis draws its simplest cases first (measured: mutant_lse_base2 failed on its first
+    # case, then shrank for 190 s under the interpreter).
     with tempfile.TemporaryDirectory(prefix="fuzzattn-mutants-") as scratch:
         runs = []
         for mutant in selected:
             run = _run_campaign(mutant, mutant.name, None, profile=profile, max_examples=max_examples,
                                 seconds=seconds, seed=seed, save=False, fixtures_dir=scratch,
-                                progress=progress, stage="mutant")
+                                progress=progress, stage="mutant", shrink=shrink)
             run.outcome.subject = mutant.name
             if run.outcome.verdict == FAIL:           # a counterexample: the mutant is caught
                 run.outcome.verdict, run.outcome.passed = "killed", True
@@ -594,7 +581,7 @@ def cmd_mutants(args) -> int:
         return 0
     max_examples = args.max_examples or profile.max_examples
     runs = _run_mutants(selected, profile=profile, max_examples=max_examples, seconds=args.seconds,
-                        seed=args.seed, progress=report.Progress())
+                        seed=args.seed, progress=report.Progress(), shrink=args.shrink)
     print(f"fuzzattn mutants: profile={profile.name} seed={args.seed} max_examples={max_examples}"
           f"{' seconds=%g' % args.seconds if args.seconds else ''}")
     rows = []
@@ -607,7 +594,7 @@ def cmd_mutants(args) -> int:
                      found.report.first_failure.check if found else "",
                      str(found.report.case) if found else run.outcome.detail])
     print(report.table(("mutant", "killed", "cases to first failure", "seconds", "caught by",
-                        "shrunk case / detail"), rows, max_width=90))
+                        f"{'shrunk' if args.shrink else 'first failing'} case / detail"), rows, max_width=90))
     outcomes = [r.outcome for r in runs]
     details = report.failure_details(outcomes)
     if details:

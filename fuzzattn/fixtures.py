@@ -133,12 +133,18 @@ def discover(directory: str | os.PathLike | None = None) -> list[Path]:
 
 
 def versions() -> dict[str, str]:
-    import hypothesis
+    from importlib.metadata import PackageNotFoundError, version
+
+    def installed(name: str) -> str:
+        try:
+            return version(name)        # without importing: importing triton fixes its backend
+        except PackageNotFoundError:
+            return "not installed"
+
     import torch
-    import triton
     from . import __version__
-    return {"torch": torch.__version__, "triton": triton.__version__,
-            "hypothesis": hypothesis.__version__, "fuzzattn": __version__}
+    return {"torch": torch.__version__, "triton": installed("triton"),
+            "hypothesis": installed("hypothesis"), "fuzzattn": __version__}
 
 
 def write(fixture: Fixture, directory: str | os.PathLike | None = None) -> tuple[Path, bool]:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 
 _REPAIR_MARK = "_fuzzattn_bf16_repair"   # attribute set on our wrapper: makes patching idempotent
 _bf16_status: tuple[bool, str] | None = None  # cached result of the self-check
@@ -49,17 +50,28 @@ def is_interpreted() -> bool:
         return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
 
 
-def ensure_backend() -> None:
-    """Choose the interpreter when there is no GPU; refuse broken setups; repair bf16 dot.
-
-    Idempotent and cheap after the first call. Must run before any @triton.jit decoration.
-    """
+def select_backend() -> None:
+    """Choose the interpreter when there is no GPU. Must run before triton is first imported;
+    `import fuzzattn` runs it, so the package can be imported before any kernel."""
     import torch
 
     # Respect an explicit choice either way: a user may force the interpreter on a GPU machine,
     # or set TRITON_INTERPRET=0 deliberately.
     if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
+        if "triton.language" in sys.modules:
+            # triton.language's own helpers (tl.cdiv, tl.max ...) were @jit-decorated for compiled
+            # mode when it was imported; interpreted kernels calling them would crash mid-run.
+            raise RuntimeError("triton was imported before fuzzattn could select its CPU "
+                               "interpreter: import fuzzattn first, or set TRITON_INTERPRET=1")
         os.environ["TRITON_INTERPRET"] = "1"
+
+
+def ensure_backend() -> None:
+    """select_backend(), then refuse broken setups and repair bf16 dot and casts.
+
+    Idempotent and cheap after the first call. Must run before any @triton.jit decoration.
+    """
+    select_backend()
     if not is_interpreted():
         return
     _check_numpy_compatible()

@@ -59,7 +59,6 @@ def pytest_report_header(config):
     lines = [f"fuzzattn: profile={profile.name} ({profile.max_examples} cases per test, "
              f"seq <= {profile.max_seq}/{profile.max_large_seq}) device={device}",
              "fuzzattn: " + " ".join(f"{k}={v}" for k, v in versions().items())]
-    import kernels  # noqa: F401  (selects the Triton backend)
     from .interpreter import bf16_dot_status, is_interpreted
     ok, reason = bf16_dot_status()
     lines.append(f"fuzzattn: triton {'interpreted' if is_interpreted() else 'compiled'}; "

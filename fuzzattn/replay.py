@@ -6,7 +6,7 @@ import dataclasses
 from .contract import Implementation
 from .fixtures import Fixture, _display
 from .inputs import inputs_sha256, materialize
-from .judge import judge
+from .judge import Report, judge
 
 
 @dataclasses.dataclass
@@ -17,6 +17,7 @@ class ReplayResult:
     skipped: bool
     check: str          # the failing check, "inputs_drifted", or "" when it passed
     message: str
+    report: Report | None = None    # None when the replay refused to run (drifted inputs)
 
 
 def replay_one(fixture: Fixture, impl: Implementation, device=None) -> ReplayResult:
@@ -35,9 +36,9 @@ def replay_one(fixture: Fixture, impl: Implementation, device=None) -> ReplayRes
                                 f"(recorded with torch {recorded}); not replaying different inputs")
     report = judge(impl, case, device=device)
     if report.skipped:
-        return ReplayResult(fixture, impl.name, False, True, "", f"{header}: {report.skipped}")
+        return ReplayResult(fixture, impl.name, False, True, "", f"{header}: {report.skipped}", report)
     if report.passed:
-        return ReplayResult(fixture, impl.name, True, False, "", f"{header}: {impl.name} ok")
+        return ReplayResult(fixture, impl.name, True, False, "", f"{header}: {impl.name} ok", report)
     return ReplayResult(fixture, impl.name, False, False, report.first_failure.check,
                         f"{header}\n{report.describe()}\n  replay:  {fixture.replay_command()}"
-                        f" --impl {impl.name}")
+                        f" --impl {impl.name}", report)

@@ -1,3 +1,16 @@
-"""Seeded-bug variants of the kernels (filled in later)."""
+"""The mutant zoo: seeded-bug variants of the real kernels, which the fuzzer must catch.
 
-MUTANTS = ()
+Each mutant is an `Implementation` named `mutant_<bug>`, with `mutant_of` naming the real
+implementation it derives from, a one-line `description` of the planted bug, and the real one's
+capabilities, so the fuzzer draws exactly the cases that can show the bug. They are registered
+apart from the real implementations (fuzzattn.registry.mutants) and are never expected to pass:
+`fuzzattn mutants` requires every one to be killed, and regressions/ ships one machine-found
+fixture per mutant.
+
+    triton_mutants  bugs in the Triton FA2 forward: kernel source edits and host-side launch errors
+    torch_mutants   bugs in the tiled PyTorch forward and around SDPA
+    edit            how a mutant is derived from a real function: one checked source edit
+"""
+from . import torch_mutants, triton_mutants
+
+MUTANTS = triton_mutants.MUTANTS + torch_mutants.MUTANTS

@@ -1,0 +1,149 @@
+"""Seeded bugs in the PyTorch implementations (kernels/torch_tiled.py and kernels/sdpa.py).
+
+Most are the real function with one source edit (see edit.py); the rest wrap the real function
+and get one thing wrong around it (a layout reinterpretation, a GQA expansion, a flattening
+order, noise between calls). Each declares exactly the capabilities of the implementation it
+derives from, so the fuzzer draws the cases that can show its bug.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from fuzzattn.contract import Implementation
+from kernels import sdpa, torch_tiled
+from kernels.sdpa import sdpa_forward
+
+from .edit import mutate
+
+_HERE = str(Path(__file__).resolve())
+
+
+def _implementation(name: str, description: str, real: Implementation, fn) -> Implementation:
+    return Implementation(name=name, fn=fn, caps=real.caps, description=description,
+                          mutant_of=real.name, backend=real.backend, sources=(_HERE,) + real.sources)
+
+
+# -- helpers the edited sources call --------------------------------------------------------------
+_STAGING: dict[tuple, torch.Tensor] = {}
+
+
+def _staged_fp32(t: torch.Tensor) -> torch.Tensor:
+    """An fp32 copy of t in a scratch buffer reused by shape: the planted bug is that two live
+    tensors of the same shape get the same buffer."""
+    key = (tuple(t.shape), t.device)
+    if key not in _STAGING:
+        _STAGING[key] = torch.empty(t.shape, dtype=torch.float32, device=t.device)
+    return _STAGING[key].copy_(t)
+
+
+def _finite_bias(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Additive mask: 0 where visible, the dtype's most negative finite value elsewhere."""
+    return torch.zeros(visible.shape, dtype=dtype, device=visible.device).masked_fill(
+        ~visible, torch.finfo(dtype).min)
+
+
+# -- edits of torch_tiled_forward: (name, what is planted, edits) ----------------------------------
+TILED_BUGS = (
+    ("mutant_bottom_right_as_top_left",
+     "bottom-right causal computed as top-left: the Nk - Nq diagonal offset is dropped",
+     [("offset = seq_k - seq_q if causal == \"bottom_right\" else 0", "offset = 0")]),
+    ("mutant_bottom_right_offset_sign",
+     "bottom-right diagonal offset Nq - Nk instead of Nk - Nq",
+     [("offset = seq_k - seq_q if", "offset = seq_q - seq_k if")]),
+    ("mutant_tail_rows_unwritten",
+     "loop covers only whole 16-row query tiles: the partial last tile of torch.empty out is never written",
+     [("for q0 in range(0, seq_q, TILE):", "for q0 in range(0, seq_q - seq_q % TILE, TILE):")]),
+    ("mutant_scales_q_in_place",
+     "pre-scales each q tile in place (.float() is a no-op copy for fp32): the caller's q changes",
+     [("q_i = q5[..., q0:q0 + TILE, :].float()", "q_i = q5[..., q0:q0 + TILE, :].float().mul_(scale)"),
+      ("s = (q_i @ k_j.transpose(-1, -2)) * scale", "s = q_i @ k_j.transpose(-1, -2)")]),
+    ("mutant_empty_rows_nan",
+     "no safe max: rows with no visible key compute exp(-inf - -inf) = NaN",
+     [("m_safe = torch.where(m_new == -math.inf, 0.0, m_new)", "m_safe = m_new")]),
+    ("mutant_mqa_squeeze",
+     "MQA path squeezes the size-1 kv-head dim, so k's batch dim broadcasts against q's heads",
+     [("k5, v5 = k.unsqueeze(2), v.unsqueeze(2)",
+       "k5, v5 = (k.squeeze(1), v.squeeze(1)) if kv_heads == 1 else (k.unsqueeze(2), v.unsqueeze(2))")]),
+)
+
+# -- edits of sdpa_forward -------------------------------------------------------------------------
+SDPA_BUGS = (
+    ("mutant_staging_buffer_aliasing",
+     "fp32 staging buffers for the lse pooled by shape: q's and k's alias when shapes match",
+     [("q5 = q.unflatten(1, (kv_heads, heads // kv_heads)).float()",
+       "q5 = _staged_fp32(q.unflatten(1, (kv_heads, heads // kv_heads)))"),
+      ("scores = (q5 @ k.unsqueeze(2).float().transpose(-1, -2)) * scale",
+       "scores = (q5 @ _staged_fp32(k.unsqueeze(2)).transpose(-1, -2)) * scale")]),
+    ("mutant_empty_rows_mean_v",
+     "finite additive mask (dtype min) and no fix-up: rows with no visible key return the mean of V",
+     [("attn_mask=visible, scale=scale", "attn_mask=_finite_bias(visible, q.dtype), scale=scale"),
+      ("if empty is not None and bool(empty.any()):", "if False:")]),
+    ("mutant_lse_unmasked",
+     "lse computed from the unmasked scores: causally hidden keys still count in it",
+     [("    if visible is not None:\n        scores = scores.masked_fill(~visible, -math.inf)\n", "")]),
+)
+
+
+def _edited(real: Implementation, specs, extra_globals=None):
+    return tuple(_implementation(name, description, real,
+                                 mutate(real.fn, edits, name=name, extra_globals=extra_globals))
+                 for name, description, edits in specs)
+
+
+# -- wrappers around sdpa_forward -------------------------------------------------------------------
+def _packed_view(t: torch.Tensor) -> torch.Tensor:
+    """t's storage read from its offset with contiguous strides, as `set_(storage, offset, shape)`
+    does: right only when t was contiguous."""
+    return torch.empty(0, dtype=t.dtype, device=t.device).set_(
+        t.untyped_storage(), t.storage_offset(), t.shape)
+
+
+def assumes_contiguous(q, k, v, *, causal, scale):
+    return sdpa_forward(_packed_view(q), _packed_view(k), _packed_view(v), causal=causal, scale=scale)
+
+
+def gqa_repeat(q, k, v, *, causal, scale):
+    group = q.shape[1] // k.shape[1]
+    if group > 1:   # tiles the kv heads (h -> h % Hkv) where repeat_interleave groups them (h // G)
+        k, v = k.repeat(1, group, 1, 1), v.repeat(1, group, 1, 1)
+    return sdpa_forward(q, k, v, causal=causal, scale=scale)
+
+
+def batch_head_mixup(q, k, v, *, causal, scale):
+    batch, heads, seq_q, dim = q.shape
+    group = heads // k.shape[1]
+    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    # q is flattened head-major, k and v batch-major: (b, h) meets the keys of another pair.
+    qf = q.transpose(0, 1).reshape(1, heads * batch, seq_q, dim)
+    kf, vf = (t.reshape(1, batch * heads, t.shape[2], dim) for t in (k, v))
+    out, lse = sdpa_forward(qf, kf, vf, causal=causal, scale=scale)
+    return (out.reshape(heads, batch, seq_q, dim).transpose(0, 1),
+            lse.reshape(heads, batch, seq_q).transpose(0, 1))
+
+
+def noisy_out(q, k, v, *, causal, scale):
+    out, lse = sdpa_forward(q, k, v, causal=causal, scale=scale)
+    # 0-2 ulps of fp32 noise per element, drawn afresh every call (like a reduction whose order
+    # depends on thread scheduling): values stay within tolerance, but reruns differ bitwise.
+    noise = 1.0 + torch.rand(out.shape, dtype=torch.float64, device=out.device) * 2.0 ** -23
+    return (out.double() * noise).to(out.dtype), lse
+
+
+WRAPPER_BUGS = (
+    ("mutant_assumes_contiguous", "reinterprets q, k, v's storage with contiguous strides "
+     "(Tensor.set_(storage, offset, shape)), ignoring their real strides", assumes_contiguous),
+    ("mutant_gqa_repeat", "GQA expands k/v with repeat (head h reads kv head h % Hkv) instead of "
+     "repeat_interleave (h // group)", gqa_repeat),
+    ("mutant_batch_head_mixup", "q flattened head-major but k, v batch-major into (B*H, N, D): "
+     "pairs (b, h) with another pair's keys", batch_head_mixup),
+    ("mutant_nondeterministic", "adds fresh ~1-ulp noise to out on every call, as a scheduling-"
+     "dependent reduction order would", noisy_out),
+)
+
+MUTANTS = (
+    _edited(torch_tiled.IMPL, TILED_BUGS)
+    + _edited(sdpa.IMPL, SDPA_BUGS, {"_staged_fp32": _staged_fp32, "_finite_bias": _finite_bias})
+    + tuple(_implementation(name, description, sdpa.IMPL, fn) for name, description, fn in WRAPPER_BUGS)
+)
