@@ -101,7 +101,7 @@ class Capabilities:
         return None
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, repr=False)
 class Implementation:
     """A named attention implementation and what it declares."""
     name: str
@@ -114,6 +114,9 @@ class Implementation:
     backend: str = "torch"
     # Source files whose change means this implementation must be fuzzed again (gate --changed-since).
     sources: tuple[str, ...] = ()
+
+    def __repr__(self) -> str:       # short: it appears in every falsifying example's printout
+        return f"Implementation({self.name!r})"
 
     def supports(self, case: AttentionCase) -> bool:
         return self.caps.why_not(case) is None

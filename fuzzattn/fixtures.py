@@ -172,8 +172,8 @@ def write(fixture: Fixture, directory: str | os.PathLike | None = None) -> tuple
 def from_report(report, inputs_sha256: str, covers: str = "") -> Fixture:
     """A fixture recording the first failure of a judge Report."""
     failure = report.first_failure
-    return Fixture(case=report.case, covers=covers or f"{report.impl}: {failure.check} failure "
-                   f"({failure.detail or 'found by fuzzing'})",
+    return Fixture(case=report.case, covers=covers or f"{report.impl} failed the {failure.check} "
+                   "check (found by fuzzing; edit this line to name the bug class)",
                    impl=report.impl, check=failure.check, observed_error=failure.error,
                    allowed_error=failure.allowed, where=failure.where,
                    inputs_sha256=inputs_sha256, versions=versions(),
