@@ -31,16 +31,11 @@ from typing import Any
 from .case import AttentionCase, CaseError
 
 SCHEMA_VERSION = 1
-_CHECKOUT_DIR = Path(__file__).resolve().parent.parent / "regressions"
-
-
 def default_dir() -> Path:
-    """FUZZATTN_FIXTURES_DIR if set; else the checkout's regressions/ (source or editable
-    install); else ./regressions."""
+    """FUZZATTN_FIXTURES_DIR if set (the pytest plugin sets it to <rootdir>/regressions), else
+    ./regressions."""
     env = os.environ.get("FUZZATTN_FIXTURES_DIR")
-    if env:
-        return Path(env)
-    return _CHECKOUT_DIR if _CHECKOUT_DIR.is_dir() else Path.cwd() / "regressions"
+    return Path(env) if env else Path.cwd() / "regressions"
 
 _FIELDS: dict[str, tuple[type, ...]] = {
     "schema": (int,), "covers": (str,), "case": (dict,), "impl": (str,), "check": (str,),

@@ -8,6 +8,8 @@ Heavy imports (torch, kernels) happen inside hooks, so loading the plugin stays 
 """
 from __future__ import annotations
 
+import functools
+import json
 import os
 from pathlib import Path
 
@@ -34,10 +36,18 @@ def pytest_configure(config):
     if hyp is not None and hyp != profiles.active_name():
         from hypothesis import settings
         settings.load_profile(hyp)      # an explicit --hypothesis-profile wins for settings
+    # Fixtures go to <rootdir>/regressions wherever pytest was started from; xdist workers inherit.
+    os.environ.setdefault("FUZZATTN_FIXTURES_DIR", str(config.rootpath / "regressions"))
     _pin_worker_gpu()
     specs = config.getoption("fuzzattn_impl")
     if specs:
-        os.environ["FUZZATTN_IMPL"] = os.pathsep.join(specs)   # xdist workers inherit it
+        from .loader import ImplementationLoadError, load_implementation
+        for spec in specs:          # a bad spec is a one-line usage error, before any test runs
+            try:
+                load_implementation(spec)
+            except ImplementationLoadError as exc:
+                raise pytest.UsageError(str(exc)) from None
+        os.environ["FUZZATTN_IMPL"] = json.dumps(specs)   # xdist workers inherit it
 
 
 def _pin_worker_gpu():
@@ -63,17 +73,21 @@ def pytest_report_header(config):
     ok, reason = bf16_dot_status()
     lines.append(f"fuzzattn: triton {'interpreted' if is_interpreted() else 'compiled'}; "
                  f"bf16 tl.dot {'ok' if ok else 'BROKEN'} ({reason})")
-    external = os.environ.get("FUZZATTN_IMPL")
+    external = json.loads(os.environ.get("FUZZATTN_IMPL") or "[]")
     if external:
-        lines.append(f"fuzzattn: external implementations: {external}")
+        lines.append(f"fuzzattn: external implementations: {', '.join(external)}")
     return lines
 
 
 def extra_implementations():
     """Implementations named with --fuzzattn-impl (shared with xdist workers via the env)."""
+    return [_load_once(spec) for spec in json.loads(os.environ.get("FUZZATTN_IMPL") or "[]")]
+
+
+@functools.lru_cache(maxsize=None)
+def _load_once(spec: str):
     from .loader import load_implementation
-    specs = [s for s in os.environ.get("FUZZATTN_IMPL", "").split(os.pathsep) if s]
-    return [load_implementation(spec) for spec in specs]
+    return load_implementation(spec)
 
 
 def all_implementations():

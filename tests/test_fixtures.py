@@ -125,11 +125,12 @@ def test_replay_fails_on_the_bug_and_passes_on_the_fix(tmp_path):
         assert replay_one(fixture, impl).passed
 
 
-def test_pytest_collects_fixtures_per_implementation_and_isolates_broken_ones(pytester):
+def test_pytest_collects_fixtures_per_implementation_and_isolates_broken_ones(pytester, monkeypatch):
     regressions = pytester.mkdir("regressions")
     (regressions / "good.json").write_text(json.dumps({"schema": 1, "case": CASE.to_dict()}))
     (regressions / "broken.json").write_text(json.dumps({"schema": 1, "case": CASE.to_dict(),
                                                          "colour": "red"}))
+    monkeypatch.delenv("FUZZATTN_FIXTURES_DIR", raising=False)
     result = pytester.runpytest("regressions", "-v", "-p", "no:cacheprovider")
     outcomes = result.parseoutcomes()
     assert outcomes.get("passed") == len(implementations()), result.stdout.str()
@@ -196,3 +197,43 @@ def test_every_mutant_has_a_shipped_fixture():
     covered = {load(p).impl for p in SHIPPED}
     missing = sorted(set(mutants()) - covered)
     assert not missing, f"mutants without a fixture in regressions/: {missing}"
+
+
+def test_pytest_option_fuzzes_an_implementation_outside_the_repo(pytester, tmp_path, monkeypatch):
+    """--fuzzattn-impl brings an outside kernel into the differential tests and fixture replay."""
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    (outside / "my_attention.py").write_text(textwrap.dedent("""
+        import torch
+        def attention(q, k, v, *, causal, scale):
+            s = (q.float() @ k.float().transpose(-1, -2)) * scale
+            if causal:
+                n, m = s.shape[-2:]
+                s = s.masked_fill(torch.ones(n, m, dtype=torch.bool).triu(1), float("-inf"))
+            p = s.softmax(-1)
+            if q.shape[2] > 16:
+                p = p.flip(-1)           # planted bug: wrong past one tile of queries
+            return (p @ v.float()).to(q.dtype)
+    """))
+    pytester.makepyfile(test_outside=textwrap.dedent("""
+        from hypothesis import given, settings, strategies as st
+        from fuzzattn.campaign import check_case
+        from fuzzattn.pytest_plugin import extra_implementations
+        from strategies import attention_cases
+
+        @settings(max_examples=60, derandomize=True, database=None)
+        @given(st.data())
+        def test_outside(data):
+            (impl,) = extra_implementations()
+            check_case(impl, data.draw(attention_cases(impl.caps)))
+    """))
+    fixtures = tmp_path / "found"
+    monkeypatch.setenv("FUZZATTN_FIXTURES_DIR", str(fixtures))
+    result = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", f"--fuzzattn-impl={outside / 'my_attention.py'}:attention",
+        "test_outside.py", "-x")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*[[]FAIL[]] attention out*", f"*fixture: {fixtures}*",
+                                 "*replay:  fuzzattn replay*"])
+    (written,) = fixtures.iterdir()
+    assert load(written).impl == "attention" and load(written).case.seq_q > 16
