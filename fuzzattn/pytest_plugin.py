@@ -21,6 +21,8 @@ def pytest_addoption(parser):
     group.addoption("--fuzzattn-profile", default=None,
                     help="size and budget profile: ci, dev, gpu, nightly (default: FUZZATTN_PROFILE, "
                          "else ci under CI, gpu with CUDA, dev otherwise)")
+    group.addoption("--fuzzattn-max-examples", type=int, default=None, metavar="N",
+                    help="cases per differential test, overriding the profile's budget")
     group.addoption("--fuzzattn-impl", action="append", default=[], metavar="FILE.py:NAME",
                     help="also fuzz and replay an implementation defined outside the repo "
                          "(a module path or file, then ':' and the object's name); repeatable")
@@ -33,9 +35,15 @@ def pytest_configure(config):
     if name is None and hyp in profiles.PROFILES:
         name = hyp
     profiles.load(name)
+    from hypothesis import settings
     if hyp is not None and hyp != profiles.active_name():
-        from hypothesis import settings
         settings.load_profile(hyp)      # an explicit --hypothesis-profile wins for settings
+    budget = config.getoption("fuzzattn_max_examples")
+    if budget is not None:
+        if budget < 1:
+            raise pytest.UsageError(f"--fuzzattn-max-examples={budget} must be at least 1")
+        settings.register_profile("fuzzattn-budget", parent=settings(), max_examples=budget)
+        settings.load_profile("fuzzattn-budget")
     # Fixtures go to <rootdir>/regressions wherever pytest was started from; xdist workers inherit.
     os.environ.setdefault("FUZZATTN_FIXTURES_DIR", str(config.rootpath / "regressions"))
     _pin_worker_gpu()
