@@ -11,22 +11,22 @@ POW2_HEAD_DIMS = (16, 32, 64, 128)
 ODD_HEAD_DIMS = (24, 40, 80, 96, 8, 48, 72, 1, 3)
 
 
-def _interesting_lengths(tile: int, max_len: int, min_len: int) -> list[int]:
-    # 0 right after 1: drawn as often as any other edge size, and shrinking still prefers 1
-    candidates = [1, 0, 2, 3, 5, tile - 1, tile, tile + 1, 7, 13, 2 * tile, 2 * tile + 1,
-                  3 * tile - 1, 31, 37, 4 * tile]
-    seen, out = set(), []
-    for n in candidates:
-        if min_len <= n <= max_len and n not in seen:
-            seen.add(n)
-            out.append(n)
-    return out
+def _edges(tile: int, max_len: int, min_len: int) -> list[int]:
+    """Sizes at tile boundaries, where ragged-tail and tile-skipping bugs live."""
+    sizes = [tile, tile + 1, tile - 1, 2 * tile, 2 * tile + 1, 2 * tile - 1, 3 * tile, 4 * tile]
+    return list(dict.fromkeys(n for n in sizes if min_len <= n <= max_len))
+
+
+def _tiny(max_len: int, min_len: int, allow_zero: bool) -> list[int]:
+    """1, then 0 (empty sequences), then small primes: 0 is drawn often, shrinking prefers 1."""
+    return [n for n in (1, 0, 2, 3, 5, 7, 13)
+            if (n == 0 and allow_zero) or min_len <= n <= max_len and n > 0]
 
 
 def seq_lens(*, min_len: int = 1, max_len: int = 40, max_large_len: int | None = None,
              tile: int = TILE, allow_zero: bool = False) -> st.SearchStrategy[int]:
-    """Lengths near the tile edges and small primes first, any length up to max_len, and now and
-    then a longer one up to max_large_len."""
+    """Tiny sizes and small primes, sizes at tile edges, any length up to max_len, and now and
+    then a longer one up to max_large_len (each branch equally likely)."""
     if min_len < 0:
         raise InvalidArgument(f"min_len={min_len} must be non-negative")
     if min_len > max_len:
@@ -35,9 +35,11 @@ def seq_lens(*, min_len: int = 1, max_len: int = 40, max_large_len: int | None =
         raise InvalidArgument(f"max_large_len={max_large_len} is smaller than max_len={max_len}")
     if tile < 1:
         raise InvalidArgument(f"tile={tile} must be at least 1")
-    lo = min_len if allow_zero else max(min_len, 1)
-    branches = [st.sampled_from(_interesting_lengths(tile, max_len, lo)),
-                st.integers(max(lo, 1), max_len)]
+    lo = max(min_len, 1)
+    branches = [st.sampled_from(values) for values in (_tiny(max_len, lo, allow_zero),
+                                                       _edges(tile, max_len, lo)) if values]
+    if lo <= max_len:
+        branches.append(st.integers(lo, max_len))
     if max_large_len is not None and max_large_len > max_len:
         branches.append(st.integers(max_len + 1, max_large_len))
     return st.one_of(branches)
