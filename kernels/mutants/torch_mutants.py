@@ -38,12 +38,6 @@ def _staged_fp32(t: torch.Tensor) -> torch.Tensor:
     return _STAGING[key].copy_(t)
 
 
-def _finite_bias(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Additive mask: 0 where visible, the dtype's most negative finite value elsewhere."""
-    return torch.zeros(visible.shape, dtype=dtype, device=visible.device).masked_fill(
-        ~visible, torch.finfo(dtype).min)
-
-
 # -- edits of torch_tiled_forward: (name, what is planted, edits) ----------------------------------
 TILED_BUGS = (
     ("mutant_bottom_right_as_top_left",
@@ -62,6 +56,10 @@ TILED_BUGS = (
     ("mutant_empty_rows_nan",
      "no safe max: rows with no visible key compute exp(-inf - -inf) = NaN",
      [("m_safe = torch.where(m_new == -math.inf, 0.0, m_new)", "m_safe = m_new")]),
+    ("mutant_empty_rows_mean_v",
+     "masked scores filled with the dtype's most negative finite value: rows with no visible key "
+     "average all of V",
+     [("s = s.masked_fill(~visible, -math.inf)", "s = s.masked_fill(~visible, torch.finfo(s.dtype).min)")]),
     ("mutant_mqa_squeeze",
      "MQA path squeezes the size-1 kv-head dim, so k's batch dim broadcasts against q's heads",
      [("k5, v5 = k.unsqueeze(2), v.unsqueeze(2)",
@@ -76,10 +74,6 @@ SDPA_BUGS = (
        "q5 = _staged_fp32(q.unflatten(1, (kv_heads, heads // kv_heads)))"),
       ("scores = (q5 @ k.unsqueeze(2).float().transpose(-1, -2)) * scale",
        "scores = (q5 @ _staged_fp32(k.unsqueeze(2)).transpose(-1, -2)) * scale")]),
-    ("mutant_empty_rows_mean_v",
-     "finite additive mask (dtype min) and no fix-up: rows with no visible key return the mean of V",
-     [("attn_mask=visible, scale=scale", "attn_mask=_finite_bias(visible, q.dtype), scale=scale"),
-      ("if empty is not None and bool(empty.any()):", "if False:")]),
     ("mutant_lse_unmasked",
      "lse computed from the unmasked scores: causally hidden keys still count in it",
      [("    if visible is not None:\n        scores = scores.masked_fill(~visible, -math.inf)\n", "")]),
@@ -144,6 +138,6 @@ WRAPPER_BUGS = (
 
 MUTANTS = (
     _edited(torch_tiled.IMPL, TILED_BUGS)
-    + _edited(sdpa.IMPL, SDPA_BUGS, {"_staged_fp32": _staged_fp32, "_finite_bias": _finite_bias})
+    + _edited(sdpa.IMPL, SDPA_BUGS, {"_staged_fp32": _staged_fp32})
     + tuple(_implementation(name, description, sdpa.IMPL, fn) for name, description, fn in WRAPPER_BUGS)
 )

@@ -1,0 +1,146 @@
+"""The mutant zoo: registered apart from the real kernels, each one caught by the check meant for it.
+
+The full self-test (`fuzzattn mutants`: the default campaign against every mutant) takes minutes
+under Triton's interpreter; this file is the fast subset. Every mutant is judged on one
+hand-picked case that shows its bug (and on which the real kernel it derives from passes), and a
+few representative ones are fuzzed with a small campaign.
+"""
+from __future__ import annotations
+
+import pytest
+
+from fuzzattn import AttentionCase, Implementation, profiles
+from fuzzattn.campaign import fuzz
+from fuzzattn.judge import judge
+from fuzzattn.registry import implementations, mutants
+from kernels.mutants import MUTANTS
+from kernels.mutants.edit import EditError, apply_edits
+from kernels.sdpa import IMPL as SDPA, sdpa_forward
+from strategies.cases import attention_cases
+
+
+def case(seq_q=1, seq_k=1, head_dim=16, *, batch=1, heads=1, kv_heads=None, **kw) -> AttentionCase:
+    return AttentionCase(batch=batch, heads=heads, kv_heads=kv_heads or heads, seq_q=seq_q,
+                         seq_k=seq_k, head_dim=head_dim, **kw)
+
+
+# mutant -> (a small case that shows the bug, the check expected to catch it). The expected
+# checks pin the mechanism: e.g. a store past Nq must be caught by the canary, not by luck.
+CAUGHT_BY = {
+    # Triton kernel edits
+    "mutant_phantom_keys": (case(), "out"),
+    "mutant_noop_p_cast": (case(dtype="float16"), "crash"),
+    "mutant_tile_index_as_row": (case(seq_q=18), "unwritten_output"),
+    "mutant_lse_store_unmasked": (case(), "out_of_bounds_write"),
+    # The rows past Nk that it reads start with the input's NaN guard and go on into whatever
+    # memory follows; re-run with a zeroed guard, that memory may still hold NaN.
+    "mutant_v_load_unmasked": (case(), {"out_of_bounds_read", "nonfinite"}),
+    "mutant_q_load_past_head_dim": (case(head_dim=24), "out_of_bounds_read"),
+    # The row that sees no key ends as out 0, lse -inf; the judge names a lse-only -inf by its
+    # out-based attribution, so any of the non-finite labels is accepted here.
+    "mutant_causal_off_by_one": (case(causal="top_left"), {"nonfinite", "unwritten_output"}),
+    "mutant_finite_sentinel": (case(values="below_sentinel"), {"out", "lse"}),
+    "mutant_lse_base2": (case(seq_k=2), "lse"),
+    "mutant_head_dim_truncated": (case(head_dim=64), {"out", "lse"}),
+    "mutant_gqa_modulo": (case(heads=4, kv_heads=2), "out"),
+    "mutant_row_sum_low_precision": (case(seq_k=3, dtype="float16"), "lse"),
+    "mutant_no_running_max": (case(values="large"), "nonfinite"),
+    "mutant_row_sum_not_rescaled": (case(seq_k=32), {"out", "lse"}),
+    # Triton launch errors
+    "mutant_grid_floor": (case(), "unwritten_output"),
+    "mutant_packed_kv_strides": (case(seq_k=2, heads=2, layout=("contiguous", "transposed", "contiguous")), "out"),
+    "mutant_scale_ignored": (case(scale=0.5), {"out", "lse"}),
+    # torch_tiled edits
+    "mutant_bottom_right_as_top_left": (case(seq_k=2, causal="bottom_right"), "out"),
+    "mutant_bottom_right_offset_sign": (case(seq_q=3, causal="bottom_right"), "empty_rows"),
+    # Never-written memory shows as the allocator's NaN poison when malloc reuses the block, as
+    # garbage otherwise: either way a wrong answer, under whichever check sees it first.
+    "mutant_tail_rows_unwritten": (case(seq_q=3), {"unwritten_output", "nonfinite", "out", "lse"}),
+    "mutant_scales_q_in_place": (case(), "inputs_mutated"),
+    "mutant_empty_rows_nan": (case(seq_q=2, causal="bottom_right"), "nonfinite"),
+    "mutant_mqa_squeeze": (case(batch=2, heads=2, kv_heads=1), "out"),
+    # around SDPA
+    "mutant_staging_buffer_aliasing": (case(), "lse"),
+    "mutant_empty_rows_mean_v": (case(seq_q=2, causal="bottom_right"), "empty_rows"),
+    "mutant_lse_unmasked": (case(seq_q=2, seq_k=2, causal="top_left"), "lse"),
+    "mutant_assumes_contiguous": (case(seq_q=2, heads=2, layout=("transposed", "contiguous", "contiguous")), "lse"),
+    "mutant_gqa_repeat": (case(heads=4, kv_heads=2), "out"),
+    "mutant_batch_head_mixup": (case(batch=2, heads=2), "out"),
+    "mutant_nondeterministic": (case(), "nondeterministic"),
+}
+
+
+def test_mutants_are_registered_apart_from_the_real_implementations():
+    real = implementations()
+    assert not [name for name, impl in real.items() if name.startswith("mutant_") or impl.mutant_of]
+    names = [m.name for m in MUTANTS]
+    assert len(names) == len(set(names)) >= 20
+    assert set(mutants()) == set(names)
+    for m in MUTANTS:
+        assert m.name.startswith("mutant_"), m.name
+        assert m.mutant_of in real, f"{m.name}: mutant_of={m.mutant_of!r}"
+        assert m.description and "\n" not in m.description, m.name
+        # Same declaration as the real kernel, so the fuzzer draws the cases that show the bug.
+        assert m.caps == real[m.mutant_of].caps, m.name
+        assert m.backend == real[m.mutant_of].backend, m.name
+
+
+def test_every_mutant_has_a_hand_picked_case():
+    assert set(CAUGHT_BY) == set(mutants())
+
+
+@pytest.mark.parametrize("name", sorted(CAUGHT_BY))
+def test_mutant_is_caught_where_its_real_kernel_passes(name):
+    mutant = mutants()[name]
+    the_case, expected = CAUGHT_BY[name]
+    real = judge(implementations()[mutant.mutant_of], the_case)
+    assert real.passed or real.skipped, real.describe()
+    report = judge(mutant, the_case)
+    if report.skipped:
+        pytest.skip(report.skipped)
+    assert not report.passed, f"{name} survived {the_case}"
+    expected = {expected} if isinstance(expected, str) else expected
+    assert report.first_failure.check in expected, report.describe()
+
+
+def test_an_edit_must_match_exactly_once():
+    assert apply_edits("a = 1\nb = 2\n", [("b = 2", "b = 3")], "m") == "a = 1\nb = 3\n"
+    with pytest.raises(EditError, match="occurs 0 times"):
+        apply_edits("a = 1\n", [("b = 2", "b = 3")], "mutant_x")
+    with pytest.raises(EditError, match="occurs 2 times"):
+        apply_edits("a = 1\na = 1\n", [("a = 1", "a = 2")], "mutant_x")
+
+
+# -- small campaigns: the fuzzer finds these by itself ---------------------------------------------
+@pytest.mark.parametrize("name", ["mutant_phantom_keys", "mutant_staging_buffer_aliasing",
+                                  "mutant_empty_rows_mean_v", "mutant_nondeterministic"])
+def test_a_small_campaign_kills_the_mutant(name):
+    mutant = mutants()[name]
+    profile = profiles.PROFILES["ci"]
+    result = fuzz(mutant, attention_cases(mutant.caps, profile=profile), max_examples=25, save=False)
+    assert result.counterexample is not None, f"{name} survived {result.cases} cases"
+
+
+_MEMO: dict = {}
+
+
+def _shape_cached(q, k, v, *, causal, scale):
+    key = (tuple(q.shape), tuple(k.shape), q.dtype, causal, scale)
+    if key not in _MEMO:
+        _MEMO[key] = sdpa_forward(q, k, v, causal=causal, scale=scale)
+    out, lse = _MEMO[key]
+    return out.clone(), lse.clone()
+
+
+def test_a_result_cache_keyed_by_shape_is_caught_across_cases():
+    """Results memoised by shape are right the first time a shape is seen and on a rerun of the
+    same case, so no single case (and no fixture) can show the bug: only a later case with the
+    same shape and other values can. It is therefore not in the zoo, which ships a fixture per
+    mutant; this campaign shows the fuzzer still catches it, across cases."""
+    _MEMO.clear()
+    cached = Implementation("shape_cached", _shape_cached, SDPA.caps, mutant_of="sdpa",
+                            description="returns the result memoised for the first case of a shape")
+    result = fuzz(cached, attention_cases(cached.caps, profile=profiles.PROFILES["ci"]),
+                  max_examples=30, save=False)
+    assert result.counterexample is not None, f"survived {result.cases} cases"
+    assert result.cases_to_first_failure > 1
