@@ -19,7 +19,14 @@ import torch
 from .case import AttentionCase
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-GUARD = 64   # elements of padding before and after each tensor inside its storage
+# NaN padding before and after each tensor inside its storage: a tile load without its row mask
+# reads up to (tile - 1) rows past the end, so the guard spans 16 rows of the widest row stride
+# a layout gives (sliced: 2 (D + 3)), and never fewer than 64 elements.
+GUARD_ROWS = 16
+
+
+def guard_elements(head_dim: int) -> int:
+    return max(64, GUARD_ROWS * 2 * (head_dim + 3))
 
 
 @dataclasses.dataclass
@@ -109,8 +116,9 @@ def _storage_and_view(logical: torch.Tensor, layout: str, dtype: torch.dtype, pa
     else:
         inner = base_shape
     numel = math.prod(inner)
-    storage = torch.full((GUARD + numel + GUARD,), pad_value, dtype=dtype)
-    block = storage[GUARD:GUARD + numel].view(inner)
+    guard = guard_elements(D)
+    storage = torch.full((guard + numel + guard,), pad_value, dtype=dtype)
+    block = storage[guard:guard + numel].view(inner)
     if layout == "sliced":
         view = block[:, :, 1:2 * n:2, :d]
     elif layout == "last_dim_strided":

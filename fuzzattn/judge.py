@@ -12,8 +12,10 @@ same sizes, so stale memory shows. The second run gets plain allocations.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
+import warnings
 
 import torch
 
@@ -24,7 +26,10 @@ from .oracle import Reference, oracle, same_precision_reference
 from .tolerance import lse_bound, out_bound
 from .verdict import CHECKS, Verdict, heatmap, locate
 
-GUARD = 256                                  # canary elements on each side of an output buffer
+# Canary elements on each side of an output buffer: as many as the buffer holds (at least 4096),
+# so a store with a wrong tile mask or a swapped batch/head index lands in the canary, not in
+# the harness's own heap.
+MIN_GUARD = 4096
 CANARY = {2: 0x5A5A, 4: 0x5A5A5A5A}          # bit pattern by element size: no kernel writes it
 
 
@@ -84,15 +89,17 @@ class _GuardedBuffer:
 
     def __init__(self, shape, dtype, device):
         numel = math.prod(shape)
-        self.storage = torch.empty(GUARD + numel + GUARD, dtype=dtype, device=device)
+        self.guard = guard = max(MIN_GUARD, numel)
+        self.storage = torch.empty(guard + numel + guard, dtype=dtype, device=device)
         self.pattern = CANARY[self.storage.element_size()]
         _bits(self.storage).fill_(self.pattern)
-        self.tensor = self.storage[GUARD:GUARD + numel].view(shape)
+        self.tensor = self.storage[guard:guard + numel].view(shape)
         self.tensor.fill_(float("nan"))
 
     def canary_intact(self) -> bool:
         bits = _bits(self.storage)
-        return bool((bits[:GUARD] == self.pattern).all() and (bits[-GUARD:] == self.pattern).all())
+        g = self.guard
+        return bool((bits[:g] == self.pattern).all() and (bits[-g:] == self.pattern).all())
 
 
 POISON_BLOCKS = 8   # freed NaN blocks per output size: the outputs and the kernel's own temporaries
@@ -110,6 +117,26 @@ def _prime_allocator(case: AttentionCase, device, byte: int) -> None:
     blocks = [torch.full((n,), byte, dtype=torch.uint8, device=device)
               for n in (out_bytes, lse_bytes) if n for _ in range(POISON_BLOCKS)]
     del blocks
+
+
+@contextlib.contextmanager
+def _uninitialized_memory_is_nan():
+    """Make torch.empty & co. return NaN-filled memory (CPU and CUDA) for the duration: torch
+    fills uninitialised memory when deterministic algorithms are on. warn_only, so kernels
+    without a deterministic variant still run; their warnings are not ours to show."""
+    import torch.utils.deterministic as deterministic
+    previous = (torch.are_deterministic_algorithms_enabled(),
+                torch.is_deterministic_algorithms_warn_only_enabled(),
+                deterministic.fill_uninitialized_memory)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        deterministic.fill_uninitialized_memory = True
+        try:
+            yield
+        finally:
+            torch.use_deterministic_algorithms(previous[0], warn_only=previous[1])
+            deterministic.fill_uninitialized_memory = previous[2]
 
 
 # -- running ----------------------------------------------------------------------------------
@@ -142,8 +169,10 @@ def _run(impl: Implementation, case: AttentionCase, device, *, adversarial: bool
     elif adversarial:
         _prime_allocator(case, device, 0xFF if poison else 0x00)
     verdict = dict(impl=impl.name, case=case)
+    poisoned = _uninitialized_memory_is_nan() if adversarial and poison else contextlib.nullcontext()
     try:
-        out, lse = impl(*inputs.tensors(), case, **kwargs)
+        with poisoned:
+            out, lse = impl(*inputs.tensors(), case, **kwargs)
         if device != "cpu" and torch.cuda.is_available():
             torch.cuda.synchronize()
     except UnsupportedCaseError as exc:
@@ -179,12 +208,12 @@ def _nonfinite_rows(run: _Run, ref: Reference) -> torch.Tensor:
     return bad
 
 
-def _attribute_nonfinite(impl, case, device) -> tuple[str, str]:
+def _attribute_nonfinite(impl, case, device, ref: Reference) -> tuple[str, str]:
     """Re-run with clean output memory, then also with zero padding, to name the NaN's source.
     Both re-runs hand the allocator zeroed blocks (or zeroed buffers) where the first run had NaN
     ones, so NaN left in freed memory by earlier runs cannot masquerade as a kernel's read."""
     def finite(run: _Run) -> bool:
-        return run.failure is None and bool(torch.isfinite(run.out.to(torch.float32)).all())
+        return run.failure is None and not bool(_nonfinite_rows(run, ref).any())
 
     if finite(_run(impl, case, device, adversarial=True, poison=False)):
         return "unwritten_output", "NaN appears only when the output memory starts as NaN"
@@ -214,7 +243,7 @@ def _value_verdicts(impl, case, run: _Run, ref: Reference, spr: Reference, *, ch
             (check_lse, run.lse, spr.lse, ref.lse, lse_bound)):
         if got is None:
             continue
-        b = rule(got, reference, truth, ref.score_max)
+        b = rule(got, reference, truth, ref.score_magnitude)
         bad = b.row_errors > b.allowed
         if not b.ok:
             bad = bad | torch.isnan(b.row_errors)
@@ -243,7 +272,7 @@ def judge(impl: Implementation, case: AttentionCase, device=None) -> Report:
 
     nonfinite = _nonfinite_rows(first, ref)
     if bool(nonfinite.any()):
-        check, detail = _attribute_nonfinite(impl, case, device)
+        check, detail = _attribute_nonfinite(impl, case, device, ref)
         verdicts.append(Verdict(impl=impl.name, case=case, check=check, passed=False,
                                 where=locate(nonfinite), heatmap=heatmap(nonfinite), detail=detail))
     verdicts += _value_verdicts(impl, case, first, ref, spr)

@@ -46,7 +46,8 @@ class Reference:
     out: torch.Tensor        # (B, Hq, Nq, D), float64 for the oracle, the input dtype otherwise
     lse: torch.Tensor        # (B, Hq, Nq), float64 for the oracle, float32 otherwise
     empty_rows: torch.Tensor  # (Nq,) bool: rows that see no key
-    score_max: float          # largest |scale * q.k| over visible keys: sets fp32 rounding noise
+    score_magnitude: float    # largest |scale| * sum_d |q_d k_d| over visible pairs: the size of
+                              # the terms each fp32 score sums, which sets its rounding noise
 
 
 def _attend(q, k, v, case: AttentionCase, compute: torch.dtype, p_dtype: torch.dtype | None,
@@ -61,8 +62,8 @@ def _attend(q, k, v, case: AttentionCase, compute: torch.dtype, p_dtype: torch.d
         mask = torch.ones(case.seq_q, case.seq_k, dtype=torch.bool, device=q.device)
     scores = scores.masked_fill(~mask, float("-inf"))
     empty = ~mask.any(dim=-1)
-    visible = scores.masked_fill(~mask, 0.0).abs()
-    score_max = float(visible.max()) if visible.numel() else 0.0
+    magnitudes = (q.abs() @ k.abs().transpose(-1, -2)).masked_fill(~mask, 0.0)
+    score_magnitude = float(magnitudes.max()) * abs(case.softmax_scale) if magnitudes.numel() else 0.0
     # A safe row maximum: rows with no visible key get 0 so exp(-inf - 0) = 0, not NaN.
     row_max = scores.amax(dim=-1, keepdim=True) if case.seq_k else scores.sum(-1, keepdim=True)
     row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
@@ -75,7 +76,7 @@ def _attend(q, k, v, case: AttentionCase, compute: torch.dtype, p_dtype: torch.d
     out = (p @ v) / torch.where(denom > 0, denom, torch.ones_like(denom))
     lse = (row_max + torch.log(denom)).squeeze(-1)
     out = out.masked_fill(empty[:, None], 0.0)
-    return Reference(out, lse, empty, score_max)
+    return Reference(out, lse, empty, score_magnitude)
 
 
 def oracle(q, k, v, case: AttentionCase) -> Reference:

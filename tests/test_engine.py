@@ -10,7 +10,7 @@ from hypothesis import given, settings, strategies as st
 
 from fuzzattn.case import LAYOUTS, AttentionCase, CaseError
 from fuzzattn.contract import Capabilities
-from fuzzattn.inputs import GUARD, inputs_sha256, materialize
+from fuzzattn.inputs import guard_elements, inputs_sha256, materialize
 from fuzzattn.oracle import oracle, same_precision_reference, truncate_to_tf32, visible_keys
 from fuzzattn.tolerance import EPS_ULPS, K_OUT, UNIT_ROUNDOFF, out_bound
 from strategies import attention_cases, seq_lens, undeclared_cases
@@ -76,7 +76,7 @@ def test_layouts_hold_the_same_values_in_different_memory(layout):
     if layout == "transposed":
         assert inputs.q.stride(1) == case.head_dim and not inputs.q.is_contiguous()
     if layout == "sliced":
-        assert inputs.k.stride(2) == 2 * (case.head_dim + 3) and inputs.k.storage_offset() > GUARD
+        assert inputs.k.stride(2) == 2 * (case.head_dim + 3) and inputs.k.storage_offset() > guard_elements(case.head_dim)
     if layout == "broadcast_batch":
         assert inputs.k.stride(0) == 0
     if layout == "broadcast_heads":
@@ -87,8 +87,8 @@ def test_layouts_hold_the_same_values_in_different_memory(layout):
 
 def test_padding_is_nan_around_and_inside_storage():
     inputs = materialize(BASE.replace(layout=("sliced", "contiguous", "contiguous")))
-    storage = inputs.storages["q"]
-    assert torch.isnan(storage[:GUARD]).all() and torch.isnan(storage[-GUARD:]).all()
+    storage, guard = inputs.storages["q"], guard_elements(BASE.head_dim)
+    assert torch.isnan(storage[:guard]).all() and torch.isnan(storage[-guard:]).all()
     # the row after each sequence end is padding
     past_end = torch.as_strided(storage, (BASE.seq_q,), (1,), inputs.q.storage_offset() + inputs.q.stride(2) // 2)
     assert torch.isnan(past_end).all()
