@@ -187,11 +187,10 @@ def test_every_bad_implementation_is_caught_somewhere(relation):
     assert caught, f"{relation} never applied to, or never caught, {bad.name}"
 
 
-@pytest.mark.parametrize("case", BAD_CASES, ids=str)
-@pytest.mark.parametrize("impl", REAL, ids=lambda impl: impl.name)
+@pytest.mark.parametrize("impl,case", [
+    pytest.param(impl, case, id=f"{impl.name}-{case}") for impl in REAL for case in BAD_CASES
+    if skip_reason(impl, case) is None])       # only the cases each implementation declares
 def test_real_implementations_pass_the_bad_cases(impl, case):
-    if skip_reason(impl, case) is not None:
-        pytest.skip(skip_reason(impl, case))
     failed = [v.describe() for v in check_relations(impl, case, DEVICE) if not v.passed]
     assert not failed, "\n".join(failed)
 
