@@ -19,6 +19,7 @@ import pytest
 
 from fuzzattn import cli, report
 from fuzzattn.contract import Capabilities, Implementation
+from fuzzattn.fixtures import load
 
 BROKEN = textwrap.dedent('''
     """Attention that never looks at the last key: wrong whenever Nk > 1."""
@@ -307,3 +308,42 @@ def test_junit_xml_and_markdown_render_every_outcome():
     assert "FAILED" in text and "out: B=1 \\| H=1" in text and "```" in text
     table = report.table(("a", "b"), [["1", "x" * 200]], max_width=20)
     assert max(len(line) for line in table.splitlines()) < 30
+
+
+DECLARED = textwrap.dedent('''
+    """A declared implementation outside the repo: bottom-right causal only, fp32, GQA, and a
+    planted bug (the diagonal offset uses Nq - Nk instead of Nk - Nq)."""
+    import torch
+    from fuzzattn import Capabilities, Implementation
+
+    def attention(q, k, v, *, causal, scale):
+        k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+        v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
+        s = (q.double() @ k.double().transpose(-1, -2)) * scale
+        n, m = s.shape[-2:]
+        if causal:
+            visible = torch.ones(n, m, dtype=torch.bool).tril(diagonal=n - m)   # planted bug
+            s = s.masked_fill(~visible, float("-inf"))
+        lse = torch.logsumexp(s, -1)
+        p = torch.exp(s - lse[..., None]).nan_to_num(0.0)
+        return (p @ v.double()).to(q.dtype), lse.float()
+
+    IMPL = Implementation(
+        name="outside_bottom_right", fn=attention,
+        caps=Capabilities(dtypes={"float32"}, head_dims={16, 32}, causal=("bottom_right",),
+                          gqa=True, zero_length=False),
+        description="bottom-right causal attention kept in another repository")
+''')
+
+
+def test_declared_implementation_outside_the_repo_is_fuzzed_within_its_declaration(capsys, tmp_path):
+    path = tmp_path / "declared.py"
+    path.write_text(DECLARED)
+    status, out, _ = run(capsys, "fuzz", "--impl", f"{path}:IMPL", "--max-examples", "40",
+                         "--fixtures-dir", tmp_path / "fx")
+    assert status == 1, out
+    (fixture_path,) = (tmp_path / "fx").glob("*.json")
+    fixture = load(fixture_path)
+    assert fixture.impl == "outside_bottom_right"
+    assert fixture.case.causal == "bottom_right" and fixture.case.seq_q != fixture.case.seq_k
+    assert fixture.case.dtype == "float32" and fixture.case.head_dim in (16, 32)
