@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import math
 from pathlib import Path
 from typing import Callable
 
@@ -40,6 +41,60 @@ class ContractError(ValueError):
 def refuse(what: str, value, supported) -> None:
     """Raise the one-line refusal every kernel in this repo uses for undeclared inputs."""
     raise UnsupportedCaseError(f"{what}={value!r} is not supported (supported: {supported})")
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionShape:
+    batch: int
+    heads: int
+    kv_heads: int
+    seq_q: int
+    seq_k: int
+    head_dim: int
+    causal: str | None          # None, "top_left" or "bottom_right" (a bare True is top-left)
+    scale: float
+
+
+def check_attention_inputs(q, k, v, *, causal, scale, dtypes, max_head_dim: int,
+                           alignments: tuple[str, ...], zero_length: bool) -> AttentionShape:
+    """The validation every kernel in this repo starts with: anything outside what it declares
+    is refused in one line (UnsupportedCaseError) before any work is done."""
+    torch_dtypes = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            refuse(f"type({name})", type(t).__name__, "torch.Tensor")
+        if t.dim() != 4:
+            refuse(f"{name}.dim()", t.dim(), "4: (B, H, N, D)")
+        if torch_dtypes.get(t.dtype) not in dtypes:
+            refuse(f"{name}.dtype", str(t.dtype), sorted(dtypes))
+    if not (k.dtype == v.dtype == q.dtype):
+        refuse("dtypes (q, k, v)", (str(q.dtype), str(k.dtype), str(v.dtype)), "one shared dtype")
+    if not (q.device == k.device == v.device):
+        refuse("devices (q, k, v)", (str(q.device), str(k.device), str(v.device)), "one device")
+    batch, heads, seq_q, head_dim = q.shape
+    _, kv_heads, seq_k, _ = k.shape
+    if k.shape != v.shape:
+        refuse("v.shape", tuple(v.shape), f"k.shape {tuple(k.shape)}")
+    if k.shape[0] != batch or k.shape[3] != head_dim:
+        refuse("k.shape", tuple(k.shape), f"(B={batch}, Hkv, Nk, D={head_dim})")
+    if batch == 0 or heads == 0:
+        refuse("batch, heads", (batch, heads), "at least 1 each")
+    if kv_heads == 0 or heads % kv_heads:
+        refuse("kv_heads", kv_heads, f"a divisor of heads={heads}")
+    if not 1 <= head_dim <= max_head_dim:
+        refuse("head_dim", head_dim, f"1..{max_head_dim}")
+    if not zero_length and (seq_q == 0 or seq_k == 0):
+        refuse("zero length (seq_q, seq_k)", (seq_q, seq_k), "seq_q >= 1 and seq_k >= 1")
+    allowed = "False, True" + "".join(f", {a!r}" for a in alignments)
+    if causal is True:
+        causal = "top_left"          # a bare True means SDPA's (and the article's) alignment
+    if causal is False:
+        causal = None
+    elif not isinstance(causal, str) or causal not in alignments:
+        refuse("causal", causal, allowed)
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
+        refuse("scale", scale, "a finite float")
+    return AttentionShape(batch, heads, kv_heads, seq_q, seq_k, head_dim, causal, float(scale))
 
 
 @dataclasses.dataclass(frozen=True)

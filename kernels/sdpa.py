@@ -22,42 +22,20 @@ import math
 import torch
 import torch.nn.functional as F
 
-from fuzzattn.contract import Capabilities, Implementation, refuse
+from fuzzattn.contract import Capabilities, Implementation, check_attention_inputs
 
-_DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+IMPL_DTYPES = frozenset({"float32", "bfloat16", "float16"})
 _ALIGNMENTS = ("top_left", "bottom_right")
 MAX_HEAD_DIM = 256
 
 
 def sdpa_forward(q, k, v, *, causal, scale):
     """(out (B,Hq,Nq,D) in q's dtype, lse (B,Hq,Nq) float32) from F.scaled_dot_product_attention."""
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor):
-            refuse(f"type({name})", type(t).__name__, "torch.Tensor")
-        if t.dim() != 4:
-            refuse(f"{name}.dim()", t.dim(), "4: (B, H, N, D)")
-        if t.dtype not in _DTYPES:
-            refuse(f"{name}.dtype", str(t.dtype), sorted(_DTYPES.values()))
-    if not (k.dtype == v.dtype == q.dtype):
-        refuse("dtypes (q, k, v)", (str(q.dtype), str(k.dtype), str(v.dtype)), "one shared dtype")
-    if not (q.device == k.device == v.device):
-        refuse("devices (q, k, v)", (str(q.device), str(k.device), str(v.device)), "one device")
-    batch, heads, seq_q, head_dim = q.shape
-    _, kv_heads, seq_k, _ = k.shape
-    if k.shape != v.shape:
-        refuse("v.shape", tuple(v.shape), f"k.shape {tuple(k.shape)}")
-    if k.shape[0] != batch or k.shape[3] != head_dim:
-        refuse("k.shape", tuple(k.shape), f"(B={batch}, Hkv, Nk, D={head_dim})")
-    if kv_heads == 0 or heads % kv_heads:
-        refuse("kv_heads", kv_heads, f"a divisor of heads={heads}")
-    if not 1 <= head_dim <= MAX_HEAD_DIM:
-        refuse("head_dim", head_dim, f"1..{MAX_HEAD_DIM}")
-    if causal is True:
-        causal = "top_left"          # SDPA's own meaning of is_causal
-    if causal is not False and causal not in _ALIGNMENTS:
-        refuse("causal", causal, "False, True, 'top_left', 'bottom_right'")
-    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
-        refuse("scale", scale, "a finite float")
+    shape = check_attention_inputs(q, k, v, causal=causal, scale=scale, dtypes=IMPL_DTYPES,
+                                   max_head_dim=MAX_HEAD_DIM, alignments=_ALIGNMENTS,
+                                   zero_length=True)
+    causal, scale = shape.causal, shape.scale
+    heads, kv_heads, seq_q, seq_k = shape.heads, shape.kv_heads, shape.seq_q, shape.seq_k
 
     # visible[i, j]: may query i see key j? None when every key is visible.
     visible = None
@@ -111,7 +89,7 @@ IMPL = Implementation(
     name="sdpa",
     fn=sdpa_forward,
     caps=Capabilities(
-        dtypes=frozenset(_DTYPES.values()),
+        dtypes=IMPL_DTYPES,
         head_dims=None,
         max_head_dim=MAX_HEAD_DIM,
         causal=_ALIGNMENTS,

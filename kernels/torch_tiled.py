@@ -24,43 +24,22 @@ import math
 
 import torch
 
-from fuzzattn.contract import Capabilities, Implementation, refuse
+from fuzzattn.contract import Capabilities, Implementation, check_attention_inputs
 
 TILE = 16              # the article's tile_size, for both queries and keys
 MAX_HEAD_DIM = 256
-_DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+IMPL_DTYPES = frozenset({"float32", "bfloat16", "float16"})
 _ALIGNMENTS = ("top_left", "bottom_right")
 
 
 def torch_tiled_forward(q, k, v, *, causal, scale):
     """(out (B,Hq,Nq,D) in q's dtype, lse (B,Hq,Nq) float32) by the tiled online softmax."""
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor):
-            refuse(f"type({name})", type(t).__name__, "torch.Tensor")
-        if t.dim() != 4:
-            refuse(f"{name}.dim()", t.dim(), "4: (B, H, N, D)")
-        if t.dtype not in _DTYPES:
-            refuse(f"{name}.dtype", str(t.dtype), sorted(_DTYPES.values()))
-    if not (k.dtype == v.dtype == q.dtype):
-        refuse("dtypes (q, k, v)", (str(q.dtype), str(k.dtype), str(v.dtype)), "one shared dtype")
-    if not (q.device == k.device == v.device):
-        refuse("devices (q, k, v)", (str(q.device), str(k.device), str(v.device)), "one device")
-    batch, heads, seq_q, head_dim = q.shape
-    _, kv_heads, seq_k, _ = k.shape
-    if k.shape != v.shape:
-        refuse("v.shape", tuple(v.shape), f"k.shape {tuple(k.shape)}")
-    if k.shape[0] != batch or k.shape[3] != head_dim:
-        refuse("k.shape", tuple(k.shape), f"(B={batch}, Hkv, Nk, D={head_dim})")
-    if kv_heads == 0 or heads % kv_heads:
-        refuse("kv_heads", kv_heads, f"a divisor of heads={heads}")
-    if not 1 <= head_dim <= MAX_HEAD_DIM:
-        refuse("head_dim", head_dim, f"1..{MAX_HEAD_DIM}")
-    if causal is True:
-        causal = "top_left"          # a bare True means the article's (and SDPA's) alignment
-    if causal is not False and causal not in _ALIGNMENTS:
-        refuse("causal", causal, "False, True, 'top_left', 'bottom_right'")
-    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
-        refuse("scale", scale, "a finite float")
+    shape = check_attention_inputs(q, k, v, causal=causal, scale=scale, dtypes=IMPL_DTYPES,
+                                   max_head_dim=MAX_HEAD_DIM, alignments=_ALIGNMENTS,
+                                   zero_length=True)
+    causal, scale = shape.causal, shape.scale
+    batch, heads, kv_heads = shape.batch, shape.heads, shape.kv_heads
+    seq_q, seq_k, head_dim = shape.seq_q, shape.seq_k, shape.head_dim
 
     group = heads // kv_heads
     # GQA by broadcasting: unflatten/unsqueeze are views for any strides, so nothing is copied.
@@ -110,7 +89,7 @@ IMPL = Implementation(
     name="torch_tiled",
     fn=torch_tiled_forward,
     caps=Capabilities(
-        dtypes=frozenset(_DTYPES.values()),
+        dtypes=IMPL_DTYPES,
         head_dims=None,
         max_head_dim=MAX_HEAD_DIM,
         causal=_ALIGNMENTS,

@@ -25,13 +25,11 @@ same signature; they reuse this file's launcher through `triton_fa2_forward(...,
 """
 from __future__ import annotations
 
-import math
-
 import torch
 import triton
 import triton.language as tl
 
-from fuzzattn.contract import Capabilities, Implementation, refuse
+from fuzzattn.contract import Capabilities, Implementation, check_attention_inputs, refuse
 from fuzzattn.interpreter import ensure_backend, is_interpreted
 
 # Idempotent; kernels/__init__ already called it, but importing this module directly must also
@@ -41,7 +39,7 @@ ensure_backend()
 BLOCK_M = 16           # query rows per program (the article's Q_TILE_SIZE)
 BLOCK_N = 16           # keys per inner-loop step (the article's K_TILE_SIZE)
 MAX_HEAD_DIM = 256     # largest D verified (interpreted and compiled on an H200)
-_DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+IMPL_DTYPES = frozenset({"float32", "bfloat16", "float16"})
 
 
 @triton.jit
@@ -141,43 +139,14 @@ def triton_fa2_forward(q, k, v, *, causal, scale, out=None, lse=None, kernel=Non
     honoured) and returned. `kernel` swaps in a kernel with fa2_fwd_kernel's signature (mutants).
     """
     # -- validate: everything outside the declared capabilities is refused in one line ----------
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor):
-            refuse(f"type({name})", type(t).__name__, "torch.Tensor")
-        if t.dim() != 4:
-            refuse(f"{name}.dim()", t.dim(), "4: (B, H, N, D)")
-        if t.dtype not in _DTYPES:
-            refuse(f"{name}.dtype", str(t.dtype), sorted(_DTYPES.values()))
-    if not (k.dtype == v.dtype == q.dtype):
-        refuse("dtypes (q, k, v)", (str(q.dtype), str(k.dtype), str(v.dtype)), "one shared dtype")
-    if not (q.device == k.device == v.device):
-        refuse("devices (q, k, v)", (str(q.device), str(k.device), str(v.device)), "one device")
+    shape = check_attention_inputs(q, k, v, causal=causal, scale=scale, dtypes=IMPL_DTYPES,
+                                   max_head_dim=MAX_HEAD_DIM, alignments=("top_left",),
+                                   zero_length=False)
     if not is_interpreted() and q.device.type != "cuda":
         refuse("device", str(q.device), "cuda when compiled (set TRITON_INTERPRET=1 for CPU)")
-    batch, heads, seq_q, head_dim = q.shape
-    _, kv_heads, seq_k, _ = k.shape
-    if k.shape != v.shape:
-        refuse("v.shape", tuple(v.shape), f"k.shape {tuple(k.shape)}")
-    if k.shape[0] != batch or k.shape[3] != head_dim:
-        refuse("k.shape", tuple(k.shape), f"(B={batch}, Hkv, Nk, D={head_dim})")
-    if kv_heads == 0 or heads % kv_heads:
-        refuse("kv_heads", kv_heads, f"a divisor of heads={heads}")
-    if not 1 <= head_dim <= MAX_HEAD_DIM:
-        refuse("head_dim", head_dim, f"1..{MAX_HEAD_DIM}")
-    if batch == 0 or heads == 0:
-        refuse("batch, heads", (batch, heads), "at least 1 each")
-    if seq_q == 0 or seq_k == 0:
-        refuse("zero length (seq_q, seq_k)", (seq_q, seq_k), "seq_q >= 1 and seq_k >= 1")
-    if isinstance(causal, str):
-        if causal != "top_left":
-            refuse("causal", causal, "False, True, 'top_left'")
-        is_causal = True
-    elif isinstance(causal, bool):
-        is_causal = causal
-    else:
-        refuse("causal", causal, "False, True, 'top_left'")
-    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
-        refuse("scale", scale, "a finite float")
+    is_causal, scale = shape.causal is not None, shape.scale
+    batch, heads, kv_heads = shape.batch, shape.heads, shape.kv_heads
+    seq_q, seq_k, head_dim = shape.seq_q, shape.seq_k, shape.head_dim
 
     # -- outputs: the caller's buffers (checked) or fresh ones -------------------------------------
     if out is None:
@@ -219,7 +188,7 @@ IMPL = Implementation(
     name="triton_fa2",
     fn=triton_fa2_forward,
     caps=Capabilities(
-        dtypes=frozenset(_DTYPES.values()),
+        dtypes=IMPL_DTYPES,
         head_dims=None,                  # any D in 1..MAX_HEAD_DIM: padded to BLOCK_D with masks
         max_head_dim=MAX_HEAD_DIM,
         causal=("top_left",),
