@@ -30,6 +30,8 @@ def main(argv=None) -> int:
     rows = []
     for name in names:
         impl = impls[name]
+        # warm-up, untimed: first calls pay for imports, kernel decoration and allocator growth
+        fuzz(impl, attention_cases(impl.caps, profile=profile), max_examples=3, save=False)
         for dtype in (d for d in DTYPES if d in impl.caps.dtypes):
             start = time.perf_counter()
             result = fuzz(impl, attention_cases(impl.caps, dtype=dtype, profile=profile),
