@@ -45,10 +45,11 @@ class Inputs:
     def changed_since(self, snapshot: dict[str, torch.Tensor]) -> list[str]:
         """Names of storages whose bytes differ from the snapshot (NaN-safe: compares bits)."""
         return [name for name, buf in self.storages.items()
-                if not torch.equal(_bits(buf), _bits(snapshot[name]))]
+                if not torch.equal(as_bits(buf), as_bits(snapshot[name]))]
 
 
-def _bits(t: torch.Tensor) -> torch.Tensor:
+def as_bits(t: torch.Tensor) -> torch.Tensor:
+    """The same memory as integers of the element's width: bitwise comparison, NaN included."""
     return t.view(torch.int16 if t.element_size() == 2 else torch.int32)
 
 
@@ -152,5 +153,5 @@ def inputs_sha256(inputs: Inputs) -> str:
     for t in inputs.tensors():
         h.update(str(tuple(t.shape)).encode())
         h.update(str(t.dtype).encode())
-        h.update(_bits(t.detach().to("cpu").contiguous()).numpy().tobytes())
+        h.update(as_bits(t.detach().to("cpu").contiguous()).numpy().tobytes())
     return h.hexdigest()

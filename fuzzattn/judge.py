@@ -21,7 +21,7 @@ import torch
 
 from .case import AttentionCase
 from .contract import ContractError, Implementation, UnsupportedCaseError
-from .inputs import Inputs, materialize
+from .inputs import Inputs, as_bits, materialize
 from .oracle import Reference, oracle, same_precision_reference
 from .tolerance import lse_bound, out_bound
 from .verdict import CHECKS, Verdict, heatmap, locate
@@ -80,10 +80,6 @@ def skip_reason(impl: Implementation, case: AttentionCase) -> str | None:
 
 
 # -- output buffers ---------------------------------------------------------------------------
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    return t.view(torch.int16 if t.element_size() == 2 else torch.int32)
-
-
 class _GuardedBuffer:
     """A contiguous output tensor between two canary regions, its body pre-filled with NaN."""
 
@@ -92,12 +88,12 @@ class _GuardedBuffer:
         self.guard = guard = max(MIN_GUARD, numel)
         self.storage = torch.empty(guard + numel + guard, dtype=dtype, device=device)
         self.pattern = CANARY[self.storage.element_size()]
-        _bits(self.storage).fill_(self.pattern)
+        as_bits(self.storage).fill_(self.pattern)
         self.tensor = self.storage[guard:guard + numel].view(shape)
         self.tensor.fill_(float("nan"))
 
     def canary_intact(self) -> bool:
-        bits = _bits(self.storage)
+        bits = as_bits(self.storage)
         g = self.guard
         return bool((bits[:g] == self.pattern).all() and (bits[-g:] == self.pattern).all())
 
@@ -287,9 +283,9 @@ def judge(impl: Implementation, case: AttentionCase, device=None) -> Report:
                                             check_lse="rerun") if v.check == "rerun"]
         verdicts += rerun
     if impl.caps.deterministic:
-        same_out = torch.equal(_bits(first.out), _bits(second.out))
+        same_out = torch.equal(as_bits(first.out), as_bits(second.out))
         same_lse = (first.lse is None or second.lse is None
-                    or torch.equal(_bits(first.lse), _bits(second.lse)))
+                    or torch.equal(as_bits(first.lse), as_bits(second.lse)))
         differs = [n for n, same in (("out", same_out), ("lse", same_lse)) if not same]
         verdicts.append(Verdict(impl=impl.name, case=case, check="nondeterministic",
                                 passed=not differs,
