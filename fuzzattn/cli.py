@@ -63,24 +63,21 @@ class _Parser(argparse.ArgumentParser):
 
 
 # -- argument types -----------------------------------------------------------------------------
-def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
-    return value
+def _whole_number(minimum: int, requirement: str):
+    """An argparse type: an int >= minimum, else argparse's own one-line error."""
+    def convert(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{value} {requirement}")
+        return value
+    return convert
 
 
-def _seed(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{value} must not be negative")
-    return value
+_count = _whole_number(1, "must be at least 1")
+_seed = _whole_number(0, "must not be negative")
 
 
 def _seconds(text: str) -> float:
