@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from fuzzattn.contract import Capabilities, Implementation, check_attention_inputs
+from fuzzattn.oracle import visible_keys
 
 IMPL_DTYPES = frozenset({"float32", "bfloat16", "float16"})
 _ALIGNMENTS = ("top_left", "bottom_right")
@@ -38,10 +39,7 @@ def sdpa_forward(q, k, v, *, causal, scale):
     heads, kv_heads, seq_q, seq_k = shape.heads, shape.kv_heads, shape.seq_q, shape.seq_k
 
     # visible[i, j]: may query i see key j? None when every key is visible.
-    visible = None
-    if causal:
-        offset = 0 if causal == "top_left" else seq_k - seq_q
-        visible = torch.ones(seq_q, seq_k, dtype=torch.bool, device=q.device).tril(diagonal=offset)
+    visible = visible_keys(seq_q, seq_k, causal or "none", q.device)
 
     # CUDA flash backend (torch 2.11 on an H200) faults with "misaligned address" when a base
     # pointer is not 16-byte aligned (fp16, storage offset 91 elements); the fault poisons the
