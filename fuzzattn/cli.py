@@ -135,6 +135,9 @@ def build_parser() -> argparse.ArgumentParser:
                             description="Run the default campaign against each mutant; exit 1 if any survives.")
     p.add_argument("--list", action="store_true", help="list the mutants and the bug each plants")
     p.add_argument("--only", action="append", default=[], metavar="NAME", help="run only these mutants; repeatable")
+    p.add_argument("--impl", action="append", default=[], metavar="FILE.py:NAME|module:NAME",
+                   help="a seeded-bug variant of your own kernel, kept outside the repo, to run "
+                        "as a mutant (instead of the zoo unless --only is also given); repeatable")
     p.add_argument("--shrink", action="store_true",
                    help="shrink each mutant's first failing case (minutes per mutant under the interpreter)")
     _budget_options(p, "cases per mutant (default: the profile's max_examples)",
@@ -564,7 +567,8 @@ def _mutation_score(runs) -> str:
 
 
 def cmd_mutants(args) -> int:
-    selected = _select_mutants(args.only)
+    outside = [_resolve(spec) for spec in args.impl]
+    selected = (_select_mutants(args.only) if args.only or not outside else []) + outside
     if args.list:
         if not selected:
             print("no mutants registered (kernels/mutants: MUTANTS is empty)")

@@ -347,3 +347,9 @@ def test_declared_implementation_outside_the_repo_is_fuzzed_within_its_declarati
     assert fixture.impl == "outside_bottom_right"
     assert fixture.case.causal == "bottom_right" and fixture.case.seq_q != fixture.case.seq_k
     assert fixture.case.dtype == "float32" and fixture.case.head_dim in (16, 32)
+
+
+def test_mutants_runs_an_outside_seeded_bug(capsys, broken):
+    status, out, _ = run(capsys, "mutants", "--impl", f"{broken}:drop_last_key", "--max-examples", "20")
+    assert status == 0, out
+    assert "drop_last_key" in out and "killed" in out and "1/1 killed" in out
