@@ -33,7 +33,7 @@ class Counterexample(AssertionError):
         lines = [report.describe()]
         if fixture_path is not None:
             fx = fixtures.Fixture(case=report.case, path=fixture_path)
-            lines += [f"  fixture: {fixtures._display(fixture_path)}",
+            lines += [f"  fixture: {fixtures.display_path(fixture_path)}",
                       f"  replay:  {fx.replay_command()}"]
         super().__init__("\n".join(lines))
 

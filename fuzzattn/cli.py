@@ -31,6 +31,7 @@ from pathlib import Path
 
 from . import report
 from .case import DTYPES
+from .fixtures import display_path
 from .profiles import PROFILES
 from .report import ERROR, FAIL, OK, SKIP, Outcome
 
@@ -294,12 +295,13 @@ def _bf16_unavailable(impl) -> str | None:
     return None if ok else reason
 
 
-def _display(path) -> str:
-    """A path relative to the cwd when it is under it: short, and what a user would type."""
-    try:
-        return str(Path(path).resolve().relative_to(Path.cwd()))
-    except ValueError:
-        return str(path)
+def _finish(outcomes, last_line: str) -> int:
+    """The common ending of fuzz, replay and mutants: failure details, a total, the exit status."""
+    details = report.failure_details(outcomes)
+    if details:
+        print("\n" + details)
+    print(f"\n{last_line}")
+    return 0 if all(o.passed for o in outcomes) else 1
 
 
 @dataclasses.dataclass
@@ -317,7 +319,7 @@ def _failure_text(found, spec: str, rerun: str) -> str:
     lines = [found.report.describe()]
     if found.fixture_path is not None:
         fixture = Fixture(case=found.report.case, path=found.fixture_path)
-        lines.append(f"  fixture: {_display(found.fixture_path)}")
+        lines.append(f"  fixture: {display_path(found.fixture_path)}")
         lines.append(f"  replay:  {fixture.replay_command()} --impl {spec}")
     else:
         lines.append("  fixture: not written (saving was off)")
@@ -412,11 +414,7 @@ def cmd_fuzz(args) -> int:
     print(report.table(("impl", "dtype", "verdict", "cases", "seconds", "first failure at",
                         "check", "shrunk case / detail"), rows, max_width=90))
     outcomes = [run.outcome for run in runs]
-    details = report.failure_details(outcomes)
-    if details:
-        print("\n" + details)
-    print(f"\n{report.totals(outcomes)}")
-    return 0 if all(o.passed for o in outcomes) else 1
+    return _finish(outcomes, report.totals(outcomes))
 
 
 # -- replay -------------------------------------------------------------------------------------
@@ -519,11 +517,7 @@ def cmd_replay(args) -> int:
                          r.outcome.detail if r.outcome.verdict in (SKIP,) or r.check == "malformed"
                          else ""] for r in rows], max_width=100))
     outcomes = [r.outcome for r in rows]
-    details = report.failure_details(outcomes)
-    if details:
-        print("\n" + details)
-    print(f"\n{len(paths)} fixture(s): {report.totals(outcomes)}")
-    return 0 if all(o.passed for o in outcomes) else 1
+    return _finish(outcomes, f"{len(paths)} fixture(s): {report.totals(outcomes)}")
 
 
 # -- mutants ------------------------------------------------------------------------------------
@@ -596,12 +590,7 @@ def cmd_mutants(args) -> int:
                      str(found.report.case) if found else run.outcome.detail])
     print(report.table(("mutant", "killed", "cases to first failure", "seconds", "caught by",
                         f"{'shrunk' if args.shrink else 'first failing'} case / detail"), rows, max_width=90))
-    outcomes = [r.outcome for r in runs]
-    details = report.failure_details(outcomes)
-    if details:
-        print("\n" + details)
-    print(f"\n{_mutation_score(runs)}")
-    return 0 if all(o.passed for o in outcomes) else 1
+    return _finish([r.outcome for r in runs], _mutation_score(runs))
 
 
 # -- gate ---------------------------------------------------------------------------------------
@@ -662,7 +651,7 @@ def _gate_plan(args, subjects) -> tuple[set[str], list[str]]:
     changed = changed_files(args.changed_since)
     harness = _harness_files(changed)
     if harness:
-        shown = ", ".join(_display(p) for p in harness[:3]) + (" ..." if len(harness) > 3 else "")
+        shown = ", ".join(display_path(p) for p in harness[:3]) + (" ..." if len(harness) > 3 else "")
         return names, [f"harness changed since {args.changed_since} ({shown}): fuzzing every implementation"]
     chosen = set()
     for impl, spec in subjects:
@@ -687,7 +676,7 @@ def cmd_gate(args) -> int:
     progress = report.Progress()
     header = (f"fuzzattn gate: profile={profile.name} seed={args.seed} budget={max_examples} cases / "
               f"{seconds:g} s per campaign; triton {'interpreted' if interpreted else 'compiled'}; "
-              f"fixtures {_display(fixtures_dir)}")
+              f"fixtures {display_path(fixtures_dir)}")
 
     # (1) every known bug stays fixed, on every implementation that can run its case
     paths = [p for p in discover(fixtures_dir) if not p.name.startswith(".")]

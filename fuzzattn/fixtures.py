@@ -72,10 +72,11 @@ class Fixture:
 
     def replay_command(self) -> str:
         path = self.path if self.path is not None else f"regressions/{self.case.key()}.json"
-        return f"fuzzattn replay {_display(path)}"
+        return f"fuzzattn replay {display_path(path)}"
 
 
-def _display(path) -> str:
+def display_path(path) -> str:
+    """A path relative to the cwd when it is under it: short, and what a user would type."""
     try:
         return str(Path(path).resolve().relative_to(Path.cwd()))
     except ValueError:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import dataclasses
 
 from .contract import Implementation
-from .fixtures import Fixture, _display
+from .fixtures import Fixture, display_path
 from .inputs import inputs_sha256, materialize
 from .judge import Report, judge
 
@@ -23,7 +23,7 @@ class ReplayResult:
 def replay_one(fixture: Fixture, impl: Implementation, device=None) -> ReplayResult:
     """Judge `impl` on the fixture's case, refusing to run if the inputs are not the same bits."""
     case = fixture.case
-    header = f"fixture {_display(fixture.path) if fixture.path else case.key()}"
+    header = f"fixture {display_path(fixture.path) if fixture.path else case.key()}"
     if fixture.covers:
         header += f" (covers: {fixture.covers})"
     if fixture.inputs_sha256:
