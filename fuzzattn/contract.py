@@ -26,6 +26,7 @@ from .case import CAUSAL_ALIGNMENTS, DTYPES, AttentionCase
 # The contract's base: what a plain callable is assumed to support when it declares nothing.
 BASE_DTYPES = frozenset({"float32", "bfloat16"})
 BASE_HEAD_DIMS = frozenset({16, 32, 64, 128})
+DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 STRIDE_KINDS = ("contiguous", "unit_last", "any")
 FP32_MATMULS = ("ieee", "tf32")
 
@@ -41,60 +42,6 @@ class ContractError(ValueError):
 def refuse(what: str, value, supported) -> None:
     """Raise the one-line refusal every kernel in this repo uses for undeclared inputs."""
     raise UnsupportedCaseError(f"{what}={value!r} is not supported (supported: {supported})")
-
-
-@dataclasses.dataclass(frozen=True)
-class AttentionShape:
-    batch: int
-    heads: int
-    kv_heads: int
-    seq_q: int
-    seq_k: int
-    head_dim: int
-    causal: str | None          # None, "top_left" or "bottom_right" (a bare True is top-left)
-    scale: float
-
-
-def check_attention_inputs(q, k, v, *, causal, scale, dtypes, max_head_dim: int,
-                           alignments: tuple[str, ...], zero_length: bool) -> AttentionShape:
-    """The validation every kernel in this repo starts with: anything outside what it declares
-    is refused in one line (UnsupportedCaseError) before any work is done."""
-    torch_dtypes = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor):
-            refuse(f"type({name})", type(t).__name__, "torch.Tensor")
-        if t.dim() != 4:
-            refuse(f"{name}.dim()", t.dim(), "4: (B, H, N, D)")
-        if torch_dtypes.get(t.dtype) not in dtypes:
-            refuse(f"{name}.dtype", str(t.dtype), sorted(dtypes))
-    if not (k.dtype == v.dtype == q.dtype):
-        refuse("dtypes (q, k, v)", (str(q.dtype), str(k.dtype), str(v.dtype)), "one shared dtype")
-    if not (q.device == k.device == v.device):
-        refuse("devices (q, k, v)", (str(q.device), str(k.device), str(v.device)), "one device")
-    batch, heads, seq_q, head_dim = q.shape
-    _, kv_heads, seq_k, _ = k.shape
-    if k.shape != v.shape:
-        refuse("v.shape", tuple(v.shape), f"k.shape {tuple(k.shape)}")
-    if k.shape[0] != batch or k.shape[3] != head_dim:
-        refuse("k.shape", tuple(k.shape), f"(B={batch}, Hkv, Nk, D={head_dim})")
-    if batch == 0 or heads == 0:
-        refuse("batch, heads", (batch, heads), "at least 1 each")
-    if kv_heads == 0 or heads % kv_heads:
-        refuse("kv_heads", kv_heads, f"a divisor of heads={heads}")
-    if not 1 <= head_dim <= max_head_dim:
-        refuse("head_dim", head_dim, f"1..{max_head_dim}")
-    if not zero_length and (seq_q == 0 or seq_k == 0):
-        refuse("zero length (seq_q, seq_k)", (seq_q, seq_k), "seq_q >= 1 and seq_k >= 1")
-    allowed = "False, True" + "".join(f", {a!r}" for a in alignments)
-    if causal is True:
-        causal = "top_left"          # a bare True means SDPA's (and the article's) alignment
-    if causal is False:
-        causal = None
-    elif not isinstance(causal, str) or causal not in alignments:
-        refuse("causal", causal, allowed)
-    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
-        refuse("scale", scale, "a finite float")
-    return AttentionShape(batch, heads, kv_heads, seq_q, seq_k, head_dim, causal, float(scale))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,6 +101,60 @@ class Capabilities:
             if not self.accepts_layout(layout):
                 return f"layout[{tensor}]={layout}"
         return None
+
+    def check_inputs(self, q, k, v, *, causal, scale) -> tuple[str, float]:
+        """Refuse, in one line (UnsupportedCaseError), any tensors outside this declaration;
+        return the call's (causal, scale) in the project's one encoding: causal is "none",
+        "top_left" or "bottom_right" (a bare True means top-left, SDPA's and the article's
+        alignment), scale a float. Kernels read their sizes from the tensors themselves."""
+        for name, t in (("q", q), ("k", k), ("v", v)):
+            if not isinstance(t, torch.Tensor):
+                refuse(f"type({name})", type(t).__name__, "torch.Tensor")
+            if t.dim() != 4:
+                refuse(f"{name}.dim()", t.dim(), "4: (B, H, N, D)")
+            if DTYPE_NAMES.get(t.dtype) not in self.dtypes:
+                refuse(f"{name}.dtype", str(t.dtype), sorted(self.dtypes))
+        if not (k.dtype == v.dtype == q.dtype):
+            refuse("dtypes (q, k, v)", (str(q.dtype), str(k.dtype), str(v.dtype)), "one shared dtype")
+        if not (q.device == k.device == v.device):
+            refuse("devices (q, k, v)", (str(q.device), str(k.device), str(v.device)), "one device")
+        batch, heads, seq_q, head_dim = q.shape
+        _, kv_heads, seq_k, _ = k.shape
+        if k.shape != v.shape:
+            refuse("v.shape", tuple(v.shape), f"k.shape {tuple(k.shape)}")
+        if k.shape[0] != batch or k.shape[3] != head_dim:
+            refuse("k.shape", tuple(k.shape), f"(B={batch}, Hkv, Nk, D={head_dim})")
+        if batch == 0 or heads == 0:
+            refuse("batch, heads", (batch, heads), "at least 1 each")
+        if kv_heads == 0 or heads % kv_heads:
+            refuse("kv_heads", kv_heads, f"a divisor of heads={heads}")
+        if kv_heads != heads and not self.gqa:
+            refuse("kv_heads", kv_heads, f"heads={heads} (no GQA)")
+        if not self.accepts_head_dim(head_dim):
+            refuse("head_dim", head_dim, sorted(self.head_dims) if self.head_dims is not None
+                   else f"1..{self.max_head_dim}")
+        if not self.zero_length and (seq_q == 0 or seq_k == 0):
+            refuse("zero length (seq_q, seq_k)", (seq_q, seq_k), "seq_q >= 1 and seq_k >= 1")
+        for name, t in (("q", q), ("k", k), ("v", v)):
+            if not self.accepts_strides(t):
+                refuse(f"{name}.stride()", t.stride(), f"{self.strides} strides")
+        if causal is True:
+            causal = "top_left"
+        elif causal is False or causal is None:
+            causal = "none"
+        elif not isinstance(causal, str) or causal not in self.causal:
+            refuse("causal", causal, "False, True" + "".join(f", {a!r}" for a in self.causal))
+        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
+            refuse("scale", scale, "a finite float")
+        return causal, float(scale)
+
+    def accepts_strides(self, t: torch.Tensor) -> bool:
+        """Whether a tensor's memory layout is inside `strides` (stride-0 broadcasts count as any)."""
+        if self.strides == "any":
+            return True
+        if self.strides == "unit_last":
+            return t.shape[-1] <= 1 or t.stride(-1) == 1
+        return t.is_contiguous()
 
 
 @dataclasses.dataclass(frozen=True, repr=False)

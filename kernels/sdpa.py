@@ -22,24 +22,37 @@ import math
 import torch
 import torch.nn.functional as F
 
-from fuzzattn.contract import Capabilities, Implementation, check_attention_inputs
-from fuzzattn.oracle import visible_keys
+from fuzzattn.contract import Capabilities, Implementation
 
-IMPL_DTYPES = frozenset({"float32", "bfloat16", "float16"})
-_ALIGNMENTS = ("top_left", "bottom_right")
 MAX_HEAD_DIM = 256
+
+
+CAPS = Capabilities(
+    dtypes={"float32", "bfloat16", "float16"},
+    head_dims=None,
+    max_head_dim=MAX_HEAD_DIM,
+    causal=("top_left", "bottom_right"),
+    gqa=True,
+    strides="any",
+    zero_length=True,
+    returns_lse=True,
+    backward=False,
+    fp32_matmul="ieee",
+    # CPU SDPA reruns are bitwise identical; CUDA flash/cuDNN forwards are too (no atomics in
+    # the forward pass).
+    deterministic=True,
+    out_buffer=False,
+)
 
 
 def sdpa_forward(q, k, v, *, causal, scale):
     """(out (B,Hq,Nq,D) in q's dtype, lse (B,Hq,Nq) float32) from F.scaled_dot_product_attention."""
-    shape = check_attention_inputs(q, k, v, causal=causal, scale=scale, dtypes=IMPL_DTYPES,
-                                   max_head_dim=MAX_HEAD_DIM, alignments=_ALIGNMENTS,
-                                   zero_length=True)
-    causal, scale = shape.causal, shape.scale
-    heads, kv_heads, seq_q, seq_k = shape.heads, shape.kv_heads, shape.seq_q, shape.seq_k
+    causal, scale = CAPS.check_inputs(q, k, v, causal=causal, scale=scale)
+    heads, seq_q = q.shape[1], q.shape[2]
+    kv_heads, seq_k = k.shape[1], k.shape[2]
 
     # visible[i, j]: may query i see key j? None when every key is visible.
-    visible = visible_keys(seq_q, seq_k, causal or "none", q.device)
+    visible = _visible_keys(seq_q, seq_k, causal, q.device)
 
     # CUDA flash backend (torch 2.11 on an H200) faults with "misaligned address" when a base
     # pointer is not 16-byte aligned (fp16, storage offset 91 elements); the fault poisons the
@@ -50,7 +63,7 @@ def sdpa_forward(q, k, v, *, causal, scale):
     if causal == "bottom_right":
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=visible, scale=scale, **gqa)
     else:
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=bool(causal), scale=scale, **gqa)
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=causal == "top_left", scale=scale, **gqa)
 
     # lse in fp32 from the inputs; GQA by broadcasting (B, Hkv, G, Nq, D) against (B, Hkv, 1, Nk, D).
     q5 = q.unflatten(1, (kv_heads, heads // kv_heads)).float()
@@ -72,6 +85,19 @@ def sdpa_forward(q, k, v, *, causal, scale):
     return out, lse
 
 
+def _visible_keys(seq_q: int, seq_k: int, causal: str, device) -> torch.Tensor | None:
+    """(Nq, Nk) bool, True where query i may see key j; None when every key is visible.
+    Built here, not borrowed from the oracle: a mask bug shared by both sides would be invisible
+    to the differential. Key j is visible to query i iff j - i <= offset (0 for top-left,
+    Nk - Nq for bottom-right)."""
+    if causal == "none":
+        return None
+    offset = 0 if causal == "top_left" else seq_k - seq_q
+    rows = torch.arange(seq_q, device=device)[:, None]
+    cols = torch.arange(seq_k, device=device)[None, :]
+    return cols - rows <= offset
+
+
 def _aligned_for_cuda(t: torch.Tensor) -> torch.Tensor:
     """t itself, or a contiguous copy when on CUDA its base or a row stride is not 16-byte aligned."""
     if t.device.type != "cuda":
@@ -86,22 +112,7 @@ def _aligned_for_cuda(t: torch.Tensor) -> torch.Tensor:
 IMPL = Implementation(
     name="sdpa",
     fn=sdpa_forward,
-    caps=Capabilities(
-        dtypes=IMPL_DTYPES,
-        head_dims=None,
-        max_head_dim=MAX_HEAD_DIM,
-        causal=_ALIGNMENTS,
-        gqa=True,
-        strides="any",
-        zero_length=True,
-        returns_lse=True,
-        backward=False,
-        fp32_matmul="ieee",
-        # CPU SDPA reruns are bitwise identical; CUDA flash/cuDNN forwards are too (no atomics in
-        # the forward pass).
-        deterministic=True,
-        out_buffer=False,
-    ),
+    caps=CAPS,
     description="torch.nn.functional.scaled_dot_product_attention (is_causal for top-left, a "
                 "boolean tril mask for bottom-right), lse computed beside it in fp32.",
     sources=(__file__,),

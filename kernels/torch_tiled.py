@@ -24,22 +24,33 @@ import math
 
 import torch
 
-from fuzzattn.contract import Capabilities, Implementation, check_attention_inputs
+from fuzzattn.contract import Capabilities, Implementation
 
 TILE = 16              # the article's tile_size, for both queries and keys
 MAX_HEAD_DIM = 256
-IMPL_DTYPES = frozenset({"float32", "bfloat16", "float16"})
-_ALIGNMENTS = ("top_left", "bottom_right")
+
+
+CAPS = Capabilities(
+    dtypes={"float32", "bfloat16", "float16"},
+    head_dims=None,
+    max_head_dim=MAX_HEAD_DIM,
+    causal=("top_left", "bottom_right"),
+    gqa=True,
+    strides="any",
+    zero_length=True,
+    returns_lse=True,
+    backward=False,
+    fp32_matmul="ieee",   # torch fp32 matmul (TF32 is off by default, and off on CPU)
+    deterministic=True,
+    out_buffer=False,
+)
 
 
 def torch_tiled_forward(q, k, v, *, causal, scale):
     """(out (B,Hq,Nq,D) in q's dtype, lse (B,Hq,Nq) float32) by the tiled online softmax."""
-    shape = check_attention_inputs(q, k, v, causal=causal, scale=scale, dtypes=IMPL_DTYPES,
-                                   max_head_dim=MAX_HEAD_DIM, alignments=_ALIGNMENTS,
-                                   zero_length=True)
-    causal, scale = shape.causal, shape.scale
-    batch, heads, kv_heads = shape.batch, shape.heads, shape.kv_heads
-    seq_q, seq_k, head_dim = shape.seq_q, shape.seq_k, shape.head_dim
+    causal, scale = CAPS.check_inputs(q, k, v, causal=causal, scale=scale)
+    batch, heads, seq_q, head_dim = q.shape
+    kv_heads, seq_k = k.shape[1], k.shape[2]
 
     group = heads // kv_heads
     # GQA by broadcasting: unflatten/unsqueeze are views for any strides, so nothing is copied.
@@ -62,7 +73,7 @@ def torch_tiled_forward(q, k, v, *, causal, scale):
             k_j = k5[..., k0:k0 + TILE, :].float()
             v_j = v5[..., k0:k0 + TILE, :].float()
             s = (q_i @ k_j.transpose(-1, -2)) * scale                 # (..., rows, keys) fp32
-            if causal:
+            if causal != "none":
                 cols = torch.arange(k0, k0 + k_j.shape[-2], device=q.device)
                 visible = cols[None, :] <= rows[:, None] + offset
                 s = s.masked_fill(~visible, -math.inf)
@@ -88,20 +99,7 @@ def torch_tiled_forward(q, k, v, *, causal, scale):
 IMPL = Implementation(
     name="torch_tiled",
     fn=torch_tiled_forward,
-    caps=Capabilities(
-        dtypes=IMPL_DTYPES,
-        head_dims=None,
-        max_head_dim=MAX_HEAD_DIM,
-        causal=_ALIGNMENTS,
-        gqa=True,
-        strides="any",
-        zero_length=True,
-        returns_lse=True,
-        backward=False,
-        fp32_matmul="ieee",   # torch fp32 matmul (TF32 is off by default, and off on CPU)
-        deterministic=True,
-        out_buffer=False,
-    ),
+    caps=CAPS,
     description="The article's tiled PyTorch FA2 forward (16-row tiles, fp32 state, P rounded to "
                 "the input dtype), completed: ragged tails, both causal alignments, GQA, empty rows.",
     sources=(__file__,),

@@ -29,7 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
-from fuzzattn.contract import Capabilities, Implementation, check_attention_inputs, refuse
+from fuzzattn.contract import Capabilities, Implementation, refuse
 from fuzzattn.interpreter import ensure_backend, is_interpreted
 
 # Idempotent; kernels/__init__ already called it, but importing this module directly must also
@@ -39,7 +39,23 @@ ensure_backend()
 BLOCK_M = 16           # query rows per program (the article's Q_TILE_SIZE)
 BLOCK_N = 16           # keys per inner-loop step (the article's K_TILE_SIZE)
 MAX_HEAD_DIM = 256     # largest D verified (interpreted and compiled on an H200)
-IMPL_DTYPES = frozenset({"float32", "bfloat16", "float16"})
+
+
+CAPS = Capabilities(
+    dtypes={"float32", "bfloat16", "float16"},
+    head_dims=None,                  # any D in 1..MAX_HEAD_DIM: padded to BLOCK_D with masks
+    max_head_dim=MAX_HEAD_DIM,
+    causal=("top_left",),
+    gqa=True,
+    strides="any",
+    zero_length=False,
+    returns_lse=True,
+    backward=False,
+    # tl.dot's default for fp32 operands: TF32 on tensor cores compiled, IEEE in the interpreter.
+    fp32_matmul="ieee" if is_interpreted() else "tf32",
+    deterministic=True,              # no atomics: every program owns its output rows
+    out_buffer=True,
+)
 
 
 @triton.jit
@@ -139,14 +155,12 @@ def triton_fa2_forward(q, k, v, *, causal, scale, out=None, lse=None, kernel=Non
     honoured) and returned. `kernel` swaps in a kernel with fa2_fwd_kernel's signature (mutants).
     """
     # -- validate: everything outside the declared capabilities is refused in one line ----------
-    shape = check_attention_inputs(q, k, v, causal=causal, scale=scale, dtypes=IMPL_DTYPES,
-                                   max_head_dim=MAX_HEAD_DIM, alignments=("top_left",),
-                                   zero_length=False)
+    causal, scale = CAPS.check_inputs(q, k, v, causal=causal, scale=scale)
     if not is_interpreted() and q.device.type != "cuda":
         refuse("device", str(q.device), "cuda when compiled (set TRITON_INTERPRET=1 for CPU)")
-    is_causal, scale = shape.causal is not None, shape.scale
-    batch, heads, kv_heads = shape.batch, shape.heads, shape.kv_heads
-    seq_q, seq_k, head_dim = shape.seq_q, shape.seq_k, shape.head_dim
+    is_causal = causal != "none"
+    batch, heads, seq_q, head_dim = q.shape
+    kv_heads, seq_k = k.shape[1], k.shape[2]
 
     # -- outputs: the caller's buffers (checked) or fresh ones -------------------------------------
     if out is None:
@@ -187,21 +201,7 @@ def _describe(t) -> str:
 IMPL = Implementation(
     name="triton_fa2",
     fn=triton_fa2_forward,
-    caps=Capabilities(
-        dtypes=IMPL_DTYPES,
-        head_dims=None,                  # any D in 1..MAX_HEAD_DIM: padded to BLOCK_D with masks
-        max_head_dim=MAX_HEAD_DIM,
-        causal=("top_left",),
-        gqa=True,
-        strides="any",
-        zero_length=False,
-        returns_lse=True,
-        backward=False,
-        # tl.dot's default for fp32 operands: TF32 on tensor cores compiled, IEEE in the interpreter.
-        fp32_matmul="ieee" if is_interpreted() else "tf32",
-        deterministic=True,              # no atomics: every program owns its output rows
-        out_buffer=True,
-    ),
+    caps=CAPS,
     description="The article's FlashAttention-2 forward (16x16 tiles, online softmax, both fixes) "
                 "in Triton with pointer arithmetic; top-left causal, GQA, any strides.",
     backend="triton",
