@@ -1,20 +1,9 @@
-"""Project-wide pytest setup: the Hypothesis profiles.
+"""This repository's pytest set-up: it opts in to the fuzzattn plugin (installing fuzzattn does
+not; see fuzzattn/pytest_plugin.py), and uses pytester for the plugin's own tests.
 
-Profiles (fuzzattn/profiles.py holds their numbers):
-  ci       deterministic (derandomize, no database), 200 cases per test, shapes that fit a 2-core
-           CPU under Triton's interpreter. Registered on top of Hypothesis's own built-in "ci"
-           profile, which Hypothesis loads by itself when CI=true: we keep its settings and add
-           our budget, then load ours explicitly.
-  dev      random, 100 cases per test, the same small shapes: quick local feedback
-  gpu      1000 cases per test, sequences up to ~1k: compiled kernels on a GPU
-  nightly  5000 cases per test, sequences up to ~2k
+Profiles (fuzzattn/contract/profiles.py holds their numbers): ci (deterministic, 200 cases per
+test, CPU-interpreter shapes), dev (random, 100), gpu (1000, sequences to ~1k), nightly (5000).
 Choose with --fuzzattn-profile NAME (or FUZZATTN_PROFILE=NAME); default: ci when CI is set, gpu
-when CUDA is available, dev otherwise. The fuzzattn plugin loads it in pytest_configure.
+when CUDA is available, dev otherwise.
 """
-from fuzzattn import profiles
-
-pytest_plugins = ["pytester"]   # the plugin and fixture-replay tests drive pytest itself
-
-# Registering here (at conftest import, before any plugin's pytest_configure) makes the names
-# valid for --hypothesis-profile too.
-profiles.register_hypothesis_profiles()
+pytest_plugins = ["pytester", "fuzzattn.pytest_plugin"]

@@ -12,9 +12,9 @@ import argparse
 import time
 
 from fuzzattn import profiles
-from fuzzattn.campaign import fuzz
-from fuzzattn.case import DTYPES
-from fuzzattn.registry import implementations
+from fuzzattn.campaigns.campaign import fuzz
+from fuzzattn.contract.case import DTYPES
+from fuzzattn.engine.registry import implementations
 from strategies import attention_cases
 
 

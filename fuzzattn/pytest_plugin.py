@@ -1,19 +1,29 @@
-"""The fuzzattn pytest plugin: replays regression fixtures as test items and reports the setup.
+"""The fuzzattn pytest plugin: run settings, outside implementations, and regression files as items.
 
-Registered through the `pytest11` entry point. Every `*.json` under a `regressions/` folder
-becomes one item per implementation that supports its case (`regressions/<key>.json::sdpa`), so a
-bug found once is checked against every implementation forever after. A malformed fixture becomes
-one failing item with a one-line message naming the field; the other fixtures still run.
-Heavy imports (torch, kernels) happen inside hooks, so loading the plugin stays cheap.
+Opt-in. Installing fuzzattn registers nothing with pytest: a project enables the plugin with
+
+    pytest -p fuzzattn.pytest_plugin            # one run
+    pytest_plugins = ["fuzzattn.pytest_plugin"] # in its conftest.py (this repository does so)
+
+so that a kernel engineer's unrelated tests, in the same environment, run exactly as before: no
+Hypothesis profile loaded, no thread pinning, no environment variable set, nothing collected.
+
+When enabled, it loads the fuzzattn profile (sizes and the Hypothesis settings profile of that
+name), pins one torch thread per CPU-only xdist worker, sets up the Triton backend, adds
+`--fuzzattn-impl` implementations, and collects every `*.json` in the regressions directory
+(ini `fuzzattn_regressions`, default `regressions`) as one item per implementation that supports
+its case (`regressions/<key>.json::sdpa`). A regression file that cannot be used is one failing
+item naming the file and the field; collection itself never errors. Everything it changes is
+put back at unconfigure, so a pytest run inside a test (pytester) leaves its host unchanged.
 """
 from __future__ import annotations
 
-import functools
-import json
 import os
 from pathlib import Path
 
 import pytest
+
+REGRESSIONS_INI = "fuzzattn_regressions"
 
 
 def pytest_addoption(parser):
@@ -26,37 +36,98 @@ def pytest_addoption(parser):
     group.addoption("--fuzzattn-impl", action="append", default=[], metavar="FILE.py:NAME",
                     help="also fuzz and replay an implementation defined outside the repo "
                          "(a module path or file, then ':' and the object's name); repeatable")
+    parser.addini(REGRESSIONS_INI, default="regressions",
+                  help="directory (relative to the rootdir) whose *.json regression files are replayed")
+
+
+class _State:
+    """What pytest_configure changed, to be put back at unconfigure."""
+
+    def __init__(self):
+        from hypothesis import settings
+        getter = getattr(settings, "get_current_profile_name", None)
+        self.hypothesis_profile = getter() if getter else getattr(settings, "_current_profile", None)
+        self.env = {"FUZZATTN_PROFILE": os.environ.get("FUZZATTN_PROFILE")}
+        self.threads = None
+        self.outside_specs = None
+        self.regressions_dir = None
+
+    def restore(self):
+        import torch
+        from hypothesis import settings as hypothesis_settings
+        from fuzzattn import settings
+        if self.hypothesis_profile:
+            hypothesis_settings.load_profile(self.hypothesis_profile)
+        for name, value in self.env.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        if self.threads is not None:
+            torch.set_num_threads(self.threads)
+        if self.outside_specs is not None:
+            settings.set_outside_specs(self.outside_specs)
+        from fuzzattn.campaigns import regression_file
+        regression_file.set_default_dir(self.regressions_dir)
+
+
+_STATE_KEY = pytest.StashKey[_State]()
 
 
 def pytest_configure(config):
-    from . import profiles
+    from fuzzattn import settings
+    from fuzzattn.contract.profiles import PROFILES, ProfileError
+    state = config.stash[_STATE_KEY] = _State()
     name = config.getoption("fuzzattn_profile") or os.environ.get("FUZZATTN_PROFILE")
     hyp = config.getoption("hypothesis_profile", default=None)
-    if name is None and hyp in profiles.PROFILES:
+    if name is None and hyp in PROFILES:
         name = hyp
-    profiles.load(name)
-    from hypothesis import settings
-    if hyp is not None and hyp != profiles.active_name():
-        settings.load_profile(hyp)      # an explicit --hypothesis-profile wins for settings
+    try:
+        profile = settings.load_profile(name)
+    except ProfileError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    from hypothesis import settings as hypothesis_settings
+    if hyp is not None and hyp != profile.name:
+        hypothesis_settings.load_profile(hyp)      # an explicit --hypothesis-profile wins for settings
     budget = config.getoption("fuzzattn_max_examples")
     if budget is not None:
         if budget < 1:
             raise pytest.UsageError(f"--fuzzattn-max-examples={budget} must be at least 1")
-        settings.register_profile("fuzzattn-budget", parent=settings(), max_examples=budget)
-        settings.load_profile("fuzzattn-budget")
-    # Fixtures go to <rootdir>/regressions wherever pytest was started from; xdist workers inherit.
-    os.environ.setdefault("FUZZATTN_FIXTURES_DIR", str(config.rootpath / "regressions"))
+        hypothesis_settings.register_profile("fuzzattn-budget", parent=hypothesis_settings(),
+                                             max_examples=budget)
+        hypothesis_settings.load_profile("fuzzattn-budget")
+    # Regression files go to <rootdir>/<fuzzattn_regressions> wherever pytest was started from
+    # (FUZZATTN_REGRESSIONS_DIR, if set, still wins).
+    from fuzzattn.campaigns import regression_file
+    state.regressions_dir = regression_file.set_default_dir(regressions_dir(config))
+    try:
+        settings.choose_backend()
+    except settings.BackendError as exc:
+        raise pytest.UsageError(str(exc)) from None
     _pin_worker_gpu()
-    _one_thread_per_cpu_worker()
+    if os.environ.get("PYTEST_XDIST_WORKER") and settings.wants_one_thread():
+        import torch
+        state.threads = torch.get_num_threads()
+        torch.set_num_threads(1)
     specs = config.getoption("fuzzattn_impl")
     if specs:
-        from .loader import ImplementationLoadError, load_implementation
+        from fuzzattn.engine.loader import ImplementationLoadError, load_implementation
         for spec in specs:          # a bad spec is a one-line usage error, before any test runs
             try:
                 load_implementation(spec)
             except ImplementationLoadError as exc:
                 raise pytest.UsageError(str(exc)) from None
-        os.environ["FUZZATTN_IMPL"] = json.dumps(specs)   # xdist workers inherit it
+    state.outside_specs = settings.set_outside_specs(specs)
+
+
+def pytest_unconfigure(config):
+    state = config.stash.get(_STATE_KEY, None)
+    if state is not None:
+        state.restore()
+
+
+def regressions_dir(config) -> Path:
+    return (config.rootpath / config.getini(REGRESSIONS_INI)).resolve()
 
 
 def _pin_worker_gpu():
@@ -69,96 +140,77 @@ def _pin_worker_gpu():
         torch.cuda.set_device(int(worker[2:]) % torch.cuda.device_count())
 
 
-def _one_thread_per_cpu_worker():
-    """Without a GPU, `pytest -n auto` already runs one worker per core; torch's own intra-op
-    threads on top of that oversubscribe the cores (measured: 60 torch_tiled cases took 8-13 s
-    one run in three with 2 threads, 0.45 s every time with 1). OMP_NUM_THREADS, if set, wins."""
-    import torch
-    if os.environ.get("PYTEST_XDIST_WORKER") and not torch.cuda.is_available() \
-            and "OMP_NUM_THREADS" not in os.environ:
-        torch.set_num_threads(1)
-
-
 def pytest_report_header(config):
-    import torch
-    from . import profiles
-    from .fixtures import versions
-    profile = profiles.active()
-    device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    from fuzzattn import settings
+    from fuzzattn.contract.profiles import active
+    from fuzzattn.engine.versions import versions
+    profile = active()
+    seed = config.getoption("hypothesis_seed", default=None)
+    seed_text = ("derandomized" if profile.derandomize else "random") if seed is None else str(seed)
     lines = [f"fuzzattn: profile={profile.name} ({profile.max_examples} cases per test, "
-             f"seq <= {profile.max_seq}/{profile.max_large_seq}) device={device}",
+             f"seq <= {profile.max_seq}/{profile.max_large_seq}) hypothesis_seed={seed_text} "
+             f"device={settings.device_description()}",
+             f"fuzzattn: {settings.backend_description()}",
              "fuzzattn: " + " ".join(f"{k}={v}" for k, v in versions().items())]
-    from .interpreter import bf16_dot_status, is_interpreted
-    ok, reason = bf16_dot_status()
-    lines.append(f"fuzzattn: triton {'interpreted' if is_interpreted() else 'compiled'}; "
-                 f"bf16 tl.dot {'ok' if ok else 'BROKEN'} ({reason})")
-    external = json.loads(os.environ.get("FUZZATTN_IMPL") or "[]")
-    if external:
-        lines.append(f"fuzzattn: external implementations: {', '.join(external)}")
+    if settings.outside_specs():
+        lines.append(f"fuzzattn: outside implementations: {', '.join(settings.outside_specs())}")
     return lines
 
 
-def extra_implementations():
-    """Implementations named with --fuzzattn-impl (shared with xdist workers via the env)."""
-    return [_load_once(spec) for spec in json.loads(os.environ.get("FUZZATTN_IMPL") or "[]")]
-
-
-@functools.lru_cache(maxsize=None)
-def _load_once(spec: str):
-    from .loader import load_implementation
-    return load_implementation(spec)
-
-
-def all_implementations():
-    from .registry import implementations
-    return list(implementations().values()) + extra_implementations()
-
-
-# -- fixture replay -------------------------------------------------------------------------------
+# -- regression files as items ------------------------------------------------------------------
 def pytest_collect_file(file_path: Path, parent):
-    if file_path.suffix == ".json" and file_path.parent.name == "regressions" \
-            and not file_path.name.startswith("."):
-        return FixtureFile.from_parent(parent, path=file_path)
+    if file_path.suffix == ".json" and not file_path.name.startswith(".") \
+            and file_path.parent.resolve() == regressions_dir(parent.config):
+        return RegressionFileNode.from_parent(parent, path=file_path)
     return None
 
 
-class FixtureFile(pytest.File):
+class RegressionFileNode(pytest.File):
     def collect(self):
-        from .fixtures import FixtureError, load
+        from fuzzattn import settings
+        from fuzzattn.campaigns.regression_file import RegressionFileError, load
         try:
-            fixture = load(self.path)
-        except FixtureError as exc:
-            yield BrokenFixtureItem.from_parent(self, name="malformed", message=str(exc))
+            record = load(self.path)
+        except RegressionFileError as exc:
+            yield BrokenFileItem.from_parent(self, name="unreadable", message=str(exc))
             return
-        impls = [impl for impl in all_implementations() if impl.supports(fixture.case)]
+        except Exception as exc:      # collection never errors: this file fails, the rest run
+            yield BrokenFileItem.from_parent(self, name="unreadable",
+                                             message=f"{self.path}: {type(exc).__name__}: {exc}")
+            return
+        impls = [impl for impl in settings.implementations()
+                 if impl.supports(record.case) or impl.name in record.expected_failures]
         if not impls:
-            yield BrokenFixtureItem.from_parent(
+            yield BrokenFileItem.from_parent(
                 self, name="unsupported", skip=True,
-                message=f"no registered implementation declares {fixture.case}")
+                message=f"no registered implementation declares {record.case}")
         for impl in impls:
-            yield FixtureItem.from_parent(self, name=impl.name, fixture=fixture, impl=impl)
+            yield RegressionItem.from_parent(self, name=impl.name, record=record, impl=impl)
 
 
-class FixtureFailure(AssertionError):
+class RegressionFailure(AssertionError):
     pass
 
 
-class FixtureItem(pytest.Item):
-    def __init__(self, *, fixture, impl, **kwargs):
+class RegressionItem(pytest.Item):
+    def __init__(self, *, record, impl, **kwargs):
         super().__init__(**kwargs)
-        self.fixture = fixture
+        self.record = record
         self.impl = impl
 
     def runtest(self):
-        from .replay import replay_one
-        result = replay_one(self.fixture, self.impl)
-        if result.skipped:
-            pytest.skip(result.message)
-        if not result.passed:
-            raise FixtureFailure(result.message)
+        from fuzzattn.campaigns.outcome import SKIP, XFAIL
+        from fuzzattn.campaigns.replay import replay_one
+        outcome = replay_one(self.record, self.impl)
+        if outcome.verdict == SKIP:
+            pytest.skip(outcome.message)
+        if outcome.verdict == XFAIL:
+            pytest.xfail(outcome.message)
+        if not outcome.passed:
+            raise RegressionFailure(outcome.message)
 
     def repr_failure(self, excinfo):
-        if isinstance(excinfo.value, FixtureFailure):
+        if isinstance(excinfo.value, RegressionFailure):
             return str(excinfo.value)
         return super().repr_failure(excinfo)
 
@@ -166,7 +218,7 @@ class FixtureItem(pytest.Item):
         return self.path, None, f"replay {self.path.name} on {self.impl.name}"
 
 
-class BrokenFixtureItem(pytest.Item):
+class BrokenFileItem(pytest.Item):
     def __init__(self, *, message, skip=False, **kwargs):
         super().__init__(**kwargs)
         self.message = message
@@ -175,10 +227,10 @@ class BrokenFixtureItem(pytest.Item):
     def runtest(self):
         if self.skip:
             pytest.skip(self.message)
-        raise FixtureFailure(self.message)
+        raise RegressionFailure(self.message)
 
     def repr_failure(self, excinfo):
         return str(excinfo.value)
 
     def reportinfo(self):
-        return self.path, None, f"fixture {self.path.name}"
+        return self.path, None, f"regression file {self.path.name}"

@@ -30,7 +30,7 @@ import triton
 import triton.language as tl
 
 from fuzzattn.contract import Capabilities, Implementation, refuse
-from fuzzattn.interpreter import ensure_backend, is_interpreted
+from fuzzattn.engine.triton_backend import ensure_backend, is_interpreted
 
 # Idempotent; kernels/__init__ already called it, but importing this module directly must also
 # decorate the kernels below under the right backend.

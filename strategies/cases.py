@@ -4,10 +4,11 @@ from __future__ import annotations
 from hypothesis import event, strategies as st
 from hypothesis.errors import InvalidArgument
 
-from fuzzattn.case import DTYPES, AttentionCase
+from fuzzattn.contract.case import DTYPES, AttentionCase
 from fuzzattn.contract import Capabilities
-from fuzzattn.profiles import Profile, active
+from fuzzattn.contract.profiles import Profile, active
 
+from .configs import configs, constrained_length
 from .layouts import layouts
 from .lengths import head_dims, seq_lens
 from .values import value_profiles
@@ -34,17 +35,19 @@ def _cases(draw, caps: Capabilities, dtypes: tuple[str, ...], profile: Profile) 
     kv_heads = draw(st.integers(1, profile.max_kv_heads))
     group = draw(st.integers(1, profile.max_group)) if caps.gqa else 1
     causal = draw(st.sampled_from(("none",) + caps.causal))
-    lengths = seq_lens(max_len=profile.max_seq, max_large_len=profile.max_large_seq,
-                       allow_zero=caps.zero_length)
+    lengths = constrained_length(caps, seq_lens(max_len=profile.max_seq,
+                                                max_large_len=profile.max_large_seq,
+                                                allow_zero=caps.zero_length), profile.max_seq)
     seq_q = draw(lengths)
-    seq_k = draw(lengths)
+    seq_k = seq_q if caps.equal_lengths else draw(lengths)
     scale = draw(st.one_of(st.none(), st.sampled_from(OTHER_SCALES)))
     layout = draw(layouts(caps))
     values = draw(value_profiles())
-    seed = draw(st.integers(0, 2**31 - 1))
+    data_seed = draw(st.integers(0, 2**31 - 1))
     case = AttentionCase(batch=batch, heads=kv_heads * group, kv_heads=kv_heads, seq_q=seq_q,
                          seq_k=seq_k, head_dim=head_dim, dtype=dtype, causal=causal, scale=scale,
-                         layout=layout, values=values, seed=seed)
+                         layout=layout, values=values, data_seed=data_seed)
+    case = case.replace(config=draw(configs(caps, case)))
     _label(case)
     return case
 
@@ -73,6 +76,8 @@ def _label(case: AttentionCase) -> None:
     for layout in sorted(set(case.layout)):
         event(f"layout {layout}")
     event(f"values={case.values}")
+    for name, value in case.config:
+        event(f"config {name}={value}")
 
 
 # -- cases outside a declaration: the refusal property ------------------------------------------
@@ -103,6 +108,13 @@ def undeclared_cases(caps: Capabilities, *, profile: Profile | None = None
     if caps.strides != "any":
         bad_layout = "last_dim_strided" if caps.strides == "unit_last" else "transposed"
         edits["layout"] = lambda c: st.just(c.replace(layout=(bad_layout,) + c.layout[1:]))
+    # Just outside the length constraints: one key more, one below the minimum, one past a multiple.
+    if caps.equal_lengths:
+        edits["equal lengths"] = lambda c: st.just(c.replace(seq_k=c.seq_q + 1))
+    if caps.min_seq_len > 1:
+        edits["min length"] = lambda c: st.just(c.replace(seq_q=caps.min_seq_len - 1))
+    if caps.seq_multiple > 1:
+        edits["length multiple"] = lambda c: st.just(c.replace(seq_k=c.seq_k + 1))
     declared = attention_cases(caps, profile=profile)
     return st.tuples(st.sampled_from(sorted(edits)), declared).flatmap(
         lambda pair: edits[pair[0]](pair[1]).map(lambda case, what=pair[0]: (what, case)))

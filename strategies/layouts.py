@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from fuzzattn.case import KV_ONLY_LAYOUTS, LAYOUTS
+from fuzzattn.contract.case import KV_ONLY_LAYOUTS, LAYOUTS
 from fuzzattn.contract import Capabilities
 
 

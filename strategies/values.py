@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from fuzzattn.case import VALUE_PROFILES
+from fuzzattn.contract.case import VALUE_PROFILES
 
 
 def value_profiles() -> st.SearchStrategy[str]:

@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from fuzzattn import AttentionCase, Capabilities, Implementation, judge
-from fuzzattn.registry import implementations
+from fuzzattn.engine.registry import implementations
 from kernels.sdpa import sdpa_forward
 
-judge_module = importlib.import_module("fuzzattn.judge")   # the package re-exports judge()
+judge_module = importlib.import_module("fuzzattn.engine.judge")   # the package re-exports judge()
 
 ANY = Capabilities(dtypes={"float32", "bfloat16", "float16"}, head_dims=None,
                    causal=("top_left", "bottom_right"), gqa=True, strides="any")

@@ -1,7 +1,7 @@
 """The `fuzzattn` command, run in-process through `main([...])` with tiny budgets.
 
 A purpose-built broken implementation lives in a temporary file outside the repo, so the tests
-also cover loading FILE.py:NAME. Every fixture goes to a temporary directory: FUZZATTN_FIXTURES_DIR
+also cover loading FILE.py:NAME. Every fixture goes to a temporary directory: FUZZATTN_REGRESSIONS_DIR
 points there for the whole module, so nothing can land in regressions/.
 """
 from __future__ import annotations
@@ -17,9 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from fuzzattn import cli, report
+from fuzzattn import cli
+from fuzzattn.cli import changes
+from fuzzattn.campaigns import outcome as report_words
+from fuzzattn.cli import tables as report
 from fuzzattn.contract import Capabilities, Implementation
-from fuzzattn.fixtures import load
+from fuzzattn.campaigns.regression_file import load
 
 BROKEN = textwrap.dedent('''
     """Attention that never looks at the last key: wrong whenever Nk > 1."""
@@ -42,7 +45,7 @@ BROKEN = textwrap.dedent('''
 @pytest.fixture(autouse=True)
 def _isolated(tmp_path, monkeypatch):
     # A stray default must never write into the repo's regressions/, and CI must not matter.
-    monkeypatch.setenv("FUZZATTN_FIXTURES_DIR", str(tmp_path / "default-fixtures"))
+    monkeypatch.setenv("FUZZATTN_REGRESSIONS_DIR", str(tmp_path / "default-fixtures"))
     monkeypatch.delenv("CI", raising=False)
 
 
@@ -60,7 +63,7 @@ def found(broken, tmp_path_factory):
     out = io.StringIO()
     with redirect_stdout(out):          # capsys is function-scoped; this fixture is not
         status = cli.main(["fuzz", "--impl", f"{broken}:drop_last_key", "--dtype", "float32",
-                           "--max-examples", "10", "--fixtures-dir", str(fixtures_dir)])
+                           "--max-examples", "10", "--regressions-dir", str(fixtures_dir)])
     written = sorted(fixtures_dir.glob("*.json"))
     return status, out.getvalue(), written
 
@@ -74,7 +77,7 @@ def run(capsys, *argv):
 # -- fuzz ---------------------------------------------------------------------------------------
 def test_fuzz_passing_implementation_exits_0(capsys, tmp_path):
     status, out, err = run(capsys, "fuzz", "--impl", "sdpa", "--dtype", "float32",
-                           "--max-examples", 5, "--fixtures-dir", tmp_path)
+                           "--max-examples", 5, "--regressions-dir", tmp_path)
     assert status == 0, out + err
     assert "sdpa" in out and "float32" in out and "1 passed, 0 failed" in out
     assert not list(tmp_path.glob("*.json"))
@@ -87,12 +90,12 @@ def test_fuzz_broken_implementation_exits_1_and_writes_a_fixture(found):
     assert "FAIL" in out and "bad query rows (x) per batch/head" in out   # the heatmap
     assert f"fixture: {written[0]}" in out or written[0].name in out
     assert "fuzzattn replay" in out and "--impl" in out
-    assert "--seed 0" in out                                               # how it was found
+    assert "--hypothesis-seed 0" in out                                               # how it was found
 
 
 def test_fuzz_no_save_writes_nothing(capsys, broken, tmp_path):
     status, out, _ = run(capsys, "fuzz", "--impl", f"{broken}:drop_last_key", "--dtype", "float32",
-                         "--max-examples", 10, "--fixtures-dir", tmp_path, "--no-save")
+                         "--max-examples", 10, "--regressions-dir", tmp_path, "--no-save")
     assert status == 1
     assert not list(tmp_path.glob("*.json"))
     assert "not written" in out
@@ -100,7 +103,7 @@ def test_fuzz_no_save_writes_nothing(capsys, broken, tmp_path):
 
 def test_fuzz_time_cap_reports_the_cases_it_judged(capsys, tmp_path):
     status, out, _ = run(capsys, "fuzz", "--impl", "triton_fa2", "--dtype", "float32",
-                         "--max-examples", 40, "--seconds", 0.2, "--fixtures-dir", tmp_path)
+                         "--max-examples", 40, "--seconds", 0.2, "--regressions-dir", tmp_path)
     assert status == 0, out
     judged = int(out.split("time cap 0.2 s reached after ")[1].split()[0])
     assert 1 <= judged < 40
@@ -170,7 +173,7 @@ def test_gate_writes_junit_xml_and_markdown(capsys, found, tmp_path):
     fixtures_dir.mkdir()
     shutil.copy(found[2][0], fixtures_dir)
     junit, summary = tmp_path / "out" / "gate.xml", tmp_path / "gate.md"
-    status, out, err = run(capsys, "gate", "--max-examples", 2, "--seconds", 2, "--fixtures-dir",
+    status, out, err = run(capsys, "gate", "--max-examples", 2, "--seconds", 2, "--regressions-dir",
                            fixtures_dir, "--junit-xml", junit, "--markdown", summary)
     assert status == 0, out + err
     assert "gate passed" in out
@@ -188,7 +191,7 @@ def test_gate_fails_when_an_outside_implementation_breaks(capsys, found, broken,
     fixtures_dir.mkdir()
     shutil.copy(found[2][0], fixtures_dir)
     junit = tmp_path / "gate.xml"
-    status, out, _ = run(capsys, "gate", "--max-examples", 2, "--seconds", 2, "--fixtures-dir",
+    status, out, _ = run(capsys, "gate", "--max-examples", 2, "--seconds", 2, "--regressions-dir",
                          fixtures_dir, "--impl", f"{broken}:drop_last_key", "--junit-xml", junit)
     assert status == 1
     assert "gate FAILED" in out
@@ -199,37 +202,47 @@ def test_gate_fails_when_an_outside_implementation_breaks(capsys, found, broken,
 
 def test_gate_changed_since_fuzzes_only_what_changed(capsys, monkeypatch, tmp_path):
     from kernels import sdpa
-    monkeypatch.setattr(cli, "changed_files", lambda rev: {Path(sdpa.__file__).resolve()})
-    status, out, _ = run(capsys, "gate", "--max-examples", 2, "--fixtures-dir", tmp_path,
-                         "--changed-since", "HEAD")
+    monkeypatch.setattr(changes, "changed_files", lambda rev: {Path(sdpa.__file__).resolve()})
+    status, out, _ = run(capsys, "gate", "--max-examples", 2, "--regressions-dir", tmp_path,
+                         "--changed-since", "HEAD", "--allow-empty")
     assert status == 0, out
     assert "fuzzing sdpa" in out
     assert "sdpa float32" in out
     assert "triton_fa2 float32" not in out and "unchanged since HEAD" in out
 
 
+def test_gate_with_no_regression_file_fails_unless_allowed(capsys, monkeypatch, tmp_path):
+    monkeypatch.setattr(changes, "changed_files", lambda rev: set())
+    status, out, _ = run(capsys, "gate", "--max-examples", 1, "--regressions-dir", tmp_path,
+                         "--changed-since", "HEAD")
+    assert status == 1 and "no regression files to replay" in out and "gate FAILED" in out
+    status, out, _ = run(capsys, "gate", "--max-examples", 1, "--regressions-dir", tmp_path,
+                         "--changed-since", "HEAD", "--allow-empty")
+    assert status == 0 and "gate passed" in out
+
+
 def test_gate_changed_since_harness_change_fuzzes_everything(capsys, monkeypatch, tmp_path):
-    judge_file = Path(cli.__file__).resolve().parent / "judge.py"
-    monkeypatch.setattr(cli, "changed_files", lambda rev: {judge_file})
-    status, out, _ = run(capsys, "gate", "--max-examples", 1, "--seconds", 1, "--fixtures-dir",
-                         tmp_path, "--changed-since", "HEAD")
+    judge_file = Path(cli.__file__).resolve().parent.parent / "engine" / "judge.py"
+    monkeypatch.setattr(changes, "changed_files", lambda rev: {judge_file})
+    status, out, _ = run(capsys, "gate", "--max-examples", 1, "--seconds", 1, "--regressions-dir",
+                         tmp_path, "--changed-since", "HEAD", "--allow-empty")
     assert status == 0, out
     assert "harness changed" in out and "triton_fa2 float32" in out
 
 
 @pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
 def test_changed_files_reads_git(tmp_path):
-    root = Path(cli.__file__).resolve().parent.parent
+    root = Path(cli.__file__).resolve().parents[2]
     inside = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True)
     if inside.returncode != 0:
         pytest.skip("not a git checkout with a commit")
-    changed = cli.changed_files("HEAD")
+    changed = changes.changed_files("HEAD")
     assert all(p.is_absolute() for p in changed)
 
 
 # -- mutants ------------------------------------------------------------------------------------
 def _zoo(broken_path: str) -> dict:
-    from fuzzattn.loader import load_implementation
+    from fuzzattn.engine.loader import load_implementation
     from kernels.sdpa import sdpa_forward
     caps = Capabilities(dtypes={"float32"})
     killed = load_implementation(f"{broken_path}:drop_last_key")
@@ -242,8 +255,8 @@ def _zoo(broken_path: str) -> dict:
 
 
 def test_mutants_reports_killed_survived_and_score(capsys, monkeypatch, broken, tmp_path):
-    import fuzzattn.registry
-    monkeypatch.setattr(fuzzattn.registry, "mutants", lambda: _zoo(broken))
+    import fuzzattn.engine.registry
+    monkeypatch.setattr(fuzzattn.engine.registry, "mutants", lambda: _zoo(broken))
     status, out, _ = run(capsys, "mutants", "--list")
     assert status == 0 and "ignores the last key" in out and "mutant_harmless" in out
     status, out, _ = run(capsys, "mutants", "--max-examples", 8)
@@ -255,8 +268,8 @@ def test_mutants_reports_killed_survived_and_score(capsys, monkeypatch, broken, 
 
 
 def test_mutants_with_an_empty_zoo(capsys, monkeypatch):
-    import fuzzattn.registry
-    monkeypatch.setattr(fuzzattn.registry, "mutants", lambda: {})
+    import fuzzattn.engine.registry
+    monkeypatch.setattr(fuzzattn.engine.registry, "mutants", lambda: {})
     status, out, _ = run(capsys, "mutants")
     assert status == 0 and "no mutants" in out
 
@@ -295,11 +308,11 @@ def test_progress_only_on_a_terminal(monkeypatch):
 
 
 def test_junit_xml_and_markdown_render_every_outcome():
-    outcomes = [report.Outcome("replay", "a.json on sdpa", report.OK, True, seconds=0.1),
-                report.Outcome("fuzz", "x float32", report.FAIL, False, 7, 1.5,
+    outcomes = [report_words.Outcome("replay", "a.json on sdpa", report_words.OK, True, seconds=0.1),
+                report_words.Outcome("fuzz", "x float32", report_words.FAIL, False, 7, 1.5,
                                detail="out: B=1 | H=1", message="[FAIL] x out\n  replay: ..."),
-                report.Outcome("fuzz", "y float32", report.SKIP, True, skipped=True, detail="why"),
-                report.Outcome("mutant", "m", report.ERROR, False, detail="broke")]
+                report_words.Outcome("fuzz", "y float32", report_words.SKIP, True, skipped=True, detail="why"),
+                report_words.Outcome("mutant", "m", report_words.ERROR, False, detail="broke")]
     root = ET.fromstring(report.junit_xml(outcomes).split("\n", 1)[1])
     assert (root.get("tests"), root.get("failures"), root.get("errors"), root.get("skipped")) == \
         ("4", "1", "1", "1")
@@ -340,7 +353,7 @@ def test_declared_implementation_outside_the_repo_is_fuzzed_within_its_declarati
     path = tmp_path / "declared.py"
     path.write_text(DECLARED)
     status, out, _ = run(capsys, "fuzz", "--impl", f"{path}:IMPL", "--max-examples", "40",
-                         "--fixtures-dir", tmp_path / "fx")
+                         "--regressions-dir", tmp_path / "fx")
     assert status == 1, out
     (fixture_path,) = (tmp_path / "fx").glob("*.json")
     fixture = load(fixture_path)

@@ -6,10 +6,10 @@ A failure is shrunk, written to regressions/ as a fixture, and reported with its
 import pytest
 from hypothesis import given, strategies as st
 
-from fuzzattn.campaign import check_case
-from fuzzattn.case import DTYPES
-from fuzzattn.judge import skip_reason
-from fuzzattn.pytest_plugin import all_implementations
+from fuzzattn.campaigns.campaign import check_case
+from fuzzattn.contract.case import DTYPES
+from fuzzattn.engine.judge import skip_reason
+from fuzzattn.settings import implementations as all_implementations
 from strategies import attention_cases
 
 PARAMS = [pytest.param(impl, dtype, id=f"{impl.name}-{dtype}")

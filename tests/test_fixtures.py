@@ -8,10 +8,10 @@ import textwrap
 import pytest
 
 from fuzzattn import AttentionCase, Capabilities, Implementation
-from fuzzattn.campaign import Counterexample, check_case
-from fuzzattn.fixtures import Fixture, FixtureError, discover, load, parse, write
-from fuzzattn.registry import implementations, mutants
-from fuzzattn.replay import replay_one
+from fuzzattn.campaigns.campaign import Counterexample, check_case
+from fuzzattn.campaigns.regression_file import RegressionFile, RegressionFileError, discover, load, parse, write
+from fuzzattn.engine.registry import implementations, mutants
+from fuzzattn.campaigns.replay import replay_one
 from kernels.sdpa import sdpa_forward
 
 CASE = AttentionCase(batch=1, heads=1, kv_heads=1, seq_q=3, seq_k=5, head_dim=16)
@@ -27,9 +27,9 @@ WRONG_SCALE = Implementation("wrong_scale", _wrong_scale,
 
 def test_failure_writes_a_complete_fixture_and_says_how_to_replay(tmp_path):
     with pytest.raises(Counterexample) as excinfo:
-        check_case(WRONG_SCALE, CASE, fixtures_dir=tmp_path)
+        check_case(WRONG_SCALE, CASE, regressions_dir=tmp_path)
     path = tmp_path / f"{CASE.key()}.json"
-    assert excinfo.value.fixture_path == path
+    assert excinfo.value.path == path
     assert f"fuzzattn replay {path}" in str(excinfo.value)
     fixture = load(path)
     assert fixture.case == CASE and fixture.impl == "wrong_scale" and fixture.check == "out"
@@ -39,12 +39,12 @@ def test_failure_writes_a_complete_fixture_and_says_how_to_replay(tmp_path):
 
 
 def test_same_case_is_written_once(tmp_path):
-    first = write(Fixture(case=CASE, covers="first"), tmp_path)
-    second = write(Fixture(case=CASE, covers="second"), tmp_path)
-    assert first == (tmp_path / f"{CASE.key()}.json", True)
-    assert second == (first[0], False)
-    assert load(first[0]).covers == "first"
-    assert [p.name for p in tmp_path.iterdir()] == [first[0].name]   # no temporary files left
+    first = write(RegressionFile(case=CASE, covers="first"), tmp_path)
+    second = write(RegressionFile(case=CASE, covers="second"), tmp_path)
+    assert (first.path, first.new) == (tmp_path / f"{CASE.key()}.json", True)
+    assert (second.path, second.new) == (first.path, False)
+    assert load(first.path).covers == "first"
+    assert [p.name for p in tmp_path.iterdir()] == [first.path.name]   # no temporary files left
 
 
 def _hammer(args):
@@ -53,10 +53,10 @@ def _hammer(args):
     for i in range(40):
         # half the cases are shared by every worker (a dedupe race), half are the worker's own
         seed = i if i % 2 == 0 else 1000 * (worker + 1) + i
-        case = CASE.replace(seed=seed)
-        path, new = write(Fixture(case=case, covers=f"worker {worker}"), directory)
-        if new:
-            written.append(path.name)
+        case = CASE.replace(data_seed=seed)
+        done = write(RegressionFile(case=case, covers=f"worker {worker}"), directory)
+        if done.new:
+            written.append(done.path.name)
     return written
 
 
@@ -66,8 +66,8 @@ def test_concurrent_writers_never_lose_or_corrupt_a_fixture(tmp_path):
         results = pool.map(_hammer, [(str(tmp_path), w) for w in range(workers)])
     names = [n for r in results for n in r]
     assert len(names) == len(set(names)), "a fixture was reported new by two writers"
-    expected = {CASE.replace(seed=s).key() + ".json" for s in range(0, 40, 2)}
-    expected |= {CASE.replace(seed=1000 * (w + 1) + i).key() + ".json"
+    expected = {CASE.replace(data_seed=s).key() + ".json" for s in range(0, 40, 2)}
+    expected |= {CASE.replace(data_seed=1000 * (w + 1) + i).key() + ".json"
                  for w in range(workers) for i in range(1, 40, 2)}
     on_disk = {p.name for p in tmp_path.iterdir()}
     assert on_disk == expected == set(names)
@@ -77,7 +77,7 @@ def test_concurrent_writers_never_lose_or_corrupt_a_fixture(tmp_path):
 
 @pytest.mark.parametrize("data,message", [
     pytest.param({"schema": 1}, "missing required field 'case'", id="no-case"),
-    pytest.param({"schema": 2, "case": CASE.to_dict()}, "unsupported schema version 2", id="schema-2"),
+    pytest.param({"schema": 3, "case": CASE.to_dict()}, "unsupported schema version 3", id="schema-3"),
     pytest.param({"schema": 1, "case": CASE.to_dict(), "colour": "red"}, "unknown field 'colour'",
                  id="unknown-field"),
     pytest.param({"schema": "1", "case": CASE.to_dict()}, "field 'schema' should be int", id="schema-str"),
@@ -88,7 +88,7 @@ def test_concurrent_writers_never_lose_or_corrupt_a_fixture(tmp_path):
     pytest.param([1, 2], "must be a JSON object", id="list"),
 ])
 def test_malformed_fixture_gets_one_line_naming_the_field(data, message):
-    with pytest.raises(FixtureError, match=message) as excinfo:
+    with pytest.raises(RegressionFileError, match=message) as excinfo:
         parse(data)
     assert "\n" not in str(excinfo.value)
 
@@ -96,7 +96,7 @@ def test_malformed_fixture_gets_one_line_naming_the_field(data, message):
 def test_invalid_json_names_the_file(tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
-    with pytest.raises(FixtureError, match="bad.json: not valid JSON"):
+    with pytest.raises(RegressionFileError, match="bad.json: not valid JSON"):
         load(bad)
 
 
@@ -110,15 +110,15 @@ def test_hand_written_fixture_needs_only_schema_and_case(tmp_path):
 
 
 def test_replay_refuses_drifted_inputs():
-    fixture = Fixture(case=CASE, inputs_sha256="0" * 64)
+    fixture = RegressionFile(case=CASE, inputs_sha256="0" * 64)
     result = replay_one(fixture, implementations()["sdpa"])
-    assert not result.passed and result.check == "inputs_drifted"
+    assert not result.passed and result.verdict == "inputs_drifted"
     assert "inputs drifted" in result.message
 
 
 def test_replay_fails_on_the_bug_and_passes_on_the_fix(tmp_path):
     with pytest.raises(Counterexample):
-        check_case(WRONG_SCALE, CASE, fixtures_dir=tmp_path)
+        check_case(WRONG_SCALE, CASE, regressions_dir=tmp_path)
     fixture = load(discover(tmp_path)[0])
     assert not replay_one(fixture, WRONG_SCALE).passed
     for impl in implementations().values():
@@ -130,12 +130,13 @@ def test_pytest_collects_fixtures_per_implementation_and_isolates_broken_ones(py
     (regressions / "good.json").write_text(json.dumps({"schema": 1, "case": CASE.to_dict()}))
     (regressions / "broken.json").write_text(json.dumps({"schema": 1, "case": CASE.to_dict(),
                                                          "colour": "red"}))
-    monkeypatch.delenv("FUZZATTN_FIXTURES_DIR", raising=False)
-    result = pytester.runpytest("regressions", "-v", "-p", "no:cacheprovider")
+    monkeypatch.delenv("FUZZATTN_REGRESSIONS_DIR", raising=False)
+    result = pytester.runpytest("regressions", "-v", "-p", "no:cacheprovider",
+                                "-p", "fuzzattn.pytest_plugin")
     outcomes = result.parseoutcomes()
     assert outcomes.get("passed") == len(implementations()), result.stdout.str()
     assert outcomes.get("failed") == 1
-    result.stdout.fnmatch_lines(["*broken.json::malformed FAILED*",
+    result.stdout.fnmatch_lines(["*broken.json::unreadable FAILED*",
                                  "*good.json::triton_fa2 PASSED*", "*good.json::sdpa PASSED*",
                                  "*broken.json: unknown field 'colour'*"])
 
@@ -149,7 +150,7 @@ def test_simultaneous_failures_under_xdist_keep_every_fixture(pytester, tmp_path
     pytester.makepyfile(test_race=textwrap.dedent(f"""
         import os, time, pytest
         from fuzzattn import AttentionCase, Capabilities, Implementation
-        from fuzzattn.campaign import check_case
+        from fuzzattn.campaigns.campaign import check_case
         from kernels.sdpa import sdpa_forward
 
         IMPL = Implementation("wrong_scale",
@@ -164,15 +165,16 @@ def test_simultaneous_failures_under_xdist_keep_every_fixture(pytester, tmp_path
                 time.sleep(0.01)
             for seed in [0, 1, 2, 3] + [100 + worker]:
                 try:
-                    check_case(IMPL, BASE.replace(seed=seed), fixtures_dir={str(out)!r})
+                    check_case(IMPL, BASE.replace(data_seed=seed), regressions_dir={str(out)!r})
                 except AssertionError:
                     pass
             raise AssertionError("failed on purpose")
     """))
-    result = pytester.runpytest_subprocess("-n", "2", "-p", "no:cacheprovider", "test_race.py")
+    result = pytester.runpytest_subprocess("-n", "2", "-p", "no:cacheprovider",
+                                           "-p", "fuzzattn.pytest_plugin", "test_race.py")
     result.assert_outcomes(failed=2)
     names = sorted(p.name for p in out.iterdir())
-    expected = sorted(f"{AttentionCase(1, 1, 1, 3, 5, 16, seed=s).key()}.json" for s in (0, 1, 2, 3, 100, 101))
+    expected = sorted(f"{AttentionCase(1, 1, 1, 3, 5, 16, data_seed=s).key()}.json" for s in (0, 1, 2, 3, 100, 101))
     assert names == expected
     for path in out.iterdir():
         assert load(path).impl == "wrong_scale"
@@ -190,7 +192,7 @@ def test_shipped_fixture_fails_on_its_mutant_and_passes_on_the_real_kernels(path
     for impl in implementations().values():
         if impl.supports(fixture.case):
             result = replay_one(fixture, impl)
-            assert result.passed or result.skipped, result.message
+            assert result.passed, result.message
 
 
 def test_every_mutant_has_a_shipped_fixture():
@@ -217,23 +219,23 @@ def test_pytest_option_fuzzes_an_implementation_outside_the_repo(pytester, tmp_p
     """))
     pytester.makepyfile(test_outside=textwrap.dedent("""
         from hypothesis import given, settings, strategies as st
-        from fuzzattn.campaign import check_case
-        from fuzzattn.pytest_plugin import extra_implementations
+        from fuzzattn.campaigns.campaign import check_case
+        from fuzzattn.settings import outside_implementations
         from strategies import attention_cases
 
         @settings(max_examples=60, derandomize=True, database=None)
         @given(st.data())
         def test_outside(data):
-            (impl,) = extra_implementations()
+            (impl,) = outside_implementations()
             check_case(impl, data.draw(attention_cases(impl.caps)))
     """))
     fixtures = tmp_path / "found"
-    monkeypatch.setenv("FUZZATTN_FIXTURES_DIR", str(fixtures))
+    monkeypatch.setenv("FUZZATTN_REGRESSIONS_DIR", str(fixtures))
     result = pytester.runpytest_subprocess(
-        "-p", "no:cacheprovider", f"--fuzzattn-impl={outside / 'my_attention.py'}:attention",
+        "-p", "no:cacheprovider", "-p", "fuzzattn.pytest_plugin", f"--fuzzattn-impl={outside / 'my_attention.py'}:attention",
         "test_outside.py", "-x")
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["*[[]FAIL[]] attention out*", f"*fixture: {fixtures}*",
+    result.stdout.fnmatch_lines(["*[[]FAIL[]] attention out*", f"*regression file: {fixtures}*",
                                  "*replay:  fuzzattn replay*"])
     (written,) = fixtures.iterdir()
     assert load(written).impl == "attention" and load(written).case.seq_q > 16

@@ -14,13 +14,13 @@ import pytest
 import torch
 from hypothesis import assume, given, settings, strategies as st
 
-from fuzzattn import profiles
-from fuzzattn.case import AttentionCase
+from fuzzattn.contract import profiles
+from fuzzattn.contract.case import AttentionCase
 from fuzzattn.contract import Capabilities, Implementation
-from fuzzattn.interpreter import is_interpreted
-from fuzzattn.judge import default_device, skip_reason
-from fuzzattn.metamorphic import RELATIONS, check_relations
-from fuzzattn.registry import implementations
+from fuzzattn.engine.triton_backend import is_interpreted
+from fuzzattn.engine.judge import default_device, skip_reason
+from fuzzattn.engine.metamorphic import RELATIONS, check_relations
+from fuzzattn.engine.registry import implementations
 from strategies import attention_cases
 
 DEVICE = default_device()
@@ -155,7 +155,7 @@ BREAKS = {
 
 BAD_CASES = [
     AttentionCase(batch=2, heads=2, kv_heads=1, seq_q=37, seq_k=45, head_dim=32, dtype=dtype,
-                  causal=causal, layout=layout, seed=seed)
+                  causal=causal, layout=layout, data_seed=seed)
     for seed, (dtype, causal, layout) in enumerate([
         ("float32", "none", ("contiguous",) * 3),
         ("bfloat16", "none", ("transposed", "broadcast_batch", "sliced")),

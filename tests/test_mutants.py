@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import pytest
 
-from fuzzattn import AttentionCase, Implementation, profiles
-from fuzzattn.campaign import fuzz
-from fuzzattn.judge import judge
-from fuzzattn.registry import implementations, mutants
+from fuzzattn import AttentionCase, Implementation
+from fuzzattn.contract import profiles
+from fuzzattn.campaigns.campaign import fuzz
+from fuzzattn.engine.judge import judge
+from fuzzattn.engine.registry import implementations, mutants
 from kernels.mutants import MUTANTS
 from kernels.mutants.edit import EditError, apply_edits
 from kernels.sdpa import IMPL as SDPA, sdpa_forward
@@ -117,7 +118,7 @@ def test_an_edit_must_match_exactly_once():
 def test_a_small_campaign_kills_the_mutant(name):
     mutant = mutants()[name]
     profile = profiles.PROFILES["ci"]
-    result = fuzz(mutant, attention_cases(mutant.caps, profile=profile), max_examples=25, save=False)
+    result = fuzz(mutant, attention_cases(mutant.caps, profile=profile), max_examples=25, save_to_file=False)
     assert result.counterexample is not None, f"{name} survived {result.cases} cases"
 
 
@@ -141,6 +142,6 @@ def test_a_result_cache_keyed_by_shape_is_caught_across_cases():
     cached = Implementation("shape_cached", _shape_cached, SDPA.caps, mutant_of="sdpa",
                             description="returns the result memoised for the first case of a shape")
     result = fuzz(cached, attention_cases(cached.caps, profile=profiles.PROFILES["ci"]),
-                  max_examples=30, save=False)
+                  max_examples=30, save_to_file=False)
     assert result.counterexample is not None, f"survived {result.cases} cases"
     assert result.cases_to_first_failure > 1

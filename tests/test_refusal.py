@@ -3,8 +3,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from fuzzattn import AttentionCase, Capabilities, Implementation
-from fuzzattn.judge import check_refusal
-from fuzzattn.pytest_plugin import all_implementations
+from fuzzattn.engine.judge import check_refusal
+from fuzzattn.settings import implementations as all_implementations
 from kernels.sdpa import sdpa_forward
 from strategies import undeclared_cases
 

@@ -1,42 +1,30 @@
-"""The implementation contract: what a kernel under test is, and what it declares it supports.
+"""Capabilities: what an implementation declares it supports, stated once.
 
-An implementation wraps a callable
-
-    fn(q, k, v, *, causal, scale) -> out | (out, lse)
-
-q is (B, Hq, Nq, D); k and v are (B, Hkv, Nk, D); out is (B, Hq, Nq, D) in q's dtype; lse is
-(B, Hq, Nq) float32, the natural-log logsumexp of the scaled, masked scores. `causal` is False
-or the alignment string "top_left" / "bottom_right" (truthy, so a kernel with one alignment may
-treat it as a bool). Implementations declaring `out_buffer` also accept `out=` and `lse=` tensors
-to write into. The fuzzer draws only what `Capabilities` declares; anything else must be refused
-with an exception (see `refuse`).
+The fuzzer draws only inside a declaration (strategies read it), the judge skips what is outside
+it, and a kernel validates the tensors it is handed with `Capabilities.check_inputs`, so the same
+object says what a kernel accepts everywhere. Anything outside must be refused with an exception
+carrying a one-line message (`refuse` raises the standard one).
 """
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import math
-from pathlib import Path
 from typing import Callable
 
 import torch
 
-from .case import CAUSAL_ALIGNMENTS, DTYPES, AttentionCase
+from fuzzattn.contract.case import CAUSAL_ALIGNMENTS, AttentionCase
+from fuzzattn.contract.dtypes import BY_TORCH, DTYPES
 
 # The contract's base: what a plain callable is assumed to support when it declares nothing.
 BASE_DTYPES = frozenset({"float32", "bfloat16"})
 BASE_HEAD_DIMS = frozenset({16, 32, 64, 128})
-DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 STRIDE_KINDS = ("contiguous", "unit_last", "any")
 FP32_MATMULS = ("ieee", "tf32")
 
 
 class UnsupportedCaseError(ValueError):
     """Raised by an implementation for an input outside its declared capabilities."""
-
-
-class ContractError(ValueError):
-    """An implementation answered in a shape or dtype the contract does not allow."""
 
 
 def refuse(what: str, value, supported) -> None:
@@ -58,8 +46,31 @@ class Capabilities:
     fp32_matmul: str = "ieee"                            # ieee | tf32
     deterministic: bool = True                           # bitwise-identical reruns
     out_buffer: bool = False                             # accepts out= / lse= to write into
+    # -- length constraints real kernels have (strategies draw inside them directly) ------------
+    equal_lengths: bool = False                          # Nq == Nk only
+    min_seq_len: int = 1                                 # shortest Nq and Nk (0 needs zero_length)
+    seq_multiple: int = 1                                # Nq and Nk multiples of this (a block size)
+    # -- errors the implementation refuses with (e.g. SDPA's "No available kernel"): such draws
+    # are counted and reported as refusals, never as passes, and never as crashes.
+    refusals: tuple[str, ...] = ()
+    # -- configuration space: named compile-time choices, each a tuple whose first entry is the
+    # simplest (shrinking moves there). Drawn per case, recorded in it, passed as config=<dict>.
+    configs: tuple[tuple[str, tuple], ...] = ()
+    # config_rule(config: dict, case) -> str | None: why a configuration cannot run this case
+    # (e.g. a tile too large for the head dim), or None. Compared by identity, not value.
+    config_rule: Callable[[dict, AttentionCase], str | None] | None = dataclasses.field(
+        default=None, compare=False)
 
     def __post_init__(self):
+        if isinstance(self.configs, dict):
+            object.__setattr__(self, "configs", tuple((k, tuple(v)) for k, v in self.configs.items()))
+        object.__setattr__(self, "refusals", tuple(self.refusals))
+        for name, choices in self.configs:
+            if not choices:
+                raise ValueError(f"configs[{name!r}] has no choices")
+        if self.min_seq_len < 0 or self.seq_multiple < 1:
+            raise ValueError(f"min_seq_len={self.min_seq_len} must be >= 0 and seq_multiple="
+                             f"{self.seq_multiple} >= 1")
         object.__setattr__(self, "dtypes", frozenset(self.dtypes))
         if self.head_dims is not None:
             object.__setattr__(self, "head_dims", frozenset(self.head_dims))
@@ -97,9 +108,43 @@ class Capabilities:
             return f"kv_heads={case.kv_heads} < heads={case.heads}"
         if not self.zero_length and (case.seq_q == 0 or case.seq_k == 0):
             return f"zero length (seq_q={case.seq_q}, seq_k={case.seq_k})"
+        why = self.why_not_lengths(case.seq_q, case.seq_k)
+        if why is not None:
+            return why
         for tensor, layout in zip("qkv", case.layout):
             if not self.accepts_layout(layout):
                 return f"layout[{tensor}]={layout}"
+        return self.why_not_config(case)
+
+    def why_not_lengths(self, seq_q: int, seq_k: int) -> str | None:
+        """The declared length constraints (zero lengths aside), or None when both fit."""
+        if self.equal_lengths and seq_q != seq_k:
+            return f"seq_q={seq_q} != seq_k={seq_k} (equal lengths only)"
+        for name, n in (("seq_q", seq_q), ("seq_k", seq_k)):
+            if n == 0:
+                continue
+            if n < self.min_seq_len:
+                return f"{name}={n} < min_seq_len={self.min_seq_len}"
+            if n % self.seq_multiple:
+                return f"{name}={n} not a multiple of {self.seq_multiple}"
+        return None
+
+    def why_not_config(self, case: AttentionCase) -> str | None:
+        """Whether the case's configuration is one this implementation declares (none for a
+        configless one), and valid for the case by its rule."""
+        config = case.config_dict
+        declared = dict(self.configs)
+        if set(config) != set(declared):
+            if not declared:
+                return f"config={config} (declares no configuration space)"
+            return f"config keys {sorted(config)} (declares {sorted(declared)})"
+        for name, value in config.items():
+            if value not in declared[name]:
+                return f"config {name}={value!r} (choices {declared[name]})"
+        if declared and self.config_rule is not None:
+            why = self.config_rule(config, case)
+            if why:
+                return f"config {case.config_dict}: {why}"
         return None
 
     def check_inputs(self, q, k, v, *, causal, scale) -> tuple[str, float]:
@@ -112,7 +157,7 @@ class Capabilities:
                 refuse(f"type({name})", type(t).__name__, "torch.Tensor")
             if t.dim() != 4:
                 refuse(f"{name}.dim()", t.dim(), "4: (B, H, N, D)")
-            if DTYPE_NAMES.get(t.dtype) not in self.dtypes:
+            if getattr(BY_TORCH.get(t.dtype), "name", None) not in self.dtypes:
                 refuse(f"{name}.dtype", str(t.dtype), sorted(self.dtypes))
         if not (k.dtype == v.dtype == q.dtype):
             refuse("dtypes (q, k, v)", (str(q.dtype), str(k.dtype), str(v.dtype)), "one shared dtype")
@@ -135,6 +180,9 @@ class Capabilities:
                    else f"1..{self.max_head_dim}")
         if not self.zero_length and (seq_q == 0 or seq_k == 0):
             refuse("zero length (seq_q, seq_k)", (seq_q, seq_k), "seq_q >= 1 and seq_k >= 1")
+        why = self.why_not_lengths(seq_q, seq_k)
+        if why is not None:
+            refuse("lengths (seq_q, seq_k)", (seq_q, seq_k), f"the declared constraints ({why})")
         for name, t in (("q", q), ("k", k), ("v", v)):
             if not self.accepts_strides(t):
                 refuse(f"{name}.stride()", t.stride(), f"{self.strides} strides")
@@ -155,59 +203,3 @@ class Capabilities:
         if self.strides == "unit_last":
             return t.shape[-1] <= 1 or t.stride(-1) == 1
         return t.is_contiguous()
-
-
-@dataclasses.dataclass(frozen=True, repr=False)
-class Implementation:
-    """A named attention implementation and what it declares."""
-    name: str
-    fn: Callable
-    caps: Capabilities = Capabilities()
-    description: str = ""
-    # Set for seeded-bug variants: the bug it plants, so reports read by themselves.
-    mutant_of: str | None = None
-    # "triton" for kernels that run under Triton's interpreter on CPU (bf16 skip logic applies).
-    backend: str = "torch"
-    # Source files whose change means this implementation must be fuzzed again (gate --changed-since).
-    sources: tuple[str, ...] = ()
-
-    def __repr__(self) -> str:       # short: it appears in every falsifying example's printout
-        return f"Implementation({self.name!r})"
-
-    def supports(self, case: AttentionCase) -> bool:
-        return self.caps.why_not(case) is None
-
-    def __call__(self, q, k, v, case: AttentionCase, out=None, lse=None):
-        """Call fn the contract's way and return (out, lse or None), checking shapes and dtypes."""
-        kwargs = dict(causal=False if case.causal == "none" else case.causal,
-                      scale=case.softmax_scale)
-        if out is not None:
-            kwargs["out"] = out
-            if lse is not None:
-                kwargs["lse"] = lse
-        result = self.fn(q, k, v, **kwargs)
-        got_out, got_lse = (result if isinstance(result, tuple) else (result, None))
-        if isinstance(result, tuple) and len(result) != 2:
-            raise ContractError(f"{self.name} returned a tuple of {len(result)}; expected (out, lse)")
-        expected = tuple(q.shape)
-        if not isinstance(got_out, torch.Tensor) or tuple(got_out.shape) != expected:
-            shape = tuple(got_out.shape) if isinstance(got_out, torch.Tensor) else type(got_out).__name__
-            raise ContractError(f"{self.name} returned out of shape {shape}; expected {expected}")
-        if got_out.dtype != q.dtype:
-            raise ContractError(f"{self.name} returned out of dtype {got_out.dtype}; expected {q.dtype}")
-        if got_lse is not None:
-            if not isinstance(got_lse, torch.Tensor) or tuple(got_lse.shape) != expected[:3]:
-                shape = tuple(got_lse.shape) if isinstance(got_lse, torch.Tensor) else type(got_lse).__name__
-                raise ContractError(f"{self.name} returned lse of shape {shape}; expected {expected[:3]}")
-            if got_lse.dtype != torch.float32:
-                raise ContractError(f"{self.name} returned lse of dtype {got_lse.dtype}; expected torch.float32")
-        return got_out, got_lse
-
-    def source_files(self) -> tuple[str, ...]:
-        """Files that define this implementation (declared, else the callable's own module)."""
-        if self.sources:
-            return self.sources
-        try:
-            return (str(Path(inspect.getsourcefile(inspect.unwrap(self.fn))).resolve()),)
-        except (TypeError, OSError):
-            return ()

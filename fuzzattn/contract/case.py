@@ -1,7 +1,15 @@
 """AttentionCase: a small, printable, hashable description of one attention problem.
 
-A case holds sizes, flags and a seed, never tensors: `fuzzattn.inputs.materialize` turns it into
-bit-identical tensors on any machine. Hypothesis draws cases, so shrinking acts on shapes.
+A case holds sizes, flags, an implementation configuration and a data seed, never tensors:
+`fuzzattn.engine.inputs.materialize` turns it into bit-identical tensors on any machine.
+Hypothesis draws cases, so shrinking acts on shapes.
+
+Two seeds exist in fuzzattn and they have two names everywhere: `data_seed` (this field: the CPU
+generator seed the tensors' values come from) and the *Hypothesis seed* (which cases a campaign
+draws: `--hypothesis-seed`). Files written before the rename call the data seed `seed`; they
+still load.
+
+Causal masking has one encoding along the whole walk: "none", "top_left" or "bottom_right".
 """
 from __future__ import annotations
 
@@ -11,7 +19,7 @@ import json
 import math
 from typing import Any
 
-DTYPES = ("float32", "bfloat16", "float16")
+from fuzzattn.contract.dtypes import BY_NAME, DTYPES
 CAUSAL_ALIGNMENTS = ("top_left", "bottom_right")
 CAUSAL_MODES = ("none",) + CAUSAL_ALIGNMENTS
 
@@ -37,7 +45,13 @@ KV_ONLY_LAYOUTS = ("broadcast_batch", "broadcast_heads")
 VALUE_PROFILES = ("normal", "large", "near_constant", "dominant_key", "zero_query_rows",
                   "below_sentinel")
 
-_SHORT = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+# Sane ranges, checked before anything is allocated: a value outside them is a typo or an
+# attack on the harness, never a case worth running. Sizes are also checked against a memory
+# budget by the engine (fuzzattn.engine.inputs.check_budget) before materialising.
+MAX_SIZE = {"batch": 4096, "heads": 4096, "kv_heads": 4096, "seq_q": 1 << 20, "seq_k": 1 << 20,
+            "head_dim": 4096}
+MAX_DATA_SEED = 2**63 - 1       # torch.Generator.manual_seed takes 64-bit seeds
+MAX_ABS_SCALE = 1024.0          # 1/sqrt(D) is <= 1; a scale past 1e3 saturates every softmax
 
 
 class CaseError(ValueError):
@@ -57,15 +71,26 @@ class AttentionCase:
     scale: float | None = None          # None: the usual 1/sqrt(head_dim)
     layout: tuple[str, str, str] = ("contiguous", "contiguous", "contiguous")  # q, k, v
     values: str = "normal"
-    seed: int = 0
+    data_seed: int = 0
+    # The implementation's compile-time choices (tile sizes, warps, a mask form ...), as sorted
+    # (name, value) pairs: drawn from its declared configuration space, recorded and replayed
+    # like the sizes. Empty for implementations that declare none.
+    config: tuple[tuple[str, Any], ...] = ()
 
     def __post_init__(self):
         if isinstance(self.layout, list):
             object.__setattr__(self, "layout", tuple(self.layout))
-        for name in ("batch", "heads", "kv_heads", "seq_q", "seq_k", "head_dim", "seed"):
+        if isinstance(self.config, dict):
+            object.__setattr__(self, "config", tuple(sorted(self.config.items())))
+        elif isinstance(self.config, list):
+            object.__setattr__(self, "config", tuple(sorted(tuple(p) for p in self.config)))
+        for name in ("batch", "heads", "kv_heads", "seq_q", "seq_k", "head_dim", "data_seed"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise CaseError(f"{name}={value!r} must be a non-negative int")
+            limit = MAX_SIZE.get(name, MAX_DATA_SEED)
+            if value > limit:
+                raise CaseError(f"{name}={value!r} is beyond the sane range 0..{limit}")
         for name in ("batch", "heads", "kv_heads", "head_dim"):
             if getattr(self, name) == 0:
                 raise CaseError(f"{name}=0 must be at least 1")
@@ -77,8 +102,10 @@ class AttentionCase:
             raise CaseError(f"causal={self.causal!r} is not one of {CAUSAL_MODES}")
         if self.scale is not None and (not isinstance(self.scale, (int, float))
                                        or isinstance(self.scale, bool)
-                                       or not math.isfinite(self.scale)):
-            raise CaseError(f"scale={self.scale!r} must be a finite number or None")
+                                       or not math.isfinite(self.scale)
+                                       or abs(self.scale) > MAX_ABS_SCALE):
+            raise CaseError(f"scale={self.scale!r} must be a number in "
+                            f"[-{MAX_ABS_SCALE:g}, {MAX_ABS_SCALE:g}] or None")
         if len(self.layout) != 3:
             raise CaseError(f"layout={self.layout!r} needs one entry for each of q, k, v")
         for tensor, layout in zip("qkv", self.layout):
@@ -88,6 +115,10 @@ class AttentionCase:
                 raise CaseError(f"layout[q]={layout!r} only applies to k and v")
         if self.values not in VALUE_PROFILES:
             raise CaseError(f"values={self.values!r} is not one of {VALUE_PROFILES}")
+        for pair in self.config:
+            if (not isinstance(pair, tuple) or len(pair) != 2 or not isinstance(pair[0], str)
+                    or not isinstance(pair[1], (int, str, bool))):
+                raise CaseError(f"config entry {pair!r} must be a name and an int, str or bool")
 
     # -- derived facts ------------------------------------------------------------------------
     @property
@@ -108,6 +139,10 @@ class AttentionCase:
             return (self.batch, self.heads, self.seq_q, self.head_dim)
         return (self.batch, self.kv_heads, self.seq_k, self.head_dim)
 
+    @property
+    def config_dict(self) -> dict[str, Any]:
+        return dict(self.config)
+
     def replace(self, **changes) -> "AttentionCase":
         return dataclasses.replace(self, **changes)
 
@@ -115,6 +150,10 @@ class AttentionCase:
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["layout"] = list(self.layout)
+        if self.config:
+            d["config"] = dict(self.config)
+        else:
+            del d["config"]       # configless cases keep the same key and file as before configs
         return d
 
     @classmethod
@@ -122,6 +161,8 @@ class AttentionCase:
         """Build a case from parsed JSON; errors name the offending field."""
         if not isinstance(data, dict):
             raise CaseError(f"case must be an object, got {type(data).__name__}")
+        if "seed" in data and "data_seed" not in data:      # files written before the rename
+            data = {("data_seed" if k == "seed" else k): v for k, v in data.items()}
         fields = {f.name: f for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - set(fields))
         if unknown:
@@ -131,8 +172,8 @@ class AttentionCase:
         if missing:
             raise CaseError(f"case.{missing[0]} is missing")
         expected = {"batch": int, "heads": int, "kv_heads": int, "seq_q": int, "seq_k": int,
-                    "head_dim": int, "seed": int, "dtype": str, "causal": str, "values": str,
-                    "layout": list}
+                    "head_dim": int, "data_seed": int, "dtype": str, "causal": str, "values": str,
+                    "layout": list, "config": dict}
         for name, kind in expected.items():
             if name in data and (not isinstance(data[name], kind) or isinstance(data[name], bool)):
                 raise CaseError(f"case.{name}={data[name]!r} should be of type {kind.__name__}")
@@ -150,5 +191,7 @@ class AttentionCase:
             f"{t}:{l}" for t, l in zip("qkv", self.layout) if l != "contiguous")
         causal = "" if self.causal == "none" else f" causal={self.causal}"
         values = "" if self.values == "normal" else f" values={self.values}"
+        config = "" if not self.config else " config=" + ",".join(f"{k}:{v}" for k, v in self.config)
         return (f"B={self.batch} {heads} Nq={self.seq_q} Nk={self.seq_k} D={self.head_dim} "
-                f"{_SHORT[self.dtype]}{causal}{scale}{layout}{values} seed={self.seed}")
+                f"{BY_NAME[self.dtype].short}{causal}{scale}{layout}{values}{config} "
+                f"data_seed={self.data_seed}")

@@ -19,12 +19,15 @@ import warnings
 
 import torch
 
-from .case import AttentionCase
-from .contract import ContractError, Implementation, UnsupportedCaseError
-from .inputs import Inputs, as_bits, materialize
-from .oracle import Reference, oracle, same_precision_reference
-from .tolerance import lse_bound, out_bound
-from .verdict import CHECKS, Verdict, heatmap, locate
+from fuzzattn.contract.case import AttentionCase
+from fuzzattn.contract.dtypes import BY_NAME
+from fuzzattn.contract.implementation import Implementation
+from fuzzattn.engine import execute
+from fuzzattn.engine.inputs import Inputs, as_bits, check_budget, inputs_sha256, materialize
+from fuzzattn.engine.oracle import Reference, oracle, same_precision_reference
+from fuzzattn.engine.tolerance import lse_bound, out_bound
+from fuzzattn.engine.verdict import CHECKS, Verdict, heatmap, locate
+from fuzzattn.engine.versions import versions
 
 # Canary elements on each side of an output buffer: as many as the buffer holds (at least 4096),
 # so a store with a wrong tile mask or a swapped batch/head index lands in the canary, not in
@@ -38,11 +41,16 @@ def default_device() -> str:
 
 
 @dataclasses.dataclass
-class Report:
+class JudgedCase:
+    """Every verdict of one implementation on one case, and what a counterexample file needs."""
     impl: str
     case: AttentionCase
     verdicts: list[Verdict]
-    skipped: str | None = None
+    skipped: str | None = None          # cannot be judged here (why); neither pass nor fail
+    refused: str | None = None          # the implementation refused it with a declared error
+    cli_name: str = ""                  # how --impl finds the implementation again
+    inputs_sha256: str | None = None    # of the materialised inputs; set when it failed or pinned
+    versions: dict | None = None        # torch, triton, hypothesis, fuzzattn; set when it failed
 
     @property
     def failures(self) -> list[Verdict]:
@@ -51,7 +59,7 @@ class Report:
 
     @property
     def passed(self) -> bool:
-        return self.skipped is None and not self.failures
+        return self.skipped is None and self.refused is None and not self.failures
 
     @property
     def first_failure(self) -> Verdict | None:
@@ -61,6 +69,8 @@ class Report:
     def describe(self) -> str:
         if self.skipped:
             return f"[skip] {self.impl}: {self.skipped}\n  case: {self.case}"
+        if self.refused:
+            return f"[refused] {self.impl}: {self.refused}\n  case: {self.case}"
         if self.passed:
             return f"[ok] {self.impl} {self.case}"
         return "\n".join(v.describe() for v in self.failures)
@@ -72,7 +82,7 @@ def skip_reason(impl: Implementation, case: AttentionCase) -> str | None:
     if why is not None:
         return f"{impl.name} does not declare {why}"
     if impl.backend == "triton" and case.dtype == "bfloat16":
-        from .interpreter import bf16_dot_status
+        from fuzzattn.engine.triton_backend import bf16_dot_status
         ok, reason = bf16_dot_status()
         if not ok:
             return reason
@@ -108,7 +118,7 @@ def _prime_allocator(case: AttentionCase, device, byte: int) -> None:
     (freed blocks are reused for same-size requests); on the CPU it depends on malloc handing
     back a freed chunk (small sizes do; mmap-sized ones come back zeroed, and a missing write
     then shows as an `out` mismatch instead)."""
-    out_bytes = math.prod(case.shape("q")) * {"float32": 4}.get(case.dtype, 2)
+    out_bytes = math.prod(case.shape("q")) * BY_NAME[case.dtype].itemsize
     lse_bytes = case.batch * case.heads * case.seq_q * 4
     blocks = [torch.full((n,), byte, dtype=torch.uint8, device=device)
               for n in (out_bytes, lse_bytes) if n for _ in range(POISON_BLOCKS)]
@@ -138,48 +148,50 @@ def _uninitialized_memory_is_nan():
 # -- running ----------------------------------------------------------------------------------
 @dataclasses.dataclass
 class _Run:
-    out: torch.Tensor | None = None
-    lse: torch.Tensor | None = None
+    call: execute.Call
+    inputs: Inputs
     failure: Verdict | None = None          # crash or contract: nothing else can be judged
     side_effects: list[Verdict] = dataclasses.field(default_factory=list)
 
+    @property
+    def out(self):
+        return self.call.out
 
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}"
+    @property
+    def lse(self):
+        return self.call.lse
 
 
 def _run(impl: Implementation, case: AttentionCase, device, *, adversarial: bool,
-         pad_value: float = float("nan"), poison: bool = True) -> _Run:
-    inputs: Inputs = materialize(case, device, pad_value=pad_value)
+         pad_value: float = float("nan"), poison: bool = True, inputs: Inputs | None = None) -> _Run:
+    """One call of `impl` on freshly materialised inputs (or on `inputs`, materialised for this
+    run and not used by any other)."""
+    inputs = inputs if inputs is not None else materialize(case, device, pad_value=pad_value)
     snapshot = inputs.snapshot()
     guarded = None
-    kwargs = {}
+    buffers = {}
     if adversarial and impl.caps.out_buffer:
         guarded = (_GuardedBuffer(case.shape("q"), inputs.q.dtype, device),
                    _GuardedBuffer((case.batch, case.heads, case.seq_q), torch.float32, device))
         if not poison:
             for g in guarded:
                 g.tensor.zero_()
-        kwargs = dict(out=guarded[0].tensor, lse=guarded[1].tensor)
+        buffers = dict(out=guarded[0].tensor, lse=guarded[1].tensor)
     elif adversarial:
         _prime_allocator(case, device, 0xFF if poison else 0x00)
     verdict = dict(impl=impl.name, case=case)
     poisoned = _uninitialized_memory_is_nan() if adversarial and poison else contextlib.nullcontext()
-    try:
-        with poisoned:
-            out, lse = impl(*inputs.tensors(), case, **kwargs)
-        if device != "cpu" and torch.cuda.is_available():
-            torch.cuda.synchronize()
-    except UnsupportedCaseError as exc:
-        return _Run(failure=Verdict(check="crash", passed=False,
-                                    detail=f"refused a declared case: {_one_line(exc)}", **verdict))
-    except ContractError as exc:
-        return _Run(failure=Verdict(check="contract", passed=False, detail=_one_line(exc), **verdict))
-    except Exception as exc:  # a kernel that crashes is a verdict, not a harness error
-        return _Run(failure=Verdict(check="crash", passed=False, detail=_one_line(exc), **verdict))
-    run = _Run(out=out, lse=lse)
-    if lse is None and impl.caps.returns_lse:
+    with poisoned:
+        call = execute.call(impl, *inputs.tensors(), case, **buffers)
+    run = _Run(call, inputs)
+    if call.status == execute.REFUSED and not call.declared_refusal:
+        run.failure = Verdict(check="crash", passed=False,
+                              detail=f"refused a declared case: {call.summary}", **verdict)
+    elif call.status in (execute.CRASH, execute.CONTRACT):
+        run.failure = Verdict(check=call.status, passed=False, detail=call.summary, **verdict)
+    if not call.answered:
+        return run
+    if call.lse is None and impl.caps.returns_lse:
         run.failure = Verdict(check="contract", passed=False,
                               detail="declares returns_lse but returned no lse", **verdict)
         return run
@@ -209,7 +221,7 @@ def _attribute_nonfinite(impl, case, device, ref: Reference) -> tuple[str, str]:
     Both re-runs hand the allocator zeroed blocks (or zeroed buffers) where the first run had NaN
     ones, so NaN left in freed memory by earlier runs cannot masquerade as a kernel's read."""
     def finite(run: _Run) -> bool:
-        return run.failure is None and not bool(_nonfinite_rows(run, ref).any())
+        return run.failure is None and run.call.answered and not bool(_nonfinite_rows(run, ref).any())
 
     if finite(_run(impl, case, device, adversarial=True, poison=False)):
         return "unwritten_output", "NaN appears only when the output memory starts as NaN"
@@ -251,15 +263,42 @@ def _value_verdicts(impl, case, run: _Run, ref: Reference, spr: Reference, *, ch
     return out_results
 
 
-def judge(impl: Implementation, case: AttentionCase, device=None) -> Report:
-    """Every check of `impl` on `case`; skipped (with the reason) when it cannot apply here."""
+def judge(impl: Implementation, case: AttentionCase, device=None, *,
+          expected_sha256: str | None = None) -> JudgedCase:
+    """Every check of `impl` on `case`; skipped (with the reason) when it cannot apply here.
+
+    With `expected_sha256` (a counterexample file's pin) the inputs are checked against it right
+    after they are materialised, and nothing runs on inputs that drifted."""
     device = device or default_device()
+    judged = JudgedCase(impl.name, case, [], cli_name=impl.cli_name)
     reason = skip_reason(impl, case)
     if reason is not None:
-        return Report(impl.name, case, [], skipped=reason)
-    first = _run(impl, case, device, adversarial=True)
+        judged.skipped = reason
+        return judged
+    check_budget(case)
+    inputs = materialize(case, device)
+    if expected_sha256 is not None:
+        judged.inputs_sha256 = inputs_sha256(inputs)
+        if judged.inputs_sha256 != expected_sha256:
+            judged.verdicts.append(Verdict(
+                impl=impl.name, case=case, check="inputs_drifted", passed=False,
+                detail=f"the case now materialises sha256 {judged.inputs_sha256[:16]}..., the "
+                       f"file pins {expected_sha256[:16]}...; not running on different inputs"))
+            return judged
+    first = _run(impl, case, device, adversarial=True, inputs=inputs)
+    if first.call.declared_refusal:
+        judged.refused = first.call.summary
+        return judged
+    judged.verdicts = _judge_runs(impl, case, device, first)
+    if not judged.passed:
+        judged.inputs_sha256 = judged.inputs_sha256 or inputs_sha256(inputs)
+        judged.versions = versions()
+    return judged
+
+
+def _judge_runs(impl: Implementation, case: AttentionCase, device, first: _Run) -> list[Verdict]:
     if first.failure is not None:
-        return Report(impl.name, case, [first.failure])
+        return [first.failure]
     verdicts = list(first.side_effects)
 
     fresh = materialize(case, device)
@@ -274,14 +313,15 @@ def judge(impl: Implementation, case: AttentionCase, device=None) -> Report:
     verdicts += _value_verdicts(impl, case, first, ref, spr)
 
     second = _run(impl, case, device, adversarial=False)
-    if second.failure is not None:
-        verdicts.append(dataclasses.replace(second.failure, detail="second run: " + second.failure.detail))
-        return Report(impl.name, case, verdicts)
+    if second.failure is not None or not second.call.answered:
+        failure = second.failure or Verdict(impl=impl.name, case=case, check="crash", passed=False,
+                                            detail=second.call.summary)
+        verdicts.append(dataclasses.replace(failure, detail="second run: " + failure.detail))
+        return verdicts
     if all(v.passed for v in verdicts):
         # The rerun is judged on its own only when the first run passed, so one bug is one verdict.
-        rerun = [v for v in _value_verdicts(impl, case, second, ref, spr, check_out="rerun",
-                                            check_lse="rerun") if v.check == "rerun"]
-        verdicts += rerun
+        verdicts += [v for v in _value_verdicts(impl, case, second, ref, spr, check_out="rerun",
+                                                check_lse="rerun") if v.check == "rerun"]
     if impl.caps.deterministic:
         same_out = torch.equal(as_bits(first.out), as_bits(second.out))
         same_lse = (first.lse is None or second.lse is None
@@ -290,7 +330,7 @@ def judge(impl: Implementation, case: AttentionCase, device=None) -> Report:
         verdicts.append(Verdict(impl=impl.name, case=case, check="nondeterministic",
                                 passed=not differs,
                                 detail=f"{', '.join(differs)} differ bitwise between two runs" if differs else ""))
-    return Report(impl.name, case, verdicts)
+    return verdicts
 
 
 def check_refusal(impl: Implementation, case: AttentionCase, device=None) -> Verdict:
@@ -300,14 +340,14 @@ def check_refusal(impl: Implementation, case: AttentionCase, device=None) -> Ver
         raise ValueError(f"{case} is inside {impl.name}'s declaration: nothing to refuse")
     inputs = materialize(case, device or default_device())
     verdict = dict(impl=impl.name, case=case, check="refusal")
-    try:
-        impl(*inputs.tensors(), case)
-    except ContractError as exc:
-        return Verdict(passed=False, detail=f"answered {why} in the wrong shape: {_one_line(exc)}",
+    call = execute.call(impl, *inputs.tensors(), case)
+    if call.status == execute.CONTRACT:
+        return Verdict(passed=False, detail=f"answered {why} in the wrong shape: {call.summary}",
                        **verdict)
-    except Exception as exc:
-        message = str(exc).strip()
-        return Verdict(passed=bool(message), detail=f"refused {why}: {_one_line(exc)}"
-                       if message else f"refused {why} with an empty {type(exc).__name__}", **verdict)
+    if not call.answered:
+        message = str(call.error).strip()
+        return Verdict(passed=bool(message), detail=f"refused {why}: {call.summary}"
+                       if message else f"refused {why} with an empty {type(call.error).__name__}",
+                       **verdict)
     return Verdict(passed=False, detail=f"answered {why}, which it does not declare, "
                                         "instead of refusing it", **verdict)

@@ -11,7 +11,7 @@ import dataclasses
 
 import torch
 
-from .case import AttentionCase
+from fuzzattn.contract.case import AttentionCase
 
 
 def visible_keys(seq_q: int, seq_k: int, causal: str, device=None) -> torch.Tensor | None:

@@ -16,32 +16,8 @@ and belong in no judge.Report: callers collect them as a plain list (`check_rela
 in either run fails the relation; NaN in either output fails it too (the identities are between
 finite numbers, and a correct kernel gives finite outputs for finite inputs).
 
-Rounding model, from which every tolerance is built. One run may deviate from exact attention of
-the inputs it was given by:
-  score     s_ij = scale * q_i.k_j is an fp32 (or better) dot product of length D, then shifted by
-            the running max: |error| <= eps_i = scale |q_i|_2 max_j |k_j|_2 ((D + 4) u32 + 2 u_mm)
-            (worst-case dot-product bound, Cauchy-Schwarz, plus the scale multiply and the max
-            subtraction; u_mm = 2^-11 for TF32 fp32 matmuls, else 0). Scores off by <= eps move
-            each weight by a factor in [e^-2eps, e^2eps], so the output by at most
-            min(e^2eps - 1, 1) 2 max|V|.
-  weights   P is rounded to the input dtype before P @ V (relative u_p: the dtype's roundoff, or
-            u_mm for fp32), absolutely by eta = 2^-25 below fp16's normal range, and V as a
-            matmul operand by u_mm: (u_p + u_mm + Nk eta) max|V|.
-  sums      fp32 sums over Nk keys, per-tile rescales, exp and the division: (Nk + 8) u32 max|V|.
-  output    rounding to the output dtype: u_out |O|.
-  lse       1-Lipschitz in the scores: eps + (Nk + 8) u32 + u32 |lse|.
-max|V| is per (batch, kv head), |O|, eps and lse per query row. A relation's tolerance sums these
-for the two runs, keeping only the terms that can differ between them (each relation says which).
-
-The score term is needed whenever the two runs feed a kernel different vectors or positions:
-scores of the same pair are not bit-identical across runs in practice (torch_tiled's lse moves by
-3 ulps between batch sizes on values=large). It is a worst-case bound: eps ~ 1e-5 on normal
-values keeps the checks sharp, but eps ~ 0.15 on values=large lets the out checks of
-key_permutation, batch_independence and score_shift allow ~0.7 max|V| there, and on
-values=below_sentinel it saturates (only the spread of V is bounded). value_shift and
-causal_prefix feed identical q and k at identical positions, so for deterministic kernels their
-scores are bit-identical and they have no score term; for kernels declaring
-deterministic=False both runs' whole error is allowed.
+Every tolerance is built from one rounding model (`fuzzattn.engine.rounding`); each relation
+says which of its terms can differ between its two runs.
 
 The relations:
   key_permutation     non-causal: permuting keys and values together leaves the output unchanged.
@@ -59,20 +35,16 @@ from typing import Callable
 
 import torch
 
-from .case import AttentionCase
-from .contract import Implementation
-from .inputs import TORCH_DTYPES, materialize
-from .judge import default_device, skip_reason
-from .oracle import visible_keys
-from .tolerance import UNIT_ROUNDOFF
-from .verdict import Verdict, heatmap, locate
+from fuzzattn.contract.case import AttentionCase
+from fuzzattn.contract.dtypes import BY_NAME, U32
+from fuzzattn.contract.implementation import Implementation
+from fuzzattn.engine import execute
+from fuzzattn.engine.inputs import materialize
+from fuzzattn.engine.judge import default_device, skip_reason
+from fuzzattn.engine.oracle import visible_keys
+from fuzzattn.engine.rounding import Rounding, finite_abs, max_abs_v, row_abs
+from fuzzattn.engine.verdict import Verdict, heatmap, locate
 
-U32 = 2.0 ** -24                 # fp32 unit roundoff: running state, sums and lse are fp32
-TF32_ROUNDOFF = 2.0 ** -11       # unit roundoff of a TF32 operand (10 explicit mantissa bits)
-FP16_WEIGHT_FLOOR = 2.0 ** -25   # absolute rounding of an fp16 weight below 2^-14 (subnormal)
-EXTRA_OPS = 8                    # fp32 ops per row besides the Nk-term sums: exp, rescale, /l
-SCORE_EXTRA_OPS = 4              # besides the D-term dot product: scale multiply, max subtraction
-PRECISION_BITS = {"float32": 24, "bfloat16": 8, "float16": 11}
 SHIFT_MIN = 8.0                  # score_shift: smallest added key component (a power of two)
 REPLACEMENT_SCALE = 16.0         # causal_prefix: replaced keys/values are 16 * N(0, 1)
 
@@ -84,85 +56,14 @@ class _RunFailed(Exception):
 
 
 def _generator(case: AttentionCase) -> torch.Generator:
-    return torch.Generator().manual_seed(case.seed)
+    return torch.Generator().manual_seed(case.data_seed)
 
 
 def _run(impl: Implementation, q, k, v, case: AttentionCase, which: str):
-    try:
-        out, lse = impl(q, k, v, case)
-    except Exception as exc:  # a crash on a declared case is a failed relation, not a harness error
-        text = str(exc).strip().splitlines()
-        raise _RunFailed(f"{which} run raised {type(exc).__name__}: {text[0] if text else ''}")
-    if out.device.type == "cuda":
-        torch.cuda.synchronize()
-    return out, lse
-
-
-# -- the rounding model ------------------------------------------------------------------------
-class _Rounding:
-    """The unit roundoffs of the model in the module docstring, for one implementation and case."""
-
-    def __init__(self, impl: Implementation, case: AttentionCase):
-        dtype = TORCH_DTYPES[case.dtype]
-        tf32 = case.dtype == "float32" and impl.caps.fp32_matmul == "tf32"
-        self.u_mm = TF32_ROUNDOFF if tf32 else 0.0
-        # fp32 weights are not rounded before P @ V, except as a TF32 operand.
-        self.u_p = self.u_mm if case.dtype == "float32" else UNIT_ROUNDOFF[dtype]
-        self.u_out = UNIT_ROUNDOFF[dtype]
-        self.eta = FP16_WEIGHT_FLOOR if case.dtype == "float16" else 0.0
-        self.nk = case.seq_k
-        self.head_dim = case.head_dim
-        self.scale = abs(case.softmax_scale)
-
-    @property
-    def reduction(self) -> float:
-        """Relative error of the fp32 sums over keys (with rescales, exp and the division)."""
-        return (self.nk + EXTRA_OPS) * U32
-
-    def weights_and_sums(self, v_max: torch.Tensor) -> torch.Tensor:
-        """One run's error from rounding P (and V as a matmul operand) and from the fp32 sums."""
-        return (self.u_p + self.u_mm + self.nk * self.eta + self.reduction) * v_max
-
-    def score_error(self, q: torch.Tensor, k: torch.Tensor, group: int) -> torch.Tensor:
-        """(B, Hq, Nq) bound eps_i on the score error of row i, over all keys of its kv head.
-
-        sum_d |q_id k_jd| <= |q_i|_2 |k_j|_2 (Cauchy-Schwarz) keeps this O((Nq + Nk) D): no
-        Nq x Nk matrix is formed, so the bound costs nothing at oracle-free sizes."""
-        q_norm = q.to(torch.float64).norm(dim=-1)                               # (B, Hq, Nq)
-        if k.shape[2] == 0:
-            return torch.zeros_like(q_norm)
-        k_norm = k.to(torch.float64).norm(dim=-1).amax(dim=-1)                   # (B, Hkv)
-        k_norm = k_norm.repeat_interleave(group, dim=1)[..., None]               # (B, Hq, 1)
-        per_product = (self.head_dim + SCORE_EXTRA_OPS) * U32 + 2 * self.u_mm
-        return self.scale * per_product * q_norm * k_norm
-
-    def score_term(self, eps: torch.Tensor, v_max: torch.Tensor) -> torch.Tensor:
-        """Output error from scores off by at most eps: the weights move by e^(+-2 eps)."""
-        return torch.clamp(torch.expm1(2 * eps), max=1.0) * 2 * v_max
-
-    def rerun(self, eps: torch.Tensor, v_max: torch.Tensor) -> torch.Tensor:
-        """One run's whole error, output rounding aside: scores, weights and sums."""
-        return self.score_term(eps, v_max) + self.weights_and_sums(v_max)
-
-
-def _v_max(v: torch.Tensor, group: int) -> torch.Tensor:
-    """(B, Hq, 1): max|v| over the keys of each query head's kv head."""
-    if v.shape[2] == 0:
-        return torch.zeros(v.shape[0], v.shape[1] * group, 1, dtype=torch.float64, device=v.device)
-    m = v.to(torch.float64).abs().amax(dim=(-2, -1))
-    return m.repeat_interleave(group, dim=1)[..., None]
-
-
-def _finite_abs(t: torch.Tensor) -> torch.Tensor:
-    """|t| in float64, with NaN and inf read as 0: a tolerance must stay finite, so that a NaN
-    or a -inf where a finite value belongs (error inf) can never be within it."""
-    t = t.to(torch.float64)
-    return torch.where(torch.isfinite(t), t.abs(), torch.zeros_like(t))
-
-
-def _row_abs(out: torch.Tensor) -> torch.Tensor:
-    """(B, H, Nq): max|O| of each row, finite entries only."""
-    return _finite_abs(out).amax(dim=-1)
+    call = execute.call(impl, q, k, v, case)
+    if not call.answered:   # a crash on a declared case is a failed relation, not a harness error
+        raise _RunFailed(f"{which} run raised {call.summary}")
+    return call.out, call.lse
 
 
 def _rows_with_keys(case: AttentionCase, device) -> torch.Tensor:
@@ -241,15 +142,15 @@ def _lse_part(lse, expected, allowed, checked):
     return ("lse", _row_errors(lse, expected), allowed, checked)
 
 
-def _out_allowed(r: _Rounding, eps: tuple, v_max, outs) -> torch.Tensor:
+def _out_allowed(r: Rounding, eps: tuple, v_max, outs) -> torch.Tensor:
     """Two runs that may differ in every rounding: each run's whole error, each output rounded."""
     return (r.rerun(eps[0], v_max) + r.rerun(eps[1], v_max)
-            + r.u_out * (_row_abs(outs[0]) + _row_abs(outs[1])))
+            + r.u_out * (row_abs(outs[0]) + row_abs(outs[1])))
 
 
-def _lse_allowed(r: _Rounding, eps: tuple, lses) -> torch.Tensor:
+def _lse_allowed(r: Rounding, eps: tuple, lses) -> torch.Tensor:
     return (eps[0] + eps[1] + 2 * r.reduction
-            + U32 * (_finite_abs(lses[0]) + _finite_abs(lses[1])))
+            + U32 * (finite_abs(lses[0]) + finite_abs(lses[1])))
 
 
 def _compare_runs(name, impl, case, r, eps, v_max, out, lse, out2, lse2, note="") -> Verdict:
@@ -282,7 +183,7 @@ def _transformed(case: AttentionCase, device, **tensors: torch.Tensor):
 @_relation("key_permutation")
 def key_permutation(impl, case, device):
     """Non-causal attention is a sum over keys: permuting k and v rows together (one permutation
-    from torch.Generator(case.seed), never the identity) changes only how that sum is formed.
+    from torch.Generator(case.data_seed), never the identity) changes only how that sum is formed.
 
     Tolerance: every term of the model, for both runs. The pairs (q_i, k_j) are the same, but a
     key's position decides its tile, the running max it is shifted by, how its weight is
@@ -301,11 +202,11 @@ def key_permutation(impl, case, device):
     out, lse = _run(impl, *inputs.tensors(), case, "original")
     out2, lse2 = _run(impl, *permuted.tensors(), case, "permuted")
 
-    r = _Rounding(impl, case)
+    r = Rounding(impl, case)
     eps = r.score_error(inputs.q, inputs.k, case.group_size)
     note = "bitwise identical" if torch.equal(out, out2) else ""
     return _compare_runs("key_permutation", impl, case, r, (eps, eps),
-                         _v_max(inputs.v, case.group_size), out, lse, out2, lse2, note)
+                         max_abs_v(inputs.v, case.group_size), out, lse, out2, lse2, note)
 
 
 # -- 2. batch independence --------------------------------------------------------------------
@@ -329,11 +230,11 @@ def batch_independence(impl, case, device):
     out2 = torch.cat([o for o, _ in runs])
     lse2 = None if any(l is None for _, l in runs) else torch.cat([l for _, l in runs])
 
-    r = _Rounding(impl, case)
+    r = Rounding(impl, case)
     eps = r.score_error(inputs.q, inputs.k, case.group_size)
     bitwise = torch.equal(out, out2) and (lse is None or lse2 is None or torch.equal(lse, lse2))
     return _compare_runs("batch_independence", impl, case, r, (eps, eps),
-                         _v_max(inputs.v, case.group_size), out, lse, out2, lse2,
+                         max_abs_v(inputs.v, case.group_size), out, lse, out2, lse2,
                          "bitwise identical" if bitwise else "not bitwise identical")
 
 
@@ -375,13 +276,13 @@ def value_shift(impl, case, device):
     out, lse = _run(impl, *inputs.tensors(), case, "original")
     out2, lse2 = _run(impl, *shifted.tensors(), case, "shifted")
 
-    r = _Rounding(impl, case)
+    r = Rounding(impl, case)
     group = case.group_size
-    v_max, v2_max, d_max = _v_max(inputs.v, group), _v_max(v2, group), _v_max(d, group)
+    v_max, v2_max, d_max = max_abs_v(inputs.v, group), max_abs_v(v2, group), max_abs_v(d, group)
     c_max = float(c.abs().max())
     allowed = ((1 + r.u_p) * d_max + (r.u_p + r.reduction) * c_max
                + (r.u_mm + r.nk * r.eta + r.reduction) * (v_max + v2_max)
-               + r.u_out * (_row_abs(out) + _row_abs(out2)))
+               + r.u_out * (row_abs(out) + row_abs(out2)))
     lse_allowed = torch.zeros((), dtype=torch.float64, device=device)
     if not impl.caps.deterministic:
         eps = r.score_error(inputs.q, inputs.k, group)
@@ -421,7 +322,7 @@ def score_shift(impl, case, device):
         return None
     inputs = materialize(case, device)
     d0 = int(torch.randint(case.head_dim, (1,), generator=_generator(case)))
-    bits = PRECISION_BITS[case.dtype]
+    bits = BY_NAME[case.dtype].precision_bits
     column = inputs.k[..., d0].to(torch.float64)
     k_max = float(column.abs().max())
     t = SHIFT_MIN
@@ -442,16 +343,16 @@ def score_shift(impl, case, device):
     out, lse = _run(impl, *inputs.tensors(), case, "original")
     out2, lse2 = _run(impl, *shifted.tensors(), case, "shifted")
 
-    r = _Rounding(impl, case)
+    r = Rounding(impl, case)
     group = case.group_size
     eps = (r.score_error(inputs.q, inputs.k, group), r.score_error(inputs.q, k2, group))
     rows = _all_rows(out)
-    parts = [("out", _row_errors(out2, out), _out_allowed(r, eps, _v_max(inputs.v, group),
+    parts = [("out", _row_errors(out2, out), _out_allowed(r, eps, max_abs_v(inputs.v, group),
                                                           (out, out2)), rows)]
     if lse is not None and lse2 is not None:
         sigma = case.softmax_scale * inputs.q[..., d0].to(torch.float64) * t
         expected = lse.to(torch.float64) + sigma     # -inf + sigma stays -inf for empty rows
-        allowed = _lse_allowed(r, eps, (lse, lse2)) + U32 * _finite_abs(sigma)
+        allowed = _lse_allowed(r, eps, (lse, lse2)) + U32 * finite_abs(sigma)
         parts.append(_lse_part(lse2, expected, allowed, rows))
     return _verdict("score_shift", impl, case, parts, note=f"w = {t:g} e_{d0}")
 
@@ -497,9 +398,9 @@ def causal_prefix(impl, case, device):
     checked = (torch.arange(case.seq_q, device=device) <= last_checked).expand(out.shape[:3])
     allowed = lse_allowed = torch.zeros((), dtype=torch.float64, device=device)
     if not impl.caps.deterministic:
-        r = _Rounding(impl, case)
+        r = Rounding(impl, case)
         eps = r.score_error(inputs.q, inputs.k, case.group_size)   # the checked rows' keys
-        allowed = _out_allowed(r, (eps, eps), _v_max(inputs.v, case.group_size), (out, out2))
+        allowed = _out_allowed(r, (eps, eps), max_abs_v(inputs.v, case.group_size), (out, out2))
         if lse is not None and lse2 is not None:
             lse_allowed = _lse_allowed(r, (eps, eps), (lse, lse2))
     parts = [("out", _row_errors(out2, out), allowed, checked)]

@@ -15,9 +15,11 @@ from pathlib import Path
 
 import torch
 
-from .case import AttentionCase
-from .contract import Capabilities, ContractError, Implementation
-from .inputs import materialize
+from fuzzattn.contract.capabilities import Capabilities
+from fuzzattn.contract.case import AttentionCase
+from fuzzattn.contract.implementation import Implementation
+from fuzzattn.engine import execute
+from fuzzattn.engine.inputs import materialize
 
 
 class ImplementationLoadError(ValueError):
@@ -61,10 +63,11 @@ def load_implementation(spec: str, *, probe: bool = True) -> Implementation:
                                       f"(it defines: {', '.join(public[:12]) or 'nothing public'})")
     obj = getattr(module, name)
     if isinstance(obj, Implementation):
-        impl = obj if obj.sources else dataclasses.replace(obj, sources=(source,))
+        impl = dataclasses.replace(obj, sources=obj.sources or (source,), spec=spec)
     elif callable(obj):
         impl = Implementation(name=name, fn=obj, caps=Capabilities(),
-                              description=f"plain callable from {target}", sources=(source,))
+                              description=f"plain callable from {target}", sources=(source,),
+                              spec=spec)
     else:
         raise ImplementationLoadError(f"--impl {spec!r}: {name!r} is a {type(obj).__name__}, "
                                       "not callable and not an Implementation")
@@ -76,15 +79,17 @@ def _probe(impl: Implementation, spec: str) -> Implementation:
     learn whether a plain callable returns lse."""
     dtype = "float32" if "float32" in impl.caps.dtypes else sorted(impl.caps.dtypes)[0]
     head_dim = 16 if impl.caps.accepts_head_dim(16) else min(impl.caps.head_dims or {16})
-    case = AttentionCase(1, 1, 1, 16, 16, head_dim, dtype=dtype)
+    n = max(16, impl.caps.min_seq_len)
+    n += -n % impl.caps.seq_multiple
+    config = {name: choices[0] for name, choices in impl.caps.configs}
+    case = AttentionCase(1, 1, 1, n, n, head_dim, dtype=dtype, config=config)
     inputs = materialize(case, "cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        _, lse = impl(*inputs.tensors(), case)
-    except ContractError as exc:
-        raise ImplementationLoadError(f"--impl {spec!r}: {exc}") from None
-    except Exception as exc:
-        raise ImplementationLoadError(f"--impl {spec!r}: probe call on {case} raised "
-                                      f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from None
+    call = execute.call(impl, *inputs.tensors(), case)
+    if call.status == execute.CONTRACT:
+        raise ImplementationLoadError(f"--impl {spec!r}: {call.summary.split(': ', 1)[-1]}")
+    if not call.answered:
+        raise ImplementationLoadError(f"--impl {spec!r}: probe call on {case} raised {call.summary}")
     if impl.description.startswith("plain callable"):
-        impl = dataclasses.replace(impl, caps=dataclasses.replace(impl.caps, returns_lse=lse is not None))
+        impl = dataclasses.replace(impl, caps=dataclasses.replace(impl.caps,
+                                                                  returns_lse=call.lse is not None))
     return impl

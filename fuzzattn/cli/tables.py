@@ -1,8 +1,9 @@
 """How the CLI shows what it did: plain-text tables, a markdown summary, JUnit XML, and progress.
 
-Everything the CLI runs (a fixture replayed on an implementation, a fuzzing campaign, a mutant
-self-test) ends as one `Outcome`; the renderers here only read outcomes, so the terminal table,
-the CI step summary and the JUnit file always agree.
+Everything the CLI runs (a regression file replayed on an implementation, a fuzzing campaign, a
+mutant self-test) ends as one `fuzzattn.campaigns.outcome.Outcome`; the renderers here only read
+outcomes, so the terminal table, the CI step summary and the JUnit file always agree. Failures
+come first wherever a reader scans from the top.
 
 Progress is shown only when stdout is a terminal and CI is not set: it is a single line per
 campaign, rewritten with carriage returns, so logs stay clean everywhere else. `campaign.fuzz`
@@ -12,7 +13,6 @@ the same with or without progress.
 """
 from __future__ import annotations
 
-import dataclasses
 import os
 import sys
 import time
@@ -20,22 +20,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Iterable, Sequence
 
-# Verdict words, also used as the JUnit status.
-OK, FAIL, SKIP, ERROR = "ok", "FAIL", "skip", "error"
-
-
-@dataclasses.dataclass
-class Outcome:
-    """One unit of work: a replay (fixture x impl), a campaign (impl x dtype) or a mutant run."""
-    stage: str                  # "replay" | "fuzz" | "mutant"
-    subject: str                # "abc123.json on sdpa", "sdpa float32", "mutant_phantom_keys"
-    verdict: str                # ok | FAIL | skip | error | inputs_drifted | killed | SURVIVED
-    passed: bool                # counts toward the exit status (skips pass)
-    cases: int | None = None
-    seconds: float | None = None
-    detail: str = ""            # one line for tables and the JUnit failure message
-    message: str = ""           # the full failure text (heatmap, case, replay command)
-    skipped: bool = False
+from fuzzattn.campaigns.outcome import ERROR, XFAIL, Outcome
 
 
 # -- plain-text tables ------------------------------------------------------------------------
@@ -83,8 +68,15 @@ def failure_details(outcomes: Sequence[Outcome]) -> str:
 def totals(outcomes: Sequence[Outcome]) -> str:
     failed = sum(not o.passed for o in outcomes)
     skipped = sum(o.skipped for o in outcomes)
-    passed = len(outcomes) - failed - skipped
-    return f"{passed} passed, {failed} failed, {skipped} skipped"
+    expected = sum(o.verdict == XFAIL for o in outcomes)
+    passed = len(outcomes) - failed - skipped - expected
+    return f"{passed} passed, {failed} failed, {skipped} skipped" + (
+        f", {expected} expected failure(s)" if expected else "")
+
+
+def failures_first(outcomes: Sequence[Outcome]) -> list[Outcome]:
+    """The same outcomes, failed ones first (stable otherwise)."""
+    return sorted(outcomes, key=lambda o: o.passed)
 
 
 # -- markdown (a CI step summary) ---------------------------------------------------------------
@@ -103,7 +95,7 @@ def markdown(outcomes: Sequence[Outcome], *, title: str = "fuzzattn gate", notes
         lines.append("")
     lines.append("| " + " | ".join(OUTCOME_HEADERS) + " |")
     lines.append("|" + "---|" * len(OUTCOME_HEADERS))
-    for row in outcome_rows(outcomes):
+    for row in outcome_rows(failures_first(outcomes)):
         lines.append("| " + " | ".join(_md_cell(v) for v in row) + " |")
     if failed:
         lines += ["", "### Failures"]

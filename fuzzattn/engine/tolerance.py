@@ -42,15 +42,14 @@ import dataclasses
 
 import torch
 
+from fuzzattn.contract.dtypes import U32, unit_roundoff
+
 K_OUT = 2.0
 K_LSE = 2.0
 EPS_ULPS = 2.0
 EPS_LSE_ULPS = 8.0
 SCORE_ULPS = 4.0
 FLOOR = 1.0
-U32 = 2.0 ** -24
-UNIT_ROUNDOFF = {torch.float32: 2.0 ** -24, torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11,
-                 torch.float64: 2.0 ** -53}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,7 +85,7 @@ def bound(got: torch.Tensor, reference: torch.Tensor, oracle: torch.Tensor, *, k
 
 
 def out_bound(got, reference, oracle, score_magnitude: float = 0.0) -> Bound:
-    relative = EPS_ULPS * UNIT_ROUNDOFF[got.dtype] + SCORE_ULPS * U32 * score_magnitude
+    relative = EPS_ULPS * unit_roundoff(got.dtype) + SCORE_ULPS * U32 * score_magnitude
     return bound(got, reference, oracle, k=K_OUT, relative_noise=relative)
 
 

@@ -1,6 +1,6 @@
 """Materialise an AttentionCase into q, k, v: deterministic values inside guarded storage.
 
-Values come from a CPU `torch.Generator(case.seed)` and are rounded to the case's dtype on the
+Values come from a CPU `torch.Generator(case.data_seed)` and are rounded to the case's dtype on the
 CPU; the whole storage (guards included) is then moved to the device in one piece and the views
 are rebuilt there with `as_strided`, so every machine sees the same bits at the same offsets.
 
@@ -16,9 +16,40 @@ import math
 
 import torch
 
-from .case import AttentionCase
+from fuzzattn.contract.case import AttentionCase
+from fuzzattn.contract.dtypes import BY_NAME, torch_dtype
 
-TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# The most memory one judged case may take, checked before anything is allocated: inputs in
+# their padded storage (sliced layouts double the rows), outputs, and the float64 oracle's
+# (B, H, Nq, Nk) score matrices (about three alive at once). 8 GiB fits the CPU CI machine
+# (24 GiB) and leaves the H200 plenty; FUZZATTN_MEMORY_BUDGET_GB overrides it.
+DEFAULT_BUDGET_GB = 8.0
+
+
+class CaseTooLargeError(ValueError):
+    """A case whose tensors would not fit the memory budget: a usage error, not a kernel crash."""
+
+
+def case_bytes(case: AttentionCase) -> int:
+    """An upper estimate of the bytes judging `case` allocates at once."""
+    item = BY_NAME[case.dtype].itemsize
+    d = case.head_dim + 3
+    tensors = (case.batch * case.heads * (2 * case.seq_q + 1) * d
+               + 2 * case.batch * case.kv_heads * (2 * case.seq_k + 1) * d) * item
+    oracle_scores = 3 * case.batch * case.heads * case.seq_q * case.seq_k * 8
+    return 3 * tensors + oracle_scores
+
+
+def check_budget(case: AttentionCase) -> None:
+    """Raise CaseTooLargeError (one line, naming the sizes) before allocating a case too large."""
+    import os
+    budget = float(os.environ.get("FUZZATTN_MEMORY_BUDGET_GB") or DEFAULT_BUDGET_GB) * 2**30
+    need = case_bytes(case)
+    if need > budget:
+        raise CaseTooLargeError(
+            f"case B={case.batch} H={case.heads} Nq={case.seq_q} Nk={case.seq_k} D={case.head_dim} "
+            f"needs about {need / 2**30:.1f} GiB, over the {budget / 2**30:.1f} GiB budget "
+            "(FUZZATTN_MEMORY_BUDGET_GB)")
 # NaN padding before and after each tensor inside its storage: a tile load without its row mask
 # reads up to (tile - 1) rows past the end, so the guard spans 16 rows of the widest row stride
 # a layout gives (sliced: 2 (D + 3)), and never fewer than 64 elements.
@@ -55,7 +86,7 @@ def as_bits(t: torch.Tensor) -> torch.Tensor:
 
 def logical_values(case: AttentionCase) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """float32 q, k, v of the case's logical shapes, before rounding and layout."""
-    g = torch.Generator().manual_seed(case.seed)
+    g = torch.Generator().manual_seed(case.data_seed)
     q = torch.randn(case.shape("q"), generator=g)
     k = torch.randn(case.shape("k"), generator=g)
     v = torch.randn(case.shape("v"), generator=g)
@@ -137,7 +168,7 @@ def _storage_and_view(logical: torch.Tensor, layout: str, dtype: torch.dtype, pa
 def materialize(case: AttentionCase, device: str | torch.device = "cpu",
                 pad_value: float = float("nan")) -> Inputs:
     """Deterministic inputs for `case` on `device`, bit-identical on every machine."""
-    dtype = TORCH_DTYPES[case.dtype]
+    dtype = torch_dtype(case.dtype)
     storages, views = {}, {}
     for name, logical, layout in zip("qkv", logical_values(case), case.layout):
         storage, view = _storage_and_view(logical, layout, dtype, pad_value)

@@ -5,10 +5,12 @@ import dataclasses
 
 import torch
 
-from .case import AttentionCase
+from fuzzattn.contract.case import AttentionCase
 
 # Every check the engine can fail, in the order the engine runs them.
 CHECKS = (
+    "inputs_drifted",        # a regression file's case no longer materialises the bits it pins
+    "flaky",                 # the same case failed in some runs and passed in others
     "crash",                 # the implementation raised on a case it declares
     "contract",              # wrong output shape or dtype, lse missing though declared
     "inputs_mutated",        # q, k or v (or their storage around them) changed by the call

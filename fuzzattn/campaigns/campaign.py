@@ -1,0 +1,220 @@
+"""Fuzzing campaigns: judge drawn cases, turn the shrunk failure into a regression file.
+
+`check_case` is what every Hypothesis test body calls. Hypothesis runs the minimal failing
+example one last time with `is_final` set after shrinking; only that run writes a file, so
+`regressions/` receives the shrunk case and never the intermediate ones.
+
+A case is judged once per process: the verdict is remembered by (implementation, case key), and
+Hypothesis's replays of a case get the same answer. So a kernel whose result changes between
+calls (an autotuner's first call, a race) cannot make Hypothesis stop with its FlakyFailure;
+instead a failing case is rerun `FLAKY_RERUNS` times at once, and if any rerun passes, the case
+fails with the `flaky` verdict, which says how many runs failed and how.
+
+Cases an implementation refuses with one of its declared errors (`Capabilities.refusals`) are
+counted per campaign and rejected (Hypothesis draws another), never counted as passes.
+
+`fuzz` runs a campaign outside pytest (the CLI's `fuzz`, `gate` and `mutants`), with a case
+and/or time budget, and returns a `Campaign`.
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import time
+from pathlib import Path
+
+from hypothesis import Phase, given, reject, seed as hypothesis_seed, settings, strategies as st
+from hypothesis.control import current_build_context, currently_in_test_context
+from hypothesis.errors import FlakyFailure, HypothesisException
+
+from fuzzattn.campaigns import regression_file
+from fuzzattn.contract.case import AttentionCase
+from fuzzattn.contract.implementation import Implementation
+from fuzzattn.engine.judge import JudgedCase, judge
+from fuzzattn.engine.verdict import Verdict
+
+FLAKY_RERUNS = 2          # extra judgements of a failing case; any pass makes it flaky
+_MEMO_SIZE = 20_000       # remembered verdicts per process (a few hundred bytes each)
+
+
+class Counterexample(AssertionError):
+    """A case on which an implementation failed a check; carries the judged case and its file."""
+
+    def __init__(self, judged: JudgedCase, written: regression_file.Written | None):
+        self.judged = judged
+        self.written = written
+        lines = [judged.describe()]
+        if written is not None:
+            lines.append(f"  regression file: {regression_file.display_path(written.path)}"
+                         + (f" (fallback: {written.fallback_reason})" if written.fallback_reason else ""))
+            lines.append(f"  replay:  {regression_file.replay_command(written.path, judged.cli_name)}")
+        super().__init__("\n".join(lines))
+
+    @property
+    def path(self) -> Path | None:
+        return self.written.path if self.written is not None else None
+
+
+class Refused(Exception):
+    """A drawn case the implementation refused with a declared error (raised outside Hypothesis)."""
+
+
+def _is_final_run() -> bool:
+    if not currently_in_test_context():
+        return True            # called directly (replay, a unit test): every failure is final
+    return current_build_context().is_final
+
+
+def save(judged: JudgedCase, directory=None) -> regression_file.Written:
+    """Write the judged failure as a regression file (create-if-absent, with fallback)."""
+    return regression_file.write(regression_file.from_judged(judged), directory)
+
+
+_memo: collections.OrderedDict[tuple[str, str], JudgedCase] = collections.OrderedDict()
+refusal_counts: collections.Counter[tuple[str, str]] = collections.Counter()  # (impl, summary)
+
+
+def judge_once(impl: Implementation, case: AttentionCase, device=None) -> JudgedCase:
+    """judge(), remembered per (implementation, case), with failures rerun for flakiness."""
+    key = (impl.cli_name, case.key())
+    if key in _memo:
+        _memo.move_to_end(key)
+        return _memo[key]
+    judged = judge(impl, case, device=device)
+    if judged.failures and judged.first_failure.check != "inputs_drifted":
+        judged = _flaky_or_consistent(impl, case, device, judged)
+    _memo[key] = judged
+    if len(_memo) > _MEMO_SIZE:
+        _memo.popitem(last=False)
+    return judged
+
+
+def _flaky_or_consistent(impl, case, device, judged: JudgedCase) -> JudgedCase:
+    reruns = [judge(impl, case, device=device) for _ in range(FLAKY_RERUNS)]
+    if all(not r.passed for r in reruns):
+        return judged
+    runs = 1 + len(reruns)
+    failed = 1 + sum(not r.passed for r in reruns)
+    first = judged.first_failure
+    detail = (f"failed in {failed} of {runs} runs of the same case (first: {first.check}"
+              + (f" error={first.error:.3g} allowed={first.allowed:.3g}"
+                 if first.error is not None and first.allowed is not None else "")
+              + (f": {first.detail}" if first.detail else "") + "); passed in the others")
+    flaky = Verdict(impl=impl.name, case=case, check="flaky", passed=False, detail=detail,
+                    where=first.where, heatmap=first.heatmap)
+    return dataclasses.replace(judged, verdicts=[flaky] + judged.verdicts)
+
+
+def check_case(impl: Implementation, case: AttentionCase, *, save_to_file: bool = True,
+               regressions_dir=None, device=None) -> JudgedCase:
+    """Judge one case; raise Counterexample on failure (writing a file on the final run)."""
+    judged = judge_once(impl, case, device=device)
+    if judged.skipped is not None:
+        raise RuntimeError(f"{case} was drawn but cannot run: {judged.skipped}")
+    if judged.refused is not None:
+        refusal_counts[(impl.name, judged.refused)] += 1
+        if currently_in_test_context():
+            reject()               # not a pass: Hypothesis draws another case
+        raise Refused(judged.refused)
+    if not judged.passed:
+        written = save(judged, regressions_dir) if (save_to_file and _is_final_run()) else None
+        raise Counterexample(judged, written)
+    return judged
+
+
+@dataclasses.dataclass
+class Campaign:
+    """What fuzzing one implementation (and one dtype) found."""
+    impl: str
+    cases: int                          # cases judged, shrinking included
+    seconds: float
+    counterexample: Counterexample | None = None
+    cases_to_first_failure: int | None = None
+    error: str | None = None            # the campaign could not run (e.g. nothing drawable)
+    budget_hit: bool = False            # the time cap stopped it before max_examples
+    refused: dict[str, int] = dataclasses.field(default_factory=dict)   # summary -> draws
+
+    @property
+    def passed(self) -> bool:
+        return self.counterexample is None and self.error is None
+
+    @property
+    def refused_total(self) -> int:
+        return sum(self.refused.values())
+
+    def refusal_note(self) -> str:
+        """'12% refused: RuntimeError: No available kernel (30)', or '' when none were."""
+        total = self.refused_total
+        if not total:
+            return ""
+        drawn = total + self.cases
+        top = ", ".join(f"{summary} ({n})" for summary, n in
+                        sorted(self.refused.items(), key=lambda kv: -kv[1])[:2])
+        return f"{100 * total / drawn:.0f}% of draws refused: {top}"
+
+    @property
+    def mostly_refused(self) -> bool:
+        return self.refused_total > self.cases
+
+
+def fuzz(impl: Implementation, strategy: st.SearchStrategy[AttentionCase], *, max_examples: int,
+         seconds: float | None = None, hypothesis_seed_value: int | None = 0,
+         save_to_file: bool = True, regressions_dir=None, device=None,
+         shrink: bool = True) -> Campaign:
+    """Judge up to `max_examples` drawn cases, or until `seconds` pass, and shrink the first
+    failure. Once the time cap is spent, draws are no longer judged: before a failure that ends
+    the search; during shrinking it ends the shrink, and Hypothesis's final replay of the smallest
+    failure found so far is still judged, reported and saved."""
+    state = {"judged": 0, "first": None, "over": False}
+    refused: collections.Counter[str] = collections.Counter()
+    start = time.perf_counter()
+
+    def over_budget() -> bool:
+        state["over"] = state["over"] or (seconds is not None and time.perf_counter() - start > seconds)
+        return state["over"]
+
+    phases = None if shrink else [Phase.explicit, Phase.reuse, Phase.generate]
+
+    @settings(max_examples=max_examples, database=None, deadline=None,
+              derandomize=hypothesis_seed_value is None, print_blob=False,
+              **({"phases": phases} if phases else {}))
+    @given(strategy)
+    def campaign(case):
+        final = currently_in_test_context() and current_build_context().is_final
+        if over_budget() and not final:
+            # Unjudged draws pass: before a failure this ends the search; while shrinking, no
+            # candidate can improve on the smallest failure so far, so the shrink winds down.
+            return
+        judged = judge_once(impl, case, device=device)
+        if judged.refused is not None:
+            refused[judged.refused] += 1
+            reject()
+        state["judged"] += 1
+        try:
+            check_case(impl, case, save_to_file=save_to_file, regressions_dir=regressions_dir,
+                       device=device)
+        except Counterexample:
+            if state["first"] is None:
+                state["first"] = state["judged"]
+            raise
+
+    if hypothesis_seed_value is not None:
+        campaign = hypothesis_seed(hypothesis_seed_value)(campaign)
+    result = dict(impl=impl.name)
+
+    def finished(**kw) -> Campaign:
+        return Campaign(cases=state["judged"], seconds=time.perf_counter() - start,
+                        refused=dict(refused), **result, **kw)
+
+    try:
+        campaign()
+    except Counterexample as found:
+        return finished(counterexample=found, cases_to_first_failure=state["first"],
+                        budget_hit=state["over"])
+    except FlakyFailure as exc:
+        # judge_once makes every case's verdict stable, so this means the strategy or the
+        # harness changed between Hypothesis's runs: report it, never as an internal error.
+        return finished(error=f"FlakyFailure: {' '.join(str(exc).split())[:300]}")
+    except HypothesisException as exc:
+        return finished(error=f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}")
+    return finished(budget_hit=state["over"])

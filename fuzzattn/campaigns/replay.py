@@ -1,0 +1,80 @@
+"""Replay regression files against implementations: drift check, expected failures, flaky files.
+
+A replay is one judged case, read against what the file expects of that implementation:
+
+    ok              passed, as a fixed bug should
+    FAIL            failed a check (the message has the case, the heatmap and the replay command)
+    inputs_drifted  the case no longer materialises the bits the file pins: nothing was run
+    xfail           failed, and the file lists this implementation as known to fail it
+    XPASS(strict)   passed although the file expects it to fail: fails the run (the defect is
+                    fixed upstream, or the case stopped showing it: update the file)
+    skip            the implementation cannot run the case here (the reason is given)
+
+A file recorded as `flaky` is judged FLAKY_REPLAYS times and says how many runs failed.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from fuzzattn.campaigns.outcome import DRIFTED, FAIL, OK, SKIP, XFAIL, XPASS, Outcome
+from fuzzattn.campaigns.regression_file import RegressionFile, display_path, replay_command
+from fuzzattn.contract.implementation import Implementation
+from fuzzattn.engine.judge import JudgedCase, judge
+from fuzzattn.engine.verdict import Verdict
+
+FLAKY_REPLAYS = 5
+
+
+def replay_one(record: RegressionFile, impl: Implementation, device=None) -> Outcome:
+    """Judge `impl` on the file's case and read the result against the file's expectations."""
+    subject = f"{record.name} on {impl.name}"
+
+    def outcome(status: str, message: str) -> Outcome:
+        failure = judged.first_failure
+        detail = judged.skipped or ""
+        if status in (FAIL, XFAIL, XPASS) and failure is not None:
+            detail = failure.check + (f" {failure.error:.3g} / {failure.allowed:.3g}"
+                                      if failure.error is not None and failure.allowed is not None else "")
+        elif status == DRIFTED:
+            detail = "inputs drifted"
+        return Outcome("replay", subject, status, status in (OK, SKIP, XFAIL), detail=detail,
+                       message=message, skipped=status == SKIP, judged=judged)
+
+    header = f"regression file {display_path(record.path) if record.path else record.name}"
+    if record.covers:
+        header += f" (covers: {record.covers})"
+    judged = judge(impl, record.case, device=device, expected_sha256=record.inputs_sha256)
+    if record.check == "flaky" and judged.skipped is None:
+        judged = _rerun_flaky(impl, record, device, judged)
+    hint = f"  replay:  {replay_command(record.path or record.name, impl.cli_name)}"
+    if judged.skipped:
+        return outcome(SKIP, f"{header}: {judged.skipped}")
+    failure = judged.first_failure
+    if failure is not None and failure.check == "inputs_drifted":
+        recorded = (record.versions or {}).get("torch", "unknown")
+        return outcome(DRIFTED, f"{header}: inputs drifted: {failure.detail} "
+                                         f"(recorded with torch {recorded})")
+    expected = record.expected_failures.get(impl.name)
+    if expected is not None:
+        upstream = f" ({expected.upstream})" if expected.upstream else ""
+        if judged.passed:
+            return outcome(XPASS, f"{header}: {impl.name} passed, but the file expects it "
+                                           f"to fail: {expected.reason}{upstream}; remove the entry "
+                                           f"from expected_failures if the defect is fixed\n{hint}")
+        return outcome(XFAIL, f"{header}: {impl.name} fails as expected "
+                                       f"({failure.check}): {expected.reason}{upstream}")
+    if judged.passed:
+        return outcome(OK, f"{header}: {impl.name} ok")
+    return outcome(FAIL, f"{header}\n{judged.describe()}\n{hint}")
+
+
+def _rerun_flaky(impl, record, device, judged: JudgedCase) -> JudgedCase:
+    runs = [judged] + [judge(impl, record.case, device=device) for _ in range(FLAKY_REPLAYS - 1)]
+    failed = [r for r in runs if not r.passed]
+    if not failed or any(r.skipped for r in runs):
+        return judged
+    first = failed[0].first_failure
+    verdict = Verdict(impl=impl.name, case=record.case, check="flaky", passed=False,
+                      detail=f"failed in {len(failed)} of {len(runs)} replays "
+                             f"(first: {first.check}: {first.detail or first.where})")
+    return dataclasses.replace(failed[0], verdicts=[verdict] + failed[0].verdicts)

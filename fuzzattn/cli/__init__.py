@@ -1,0 +1,103 @@
+"""The `fuzzattn` command: fuzz implementations, replay regression files, self-test on mutants,
+and gate CI. One module per command; `common` holds what they share.
+
+    fuzzattn fuzz --impl sdpa --impl path/to/mine.py:my_attention
+    fuzzattn replay regressions/                     # or single regression files
+    fuzzattn mutants [--list]
+    fuzzattn gate [--mutants] [--changed-since origin/main] [--junit-xml gate.xml] [--markdown gate.md]
+
+Exit status: 0 when everything passed; 1 when something failed (a counterexample, a failing or
+unreadable regression file, a surviving mutant); 2 when the command could not run as asked (a
+bad argument, an implementation that cannot be loaded, a bad git revision); 130 when
+interrupted. Every status-2 problem is one line on stderr starting with "fuzzattn: error:",
+never a traceback; FUZZATTN_DEBUG=1 lets an unexpected internal error show its traceback.
+
+`main(argv)` runs in-process (the tests call it directly), so it restores the Hypothesis profile
+and FUZZATTN_PROFILE it found when it returns. Heavy imports (torch, kernels) happen inside the
+commands, so `fuzzattn --help` is instant.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+import warnings
+
+from fuzzattn.cli import fuzz, gate, mutants, replay
+from fuzzattn.cli.common import CLIError, one_line
+
+COMMANDS = (fuzz, replay, mutants, gate)
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but its errors become CLIError: one line, our prefix, no usage dump."""
+
+    def error(self, message):
+        raise CLIError(message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from fuzzattn import __version__
+    parser = _Parser(prog="fuzzattn", description="Differential fuzz testing for attention kernels.")
+    parser.add_argument("--version", action="version", version=f"fuzzattn {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for command in COMMANDS:
+        command.add_parser(commands)
+    return parser
+
+
+@contextlib.contextmanager
+def _profile_restored():
+    """Put back the Hypothesis profile and FUZZATTN_PROFILE: main() may run inside pytest."""
+    from hypothesis import settings
+    getter = getattr(settings, "get_current_profile_name", None)
+    name = getter() if getter else getattr(settings, "_current_profile", None)
+    env = os.environ.get("FUZZATTN_PROFILE")
+    try:
+        yield
+    finally:
+        if name:
+            with contextlib.suppress(Exception):
+                settings.load_profile(name)
+        if env is None:
+            os.environ.pop("FUZZATTN_PROFILE", None)
+        else:
+            os.environ["FUZZATTN_PROFILE"] = env
+
+
+def main(argv=None) -> int:
+    from fuzzattn import settings
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except CLIError as exc:
+        print(f"fuzzattn: error: {one_line(exc)}", file=sys.stderr)
+        return 2
+    except SystemExit as exc:          # --help, --version
+        return exc.code if isinstance(exc.code, int) else 0
+    with _profile_restored(), settings.one_cpu_thread(), warnings.catch_warnings():
+        # numpy's divide/overflow warnings from inside Triton's interpreter: a kernel's NaN or inf
+        # is judged as a verdict (nonfinite, out_of_bounds_read ...), the warning only adds noise.
+        warnings.filterwarnings("ignore", category=RuntimeWarning, module=r"triton\.runtime\.interpreter")
+        warnings.filterwarnings("ignore", message="Conversion of an array with ndim > 0 to a scalar",
+                                category=DeprecationWarning)
+        try:
+            settings.choose_backend()
+            return args.run(args)
+        except (CLIError, settings.BackendError) as exc:
+            print(f"fuzzattn: error: {one_line(exc)}", file=sys.stderr)
+            return 2
+        except KeyboardInterrupt:
+            print("\nfuzzattn: error: interrupted", file=sys.stderr)
+            return 130
+        except Exception as exc:
+            from fuzzattn.engine.inputs import CaseTooLargeError
+            if isinstance(exc, CaseTooLargeError):
+                print(f"fuzzattn: error: {one_line(exc)}", file=sys.stderr)
+                return 2
+            if os.environ.get("FUZZATTN_DEBUG"):
+                raise
+            print(f"fuzzattn: error: internal error: {type(exc).__name__}: {one_line(exc)} "
+                  "(FUZZATTN_DEBUG=1 shows the traceback)", file=sys.stderr)
+            return 2

@@ -1,0 +1,190 @@
+"""What the commands share: the usage error, argument types, implementation lookup, running one
+campaign as an Outcome, and the common ending (failure details, a total, the exit status)."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import os
+import time
+
+from fuzzattn.campaigns.outcome import ERROR, FAIL, OK, SKIP, Outcome
+from fuzzattn.campaigns.regression_file import display_path, replay_command
+from fuzzattn.cli import tables
+from fuzzattn.contract.dtypes import DTYPES
+from fuzzattn.contract.profiles import PROFILES, ProfileError
+
+IMPL_METAVAR = "NAME|FILE.py:NAME|module:NAME"
+
+
+class CLIError(Exception):
+    """A problem with what was asked: printed as one line, exit status 2."""
+
+
+def one_line(text) -> str:
+    return " ".join(str(text).split())
+
+
+# -- argument types -----------------------------------------------------------------------------
+def whole_number(minimum: int, requirement: str):
+    """An argparse type: an int >= minimum, else argparse's own one-line error."""
+    def convert(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{value} {requirement}")
+        return value
+    return convert
+
+
+count = whole_number(1, "must be at least 1")
+seed = whole_number(0, "must not be negative")
+
+
+def seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"{text} must be a positive number of seconds")
+    return value
+
+
+def budget_options(p: argparse.ArgumentParser, examples_help: str, seconds_help: str) -> None:
+    p.add_argument("--max-examples", type=count, metavar="N", help=examples_help)
+    p.add_argument("--seconds", type=seconds, metavar="S", help=seconds_help)
+    p.add_argument("--hypothesis-seed", type=seed, default=0, metavar="N",
+                   help="which cases Hypothesis draws (default 0: the same cases every run; another "
+                        "seed explores further). Not the data seed a case's tensors come from.")
+    p.add_argument("--profile", choices=sorted(PROFILES), metavar="P",
+                   help=f"size and budget profile, one of {', '.join(sorted(PROFILES))} (default: "
+                        "FUZZATTN_PROFILE, else ci under CI, gpu with CUDA, dev otherwise)")
+
+
+# -- set-up ---------------------------------------------------------------------------------------
+def load_profile(name):
+    from fuzzattn import settings
+    try:
+        return settings.load_profile(name)
+    except ProfileError as exc:
+        raise CLIError(str(exc)) from None
+
+
+def resolve(spec: str):
+    """A registered implementation or mutant by name, or an outside one by FILE.py:NAME."""
+    from fuzzattn.engine.loader import ImplementationLoadError, load_implementation
+    from fuzzattn.engine.registry import UnknownImplementationError, get
+    try:
+        if ":" in spec:
+            return load_implementation(spec)
+        return get(spec)
+    except ImplementationLoadError as exc:
+        raise CLIError(str(exc)) from None
+    except UnknownImplementationError as exc:
+        hint = ""
+        if spec.endswith(".py") or os.sep in spec:
+            hint = f" (an implementation in a file is named as {spec}:NAME)"
+        raise CLIError(f"--impl: {exc.args[0]}{hint}") from None
+
+
+def registered():
+    from fuzzattn.engine.registry import implementations
+    return list(implementations().values())
+
+
+def triton_interpreted() -> bool:
+    from fuzzattn.engine.triton_backend import is_interpreted
+    return is_interpreted()
+
+
+def dtypes_of(impl, only: str | None) -> list[str]:
+    if only is not None:
+        if only not in impl.caps.dtypes:
+            raise CLIError(f"--dtype {only} is not declared by {impl.name} "
+                           f"(it declares {', '.join(d for d in DTYPES if d in impl.caps.dtypes)})")
+        return [only]
+    return [d for d in DTYPES if d in impl.caps.dtypes]
+
+
+# -- one campaign as an outcome ------------------------------------------------------------------
+def _failure_text(found, rerun: str) -> str:
+    """The report with its heatmap, then where the file went and how to replay it."""
+    lines = [found.judged.describe()]
+    if found.written is not None:
+        lines.append(f"  regression file: {display_path(found.written.path)}")
+        if found.written.fallback_reason:
+            lines.append(f"  (fallback location: {found.written.fallback_reason})")
+        lines.append(f"  replay:  {replay_command(found.written.path, found.judged.cli_name)}")
+    else:
+        lines.append("  regression file: not written (saving was off)")
+    lines.append(f"  found by: {rerun}")
+    return "\n".join(lines)
+
+
+def run_campaign(impl, dtype: str | None, *, profile, max_examples: int, seconds: float | None,
+                 hypothesis_seed: int, save: bool, regressions_dir, progress, stage: str = "fuzz",
+                 shrink: bool = True) -> Outcome:
+    """Fuzz one implementation (one dtype) and describe it as an Outcome (its Campaign attached)."""
+    from hypothesis.errors import HypothesisException
+    from fuzzattn import settings
+    from fuzzattn.campaigns.campaign import fuzz
+    from strategies.cases import attention_cases
+
+    label = f"{impl.name} {dtype or 'all dtypes'}"
+    caps = impl.caps
+    broken_bf16 = settings.bf16_unavailable(impl)
+    if dtype == "bfloat16" and broken_bf16:
+        return Outcome(stage, label, SKIP, True, detail=broken_bf16, skipped=True)
+    if dtype is None and broken_bf16 and "bfloat16" in caps.dtypes and len(caps.dtypes) > 1:
+        caps = dataclasses.replace(caps, dtypes=caps.dtypes - {"bfloat16"})
+    try:
+        strategy = attention_cases(caps, dtype=dtype, profile=profile)
+    except HypothesisException as exc:
+        return Outcome(stage, label, ERROR, False, detail=one_line(exc), message=one_line(exc))
+    strategy = progress.track(strategy, f"{stage} {label}", max_examples)
+    rerun = (f"fuzzattn {'mutants --only ' + impl.name if stage == 'mutant' else 'fuzz --impl ' + impl.cli_name}"
+             f"{' --dtype ' + dtype if dtype else ''} --hypothesis-seed {hypothesis_seed} "
+             f"--max-examples {max_examples}{' --seconds %g' % seconds if seconds else ''} "
+             f"--profile {profile.name}")
+    start = time.perf_counter()
+    try:
+        result = fuzz(impl, strategy, max_examples=max_examples, seconds=seconds,
+                      hypothesis_seed_value=hypothesis_seed, save_to_file=save,
+                      regressions_dir=regressions_dir, shrink=shrink)
+    except Exception as exc:   # e.g. a drawn case the harness cannot judge here: report, go on
+        progress.clear()
+        text = f"{type(exc).__name__}: {one_line(exc)}"
+        return Outcome(stage, label, ERROR, False, seconds=time.perf_counter() - start,
+                       detail=text, message=f"{text}\n  run: {rerun}")
+    progress.clear()
+    refusals = result.refusal_note()
+    if result.error is not None:
+        outcome = Outcome(stage, label, ERROR, False, result.cases, result.seconds,
+                          detail=one_line(result.error), message=f"{result.error}\n  run: {rerun}")
+    elif result.counterexample is not None:
+        found = result.counterexample
+        failure = found.judged.first_failure
+        outcome = Outcome(stage, label, FAIL, False, result.cases, result.seconds,
+                          detail=f"{failure.check}: {found.judged.case}",
+                          message=_failure_text(found, rerun), judged=found.judged)
+    else:
+        outcome = Outcome(stage, label, OK, True, result.cases, result.seconds)
+        if result.budget_hit:
+            outcome.detail = f"time cap {seconds:g} s reached after {result.cases} of {max_examples} cases"
+    if refusals:
+        loud = "MOSTLY REFUSED: " if result.mostly_refused else ""
+        outcome.detail = "; ".join(filter(None, [outcome.detail, loud + refusals]))
+    outcome.campaign = result
+    return outcome
+
+
+def finish(outcomes, last_line: str) -> int:
+    """The common ending of fuzz, replay and mutants: failure details, a total, the exit status."""
+    details = tables.failure_details(outcomes)
+    if details:
+        print("\n" + details)
+    print(f"\n{last_line}")
+    return 0 if all(o.passed for o in outcomes) else 1

@@ -1,0 +1,53 @@
+"""`fuzzattn fuzz`: one campaign per implementation and declared dtype; exit 1 on a counterexample."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from fuzzattn.cli import common, tables
+from fuzzattn.contract.dtypes import DTYPES
+
+
+def add_parser(commands) -> None:
+    p = commands.add_parser("fuzz", help="fuzz implementations against the float64 oracle",
+                            description="Fuzz each implementation, one campaign per declared dtype. "
+                                        "Exit 1 when a counterexample is found.")
+    p.add_argument("--impl", action="append", required=True, metavar=common.IMPL_METAVAR,
+                   help="a registered implementation or mutant, or one defined outside the repo; repeatable")
+    common.budget_options(p, "cases per campaign (default: the profile's max_examples)",
+                          "wall-time cap per campaign (default: none)")
+    p.add_argument("--dtype", choices=DTYPES, metavar="D",
+                   help=f"fuzz only this dtype ({', '.join(DTYPES)}); default: every declared one")
+    p.add_argument("--regressions-dir", type=Path, metavar="DIR",
+                   help="where counterexamples are saved (default: FUZZATTN_REGRESSIONS_DIR, else ./regressions)")
+    p.add_argument("--no-save", action="store_true", help="do not write counterexamples as regression files")
+    p.set_defaults(run=run)
+
+
+def run(args) -> int:
+    from fuzzattn.campaigns.regression_file import default_dir
+    profile = common.load_profile(args.profile)
+    subjects = [common.resolve(spec) for spec in args.impl]
+    plan = [(impl, dtype) for impl in subjects for dtype in common.dtypes_of(impl, args.dtype)]
+    max_examples = args.max_examples or profile.max_examples
+    regressions_dir = args.regressions_dir or default_dir()
+    progress = tables.Progress()
+    outcomes = [common.run_campaign(impl, dtype, profile=profile, max_examples=max_examples,
+                                    seconds=args.seconds, hypothesis_seed=args.hypothesis_seed,
+                                    save=not args.no_save, regressions_dir=regressions_dir,
+                                    progress=progress)
+                for impl, dtype in plan]
+
+    print(f"fuzzattn fuzz: profile={profile.name} hypothesis_seed={args.hypothesis_seed} "
+          f"max_examples={max_examples}{' seconds=%g' % args.seconds if args.seconds else ''}")
+    rows = []
+    for (impl, dtype), o in zip(plan, outcomes):
+        campaign = o.campaign
+        found = campaign.counterexample if campaign is not None else None
+        rows.append([impl.name, dtype, o.verdict, o.cases, tables.seconds(o.seconds),
+                     "" if campaign is None or campaign.cases_to_first_failure is None
+                     else campaign.cases_to_first_failure,
+                     found.judged.first_failure.check if found else "",
+                     str(found.judged.case) if found else o.detail])
+    print(tables.table(("impl", "dtype", "verdict", "cases", "seconds", "first failure at",
+                        "check", "shrunk case / detail"), rows, max_width=90))
+    return common.finish(outcomes, tables.totals(outcomes))

@@ -1,0 +1,98 @@
+"""`fuzzattn replay`: a verdict table for regression files, on every implementation that
+supports their case (or only the --impl ones). A bad file is one failing row, never a crash."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from fuzzattn.campaigns.outcome import FAIL, SKIP, Outcome
+from fuzzattn.cli import common, tables
+
+
+def add_parser(commands) -> None:
+    p = commands.add_parser("replay", help="replay regression files",
+                            description="Replay regression files against every registered "
+                                        "implementation that supports their case (or only --impl ones).")
+    p.add_argument("paths", nargs="+", type=Path, metavar="PATH",
+                   help="regression files or directories of *.json")
+    p.add_argument("--impl", action="append", default=[], metavar=common.IMPL_METAVAR,
+                   help="replay only against these implementations; repeatable")
+    p.set_defaults(run=run)
+
+
+def file_paths(paths) -> list[Path]:
+    from fuzzattn.campaigns.regression_file import discover
+    found = []
+    for path in paths:
+        if path.is_dir():
+            found += discover(path)
+        elif path.exists():
+            found.append(path)
+        else:
+            raise common.CLIError(f"{path}: no such file or directory")
+    seen, unique = set(), []
+    for path in found:              # a file also named through its folder is replayed once
+        if path.resolve() not in seen:
+            seen.add(path.resolve())
+            unique.append(path)
+    return unique
+
+
+def replay_all(paths, subjects, *, only_given: bool, progress) -> list[Outcome]:
+    """Replay each file on each supporting subject; a file that cannot be read is one failing row."""
+    from fuzzattn.campaigns.regression_file import RegressionFileError, load
+    from fuzzattn.campaigns.replay import replay_one
+    from fuzzattn.engine.execute import one_line
+    outcomes = []
+    for n, path in enumerate(paths, 1):
+        name = path.name
+        progress.status(f"replay {n}/{len(paths)} {name}")
+        try:
+            record = load(path)
+        except RegressionFileError as exc:
+            text = common.one_line(exc)
+            outcomes.append(Outcome("replay", name, FAIL, False, detail=text, message=text))
+            continue
+        targets = [impl for impl in subjects
+                   if only_given or impl.supports(record.case) or impl.name in record.expected_failures]
+        if not targets:
+            outcomes.append(Outcome("replay", name, SKIP, True, skipped=True,
+                                    detail=f"no implementation declares {record.case}"))
+        for impl in targets:
+            why = impl.caps.why_not(record.case)
+            if why is not None:       # named with --impl but outside its declaration
+                outcomes.append(Outcome("replay", f"{name} on {impl.name}", SKIP, True, skipped=True,
+                                        detail=f"{impl.name} does not declare {why}"))
+                continue
+            start = time.perf_counter()
+            try:
+                outcome = replay_one(record, impl)
+            except Exception as exc:   # e.g. a case over the memory budget: this file fails, the rest run
+                text = f"{name}: {one_line(exc)}"
+                outcome = Outcome("replay", f"{name} on {impl.name}", FAIL, False, detail=text, message=text)
+            outcome.seconds = time.perf_counter() - start
+            outcomes.append(outcome)
+    progress.clear()
+    return outcomes
+
+
+def run(args) -> int:
+    paths = file_paths(args.paths)
+    subjects = [common.resolve(spec) for spec in args.impl] or common.registered()
+    if not paths:
+        print(f"no regression files under {', '.join(str(p) for p in args.paths)}")
+        return 0
+    outcomes = replay_all(paths, subjects, only_given=bool(args.impl), progress=tables.Progress())
+    rows = []
+    for o in outcomes:
+        file, _, impl = o.subject.partition(" on ")
+        failure = o.judged.first_failure if o.judged is not None else None
+        numbers = (f"{failure.error:.3g} / {failure.allowed:.3g}" if failure is not None
+                   and failure.error is not None and failure.allowed is not None else "")
+        check = failure.check if failure is not None else ("malformed" if o.judged is None
+                                                           and o.verdict == FAIL else "")
+        rows.append([file, impl or "-", o.verdict, check, numbers,
+                     o.detail if o.verdict == SKIP or check == "malformed" else ""])
+    print(tables.table(("file", "impl", "verdict", "check", "error / allowed", "detail"), rows,
+                       max_width=100))
+    return common.finish(outcomes, f"{len(paths)} regression file(s): {tables.totals(outcomes)}")

@@ -1,0 +1,16 @@
+"""The case and contract layer: plain data every other layer builds on.
+
+    case          AttentionCase: one attention problem as sizes, flags and a data seed
+    dtypes        the one dtype table
+    capabilities  Capabilities: what an implementation declares, and how its inputs are checked
+    implementation  Implementation: a named callable, and the contract's calling convention
+    profiles      run profiles: how many cases and how large
+
+Nothing here imports the engine, campaigns, the command line, strategies or kernels.
+"""
+from fuzzattn.contract.capabilities import Capabilities, UnsupportedCaseError, refuse
+from fuzzattn.contract.case import AttentionCase, CaseError
+from fuzzattn.contract.implementation import ContractError, Implementation
+
+__all__ = ["AttentionCase", "Capabilities", "CaseError", "ContractError", "Implementation",
+           "UnsupportedCaseError", "refuse"]

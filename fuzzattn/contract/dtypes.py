@@ -1,0 +1,47 @@
+"""The one dtype table: every floating-point type fuzzattn knows, by name, with what the rest of
+the package needs to know about it (the torch dtype, its short name in case strings, its unit
+roundoff and precision)."""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+
+@dataclasses.dataclass(frozen=True)
+class DType:
+    name: str                 # as written in cases and regression files
+    short: str                # as printed in a case's one-line description
+    torch: torch.dtype
+    precision_bits: int       # significand bits, the implicit one included
+
+    @property
+    def unit_roundoff(self) -> float:
+        """u = 2^-p: the largest relative error of rounding to nearest in this type."""
+        return 2.0 ** -self.precision_bits
+
+    @property
+    def itemsize(self) -> int:
+        return self.torch.itemsize
+
+
+# Input dtypes a case may have, in the order strategies draw (and shrink toward) them.
+_INPUT = (DType("float32", "fp32", torch.float32, 24),
+          DType("bfloat16", "bf16", torch.bfloat16, 8),
+          DType("float16", "fp16", torch.float16, 11))
+FLOAT64 = DType("float64", "fp64", torch.float64, 53)
+
+DTYPES = tuple(d.name for d in _INPUT)
+BY_NAME = {d.name: d for d in _INPUT + (FLOAT64,)}
+BY_TORCH = {d.torch: d for d in _INPUT + (FLOAT64,)}
+
+U32 = BY_NAME["float32"].unit_roundoff       # fp32: running state, sums and lse are fp32
+TF32_ROUNDOFF = 2.0 ** -11                    # a TF32 matmul operand keeps 10 explicit mantissa bits
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    return BY_NAME[name].torch
+
+
+def unit_roundoff(dtype: str | torch.dtype) -> float:
+    return (BY_NAME[dtype] if isinstance(dtype, str) else BY_TORCH[dtype]).unit_roundoff

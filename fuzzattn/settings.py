@@ -1,0 +1,151 @@
+"""Run settings: what a fuzzattn run sets up before it judges anything, in one place for the
+command line and the pytest plugin (which uses it only in runs that opted in).
+
+    profile         the size/budget profile, and the Hypothesis settings profile of that name
+    threads         one torch thread per worker on CPU-only machines
+    backend         Triton compiled or interpreted, with the interpreter's bf16 repairs
+    bf16 policy     bf16 cases of Triton kernels skip when the interpreter cannot be repaired
+    implementations the registered ones plus those named with --impl / --fuzzattn-impl
+
+Hypothesis itself loads a built-in profile called "ci" when CI=true (derandomize=True,
+database=None, deadline=None, print_blob=True). fuzzattn registers its own "ci" *on top of* that
+one (parent=the built-in), so CI keeps Hypothesis's determinism and adds fuzzattn's budget; the
+chosen profile is then loaded explicitly, so nothing depends on import order.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+
+from fuzzattn.contract.implementation import Implementation
+from fuzzattn.contract.profiles import PROFILES, Profile, ProfileError, active_name
+
+# Outside implementations this run was given (--fuzzattn-impl): set by the pytest plugin in
+# every process (pytest-xdist workers get the same options), read by test modules at import.
+_outside_specs: list[str] = []
+
+
+# -- profile ------------------------------------------------------------------------------------
+def register_hypothesis_profiles() -> None:
+    """Register one Hypothesis settings profile per fuzzattn profile (loading none of them)."""
+    from hypothesis import HealthCheck, settings
+    # Slow interpreted kernels and float64 oracles: deadlines would only flake; shapes, not
+    # data volume, are what we draw, so the too_slow/data_too_large checks do not apply.
+    common = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                        HealthCheck.data_too_large,
+                                                        HealthCheck.filter_too_much])
+    builtin_ci = settings.get_profile("ci")
+    for p in PROFILES.values():
+        parent = builtin_ci if p.name == "ci" else None
+        kwargs = dict(common, max_examples=p.max_examples)
+        if p.derandomize:
+            kwargs.update(derandomize=True, database=None)
+        settings.register_profile(p.name, parent=parent, **kwargs)
+
+
+def load_profile(name: str | None = None) -> Profile:
+    """Load profile `name` (default: the active one) for sizes and for Hypothesis; raises
+    ProfileError with one line naming the bad name."""
+    from hypothesis import settings
+    name = name or active_name()
+    if name not in PROFILES:
+        raise ProfileError(f"profile {name!r} is not one of {', '.join(sorted(PROFILES))}")
+    register_hypothesis_profiles()
+    settings.load_profile(name)
+    os.environ["FUZZATTN_PROFILE"] = name   # so strategies and xdist workers agree
+    return PROFILES[name]
+
+
+# -- threads ------------------------------------------------------------------------------------
+def wants_one_thread() -> bool:
+    """Fuzzed cases are tiny (sequences up to ~80 on the CPU), so intra-op threads buy nothing,
+    and when another process holds a core they stall at their barriers: measured on the 2-core
+    machine, 60 torch_tiled cases took 0.45 s single-threaded every time but 8-13 s about one run
+    in three with torch's default two threads. OMP_NUM_THREADS, if set, wins."""
+    import torch
+    return not torch.cuda.is_available() and "OMP_NUM_THREADS" not in os.environ
+
+
+@contextlib.contextmanager
+def one_cpu_thread():
+    """torch single-threaded for the duration (CPU-only machines), then as it was."""
+    import torch
+    before = torch.get_num_threads()
+    pin = wants_one_thread()
+    if pin:
+        torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        if pin:
+            torch.set_num_threads(before)
+
+
+# -- backend ------------------------------------------------------------------------------------
+class BackendError(RuntimeError):
+    """Triton cannot be set up here (e.g. numpy too new for triton 3.6's interpreter)."""
+
+
+def choose_backend() -> None:
+    """Set up Triton (interpreter on CPU, bf16 repairs) before an outside implementation file
+    can import it; a broken setup becomes one line."""
+    from fuzzattn.engine.triton_backend import ensure_backend
+    try:
+        ensure_backend()
+    except Exception as exc:
+        raise BackendError(f"cannot set up the Triton backend: {' '.join(str(exc).split())}") from None
+
+
+def backend_description() -> str:
+    from fuzzattn.engine.triton_backend import bf16_dot_status, is_interpreted
+    ok, reason = bf16_dot_status()
+    return (f"triton {'interpreted' if is_interpreted() else 'compiled'}; "
+            f"bf16 tl.dot {'ok' if ok else 'BROKEN'} ({reason})")
+
+
+def device_description() -> str:
+    import torch
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+
+
+def bf16_unavailable(impl: Implementation) -> str | None:
+    """Why bf16 cannot be judged for this implementation here (a broken interpreter dot), or None."""
+    if impl.backend != "triton":
+        return None
+    from fuzzattn.engine.triton_backend import bf16_dot_status
+    ok, reason = bf16_dot_status()
+    return None if ok else reason
+
+
+# -- implementations ----------------------------------------------------------------------------
+def outside_specs() -> list[str]:
+    """The outside implementation specs this run was given."""
+    return list(_outside_specs)
+
+
+def set_outside_specs(specs: list[str]) -> list[str]:
+    """Replace the run's outside specs; returns the previous ones (to restore them)."""
+    global _outside_specs
+    previous, _outside_specs = _outside_specs, list(specs)
+    return previous
+
+
+def outside_implementations() -> list[Implementation]:
+    """The implementations named by the run's outside specs, each loaded once per process."""
+    return [_load_once(spec) for spec in outside_specs()]
+
+
+def implementations() -> list[Implementation]:
+    """Every registered implementation, then the run's outside ones."""
+    from fuzzattn.engine.registry import implementations as registered
+    return list(registered().values()) + outside_implementations()
+
+
+_LOADED: dict[str, Implementation] = {}
+
+
+def _load_once(spec: str) -> Implementation:
+    from fuzzattn.engine.loader import load_implementation
+    if spec not in _LOADED:
+        _LOADED[spec] = load_implementation(spec)
+    return _LOADED[spec]
