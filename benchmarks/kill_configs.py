@@ -6,7 +6,7 @@ with every call pinned to that configuration (what the engine will do once cases
 reads "killed@N" (the first failing case was the N-th judged) or "survived" (60 cases passed).
 Runs under the interpreter on CPU in a few minutes; on a GPU the same calls run compiled.
 
-    python benchmarks/kill_configs.py [--dtype float32] [--cases 60] [--mutant NAME ...]
+    python benchmarks/kill_configs.py [--dtype float32] [--cases 60] [--top-left-only] [--mutant NAME ...]
 """
 from __future__ import annotations
 
@@ -40,20 +40,28 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--cases", type=int, default=60, help="max_examples per (mutant, config)")
+    parser.add_argument("--top-left-only", action="store_true",
+                        help="draw causal cases top-left only (no bottom-right offsets): what is "
+                             "left shows the tile shapes alone")
     parser.add_argument("--mutant", action="append", help="only these mutants (default: the tile-"
                         "shape ones and lse_base2)")
     args = parser.parse_args(argv)
     zoo = mutants()
     names = args.mutant or list(CONFIG_MUTANTS)
-    print(f"dtype={args.dtype}, max_examples={args.cases}, same seed for every cell")
+    print(f"dtype={args.dtype}, max_examples={args.cases}, same seed for every cell"
+          + (", causal cases top-left only" if args.top_left_only else ""))
     print(f"{'mutant':<38}" + "".join(f"{label(c):>14}" for c in SAMPLE) + f"{'seconds':>9}")
     for name in names:
         mutant = zoo[name]
         cells, start = [], time.perf_counter()
         for config in SAMPLE:
             pinned = dataclasses.replace(mutant, fn=functools.partial(mutant.fn, config=config))
-            result = fuzz(pinned, attention_cases(mutant.caps, dtype=args.dtype),
-                          max_examples=args.cases, save=False)
+            caps = mutant.caps
+            if args.top_left_only:
+                caps = dataclasses.replace(caps, causal=("top_left",))
+            result = fuzz(pinned, attention_cases(caps, dtype=args.dtype),
+                          max_examples=args.cases, save=False,
+                          shrink=False)   # the count to the first failure is all we print
             cells.append("survived" if result.passed else
                          "error" if result.error else f"killed@{result.cases_to_first_failure}")
         print(f"{name:<38}" + "".join(f"{c:>14}" for c in cells)
