@@ -2,7 +2,7 @@
 
 Not a test: it prints a table. Each mutant is fuzzed once per configuration of a small sample,
 with every call pinned to that configuration (what the engine will do once cases carry a drawn
-`config`): `fuzz(pinned, attention_cases(caps, dtype=...), max_examples=60, save=False)`. A cell
+`config`): `fuzz(pinned, attention_cases(caps, dtype=...), max_examples=60, save_to_file=False)`. A cell
 reads "killed@N" (the first failing case was the N-th judged) or "survived" (60 cases passed).
 Runs under the interpreter on CPU in a few minutes; on a GPU the same calls run compiled.
 
@@ -17,8 +17,8 @@ import sys
 import time
 
 import fuzzattn  # noqa: F401  (selects Triton's backend before any kernel module loads)
-from fuzzattn.campaign import fuzz
-from fuzzattn.registry import mutants
+from fuzzattn.campaigns.campaign import fuzz
+from fuzzattn.engine.registry import mutants
 from strategies import attention_cases
 
 # The baseline, one tile shape each side of square, and a large square tile.
@@ -60,7 +60,7 @@ def main(argv=None) -> int:
             if args.top_left_only:
                 caps = dataclasses.replace(caps, causal=("top_left",))
             result = fuzz(pinned, attention_cases(caps, dtype=args.dtype),
-                          max_examples=args.cases, save=False,
+                          max_examples=args.cases, save_to_file=False,
                           shrink=False)   # the count to the first failure is all we print
             cells.append("survived" if result.passed else
                          "error" if result.error else f"killed@{result.cases_to_first_failure}")

@@ -10,7 +10,7 @@ Configurations. The tile sizes and launch options are a configuration, one choic
 no pipelining), so a fuzzer that shrinks configurations shrinks toward it. `config_invalid`
 says which configurations cannot run a head dim. `triton_fa2_forward(..., config=...)` pins one;
 with `config=None` the compiled kernel is autotuned over every valid configuration (the
-interpreter runs the baseline). Pinned launches go through `fuzzattn.autotune.launch_pinned`,
+interpreter runs the baseline). Pinned launches go through `fuzzattn.contract.autotune.launch_pinned`,
 so this file is the worked example of pinning an `@triton.autotune`d kernel.
 
 What a production kernel does, each for a reason (comments at each place say more):
@@ -48,7 +48,7 @@ import torch
 import triton
 import triton.language as tl
 
-from fuzzattn import autotune
+from fuzzattn.contract import autotune
 from fuzzattn.contract import Capabilities, Implementation, refuse
 from fuzzattn.engine.triton_backend import ensure_backend, is_interpreted
 
@@ -111,6 +111,27 @@ def config_invalid(config: dict, head_dim: int, *, dtype: torch.dtype | None = N
     return None
 
 
+CAPS = Capabilities(
+    dtypes={"float32", "bfloat16", "float16"},
+    head_dims=None,                  # any D in 1..MAX_HEAD_DIM: padded to BLOCK_D with masks
+    max_head_dim=MAX_HEAD_DIM,
+    causal=("top_left", "bottom_right"),
+    gqa=True,
+    strides="any",
+    zero_length=False,
+    returns_lse=True,
+    backward=False,
+    # tl.dot's default for fp32 operands: TF32 on tensor cores compiled, IEEE in the interpreter.
+    fp32_matmul="ieee" if is_interpreted() else "tf32",
+    deterministic=True,              # no atomics: every program owns its output rows
+    out_buffer=True,
+    # The configuration is drawn per case like a size (first choices: the article's 16x16
+    # kernel), recorded in regression files and replayed pinned; invalid tiles are never drawn.
+    configs=CONFIG_SPACE,
+    config_rule=lambda config, case: config_invalid(config, case.head_dim),
+)
+
+
 def _config_problem(config) -> str | None:
     """What is structurally wrong with `config` (keys, values), or None."""
     if not isinstance(config, dict):
@@ -132,21 +153,6 @@ def _block_d(head_dim: int) -> int:
     return max(16, triton.next_power_of_2(head_dim))   # tl.dot wants K >= 16 and a power of two
 
 
-CAPS = Capabilities(
-    dtypes={"float32", "bfloat16", "float16"},
-    head_dims=None,                  # any D in 1..MAX_HEAD_DIM: padded to BLOCK_D with masks
-    max_head_dim=MAX_HEAD_DIM,
-    causal=("top_left", "bottom_right"),
-    gqa=True,
-    strides="any",
-    zero_length=False,
-    returns_lse=True,
-    backward=False,
-    # tl.dot's default for fp32 operands: TF32 on tensor cores compiled, IEEE in the interpreter.
-    fp32_matmul="ieee" if is_interpreted() else "tf32",
-    deterministic=True,              # no atomics: every program owns its output rows
-    out_buffer=True,
-)
 
 
 @triton.jit

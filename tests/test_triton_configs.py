@@ -9,11 +9,12 @@ import functools
 import pytest
 import torch
 
-from fuzzattn import AttentionCase, autotune
+from fuzzattn import AttentionCase
+from fuzzattn.contract import autotune
 from fuzzattn.contract import UnsupportedCaseError
-from fuzzattn.inputs import materialize
-from fuzzattn.judge import judge
-from fuzzattn.registry import implementations, mutants
+from fuzzattn.engine.inputs import materialize
+from fuzzattn.engine.judge import judge
+from fuzzattn.engine.registry import implementations, mutants
 from kernels import triton_fa2
 from kernels.triton_fa2 import (ALL_CONFIGS, BASELINE_CONFIG, CONFIG_SPACE, config_invalid,
                                 fa2_fwd_autotuned, triton_fa2_forward)
@@ -127,7 +128,7 @@ def test_bad_configurations_are_refused_in_one_line(config, message):
     assert "\n" not in str(excinfo.value)
 
 
-# -- fuzzattn.autotune on the repo's own kernel ---------------------------------------------------
+# -- fuzzattn.contract.autotune on the repo's own kernel ---------------------------------------------------
 def test_the_autotuner_lists_every_configuration_and_pins_without_being_changed():
     listed = autotune.configs(fa2_fwd_autotuned)
     assert listed == ALL_CONFIGS

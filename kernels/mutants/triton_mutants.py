@@ -37,8 +37,8 @@ from pathlib import Path
 import torch
 
 from fuzzattn.contract import Implementation
-from fuzzattn.inputs import GUARD_ROWS
-from fuzzattn.interpreter import is_interpreted
+from fuzzattn.engine.inputs import GUARD_ROWS
+from fuzzattn.engine.triton_backend import is_interpreted
 from kernels import triton_fa2
 from kernels.triton_fa2 import CONFIG_SPACE, _attend_key_blocks, fa2_fwd_kernel, triton_fa2_forward
 

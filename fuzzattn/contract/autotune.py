@@ -56,7 +56,7 @@ def launch_pinned(autotuner, grid, *args, config: dict, **kwargs):
     match = next((c for c in autotuner.configs if config_dict(c) == config), None)
     if match is None:
         raise ValueError(f"config {config!r} is not one of the autotuner's {len(autotuner.configs)} "
-                         f"configurations (see fuzzattn.autotune.configs)")
+                         f"configurations (see fuzzattn.contract.autotune.configs)")
     conflicts = sorted(set(kwargs) & set(match.all_kwargs()))
     if conflicts:
         raise ValueError(f"{', '.join(conflicts)} given both as a launch argument and by the config")
