@@ -202,3 +202,21 @@ def test_an_undeclared_refusal_of_a_declared_case_is_a_crash():
                           Capabilities(dtypes={"float32"}))
     judged = judge(impl, AttentionCase(1, 1, 1, 3, 4, 16))
     assert judged.first_failure.check == "crash"
+
+
+# -- the README's example: a real-shaped kernel fuzzed from its own file ----------------------------
+def test_the_example_kernel_is_fuzzed_from_its_file_and_its_configuration_bug_found(tmp_path, capsys):
+    from pathlib import Path
+
+    from fuzzattn import cli
+    example = Path(__file__).resolve().parent.parent / "examples" / "square_fp16_attention.py"
+    status = cli.main(["fuzz", "--impl", f"{example}:SQUARE_FP16", "--max-examples", "12",
+                       "--regressions-dir", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert status == 1, out
+    (written,) = tmp_path.glob("*.json")
+    config = load(written).case.config_dict
+    assert config["BLOCK_M"] != config["BLOCK_N"]          # the seeded bug's only trigger
+    case = load(written).case
+    assert case.seq_q == case.seq_k and case.seq_q % 64 == 0 and case.dtype == "float16"
+    assert f"--impl {example}:SQUARE_FP16" in out

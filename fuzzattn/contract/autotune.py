@@ -19,7 +19,12 @@ fails in production. The recipe, for a kernel decorated like
                                with that configuration's meta-parameters and launch options, as
                                the autotuner would launch its winner (a Config's `pre_hook`
                                runs first, `num_ctas` / `maxnreg` pass through).
-3. Test each:                  parametrize over `configs(my_kernel)` and compare with a reference.
+3. Test each:                  parametrize over `configs(my_kernel)` and compare with a reference,
+                               or let fuzzattn draw them: `Capabilities(..., **declare(my_kernel))`
+                               declares the configurations as a space (one axis per name, the
+                               autotuner's first configuration first) whose rule allows exactly
+                               the listed combinations; the fuzzer then draws, shrinks, records
+                               and replays them, and calls your function with `config=<dict>`.
 
 The autotuner itself is left as it was: its configs, its cache of winners and its timings are
 not touched, so the production path (`my_kernel[grid](...)`) behaves the same before and after.
@@ -29,7 +34,7 @@ worked example: `triton_fa2_forward(..., config=...)` pins, `config=None` autotu
 """
 from __future__ import annotations
 
-__all__ = ["config_dict", "configs", "launch_pinned"]
+__all__ = ["config_dict", "configs", "declare", "launch_pinned"]
 
 # Launch options a triton.Config carries beside its meta-parameters; the dicts here name the two
 # every configuration sets, the others pass through from the matching Config when set.
@@ -65,3 +70,23 @@ def launch_pinned(autotuner, grid, *args, config: dict, **kwargs):
         # The hook sees the named arguments, as under the autotuner (autotuner.arg_names order).
         match.pre_hook({**dict(zip(autotuner.arg_names, args)), **kwargs, **launch})
     return autotuner.fn[grid](*args, **kwargs, **launch)
+
+
+def declare(autotuner) -> dict:
+    """Capabilities keyword arguments declaring the autotuner's configurations as a space:
+    `configs` (each name's values in first-seen order, so shrinking moves toward the first
+    configuration) and `config_rule`, which allows exactly the listed combinations."""
+    listed = configs(autotuner)
+    axes: dict[str, list] = {}
+    for config in listed:
+        for name, value in config.items():
+            if value not in axes.setdefault(name, []):
+                axes[name].append(value)
+    allowed = {tuple(sorted(c.items())) for c in listed}
+
+    def rule(config: dict, case) -> str | None:
+        if tuple(sorted(config.items())) not in allowed:
+            return "not one of the autotuner's configurations"
+        return None
+
+    return {"configs": {name: tuple(values) for name, values in axes.items()}, "config_rule": rule}
