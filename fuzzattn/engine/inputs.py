@@ -73,6 +73,15 @@ class Inputs:
     def snapshot(self) -> dict[str, torch.Tensor]:
         return {name: buf.clone() for name, buf in self.storages.items()}
 
+    def copy(self) -> "Inputs":
+        """Fresh storages with the same bits and the same views (strides, offsets, padding),
+        cloned on the device: what a new materialisation would give, without generating the
+        values on the CPU and moving them again (the larger part of a GPU case's set-up)."""
+        storages = {name: buf.clone() for name, buf in self.storages.items()}
+        views = {name: storages[name].as_strided(t.shape, t.stride(), t.storage_offset())
+                 for name, t in zip("qkv", self.tensors())}
+        return Inputs(views["q"], views["k"], views["v"], storages)
+
     def changed_since(self, snapshot: dict[str, torch.Tensor]) -> list[str]:
         """Names of storages whose bytes differ from the snapshot (NaN-safe: compares bits)."""
         return [name for name, buf in self.storages.items()

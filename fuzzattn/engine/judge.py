@@ -276,34 +276,36 @@ def judge(impl: Implementation, case: AttentionCase, device=None, *,
         judged.skipped = reason
         return judged
     check_budget(case)
-    inputs = materialize(case, device)
+    # Materialised once; every run of this judgement gets its own copy of these bits.
+    pristine = materialize(case, device)
     if expected_sha256 is not None:
-        judged.inputs_sha256 = inputs_sha256(inputs)
+        judged.inputs_sha256 = inputs_sha256(pristine)
         if judged.inputs_sha256 != expected_sha256:
             judged.verdicts.append(Verdict(
                 impl=impl.name, case=case, check="inputs_drifted", passed=False,
                 detail=f"the case now materialises sha256 {judged.inputs_sha256[:16]}..., the "
                        f"file pins {expected_sha256[:16]}...; not running on different inputs"))
             return judged
-    first = _run(impl, case, device, adversarial=True, inputs=inputs)
+    first = _run(impl, case, device, adversarial=True, inputs=pristine.copy())
     if first.call.declared_refusal:
         judged.refused = first.call.summary
         return judged
-    judged.verdicts = _judge_runs(impl, case, device, first)
+    judged.verdicts = _judge_runs(impl, case, device, first, pristine)
     if not judged.passed:
-        judged.inputs_sha256 = judged.inputs_sha256 or inputs_sha256(inputs)
+        judged.inputs_sha256 = judged.inputs_sha256 or inputs_sha256(pristine)
         judged.versions = versions()
     return judged
 
 
-def _judge_runs(impl: Implementation, case: AttentionCase, device, first: _Run) -> list[Verdict]:
+def _judge_runs(impl: Implementation, case: AttentionCase, device, first: _Run,
+                pristine: Inputs) -> list[Verdict]:
     if first.failure is not None:
         return [first.failure]
     verdicts = list(first.side_effects)
 
-    fresh = materialize(case, device)
-    ref = oracle(*fresh.tensors(), case)
-    spr = same_precision_reference(*fresh.tensors(), case, impl.caps.fp32_matmul)
+    # The references only read their inputs, and no implementation run ever sees `pristine`.
+    ref = oracle(*pristine.tensors(), case)
+    spr = same_precision_reference(*pristine.tensors(), case, impl.caps.fp32_matmul)
 
     nonfinite = _nonfinite_rows(first, ref)
     if bool(nonfinite.any()):
@@ -312,7 +314,7 @@ def _judge_runs(impl: Implementation, case: AttentionCase, device, first: _Run) 
                                 where=locate(nonfinite), heatmap=heatmap(nonfinite), detail=detail))
     verdicts += _value_verdicts(impl, case, first, ref, spr)
 
-    second = _run(impl, case, device, adversarial=False)
+    second = _run(impl, case, device, adversarial=False, inputs=pristine.copy())
     if second.failure is not None or not second.call.answered:
         failure = second.failure or Verdict(impl=impl.name, case=case, check="crash", passed=False,
                                             detail=second.call.summary)
