@@ -19,6 +19,7 @@ put back at unconfigure, so a pytest run inside a test (pytester) leaves its hos
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -36,6 +37,9 @@ def pytest_addoption(parser):
     group.addoption("--fuzzattn-impl", action="append", default=[], metavar="FILE.py:NAME",
                     help="also fuzz and replay an implementation defined outside the repo "
                          "(a module path or file, then ':' and the object's name); repeatable")
+    group.addoption("--fuzzattn-shards", type=int, default=1, metavar="N",
+                    help="split each differential campaign into N tests with distinct Hypothesis "
+                         "seeds and 1/N of the budget each, so pytest-xdist workers share it")
     parser.addini(REGRESSIONS_INI, default="regressions",
                   help="directory (relative to the rootdir) whose *.json regression files are replayed")
 
@@ -51,6 +55,7 @@ class _State:
         self.threads = None
         self.outside_specs = None
         self.regressions_dir = None
+        self.shards = None
 
     def restore(self):
         import torch
@@ -67,6 +72,8 @@ class _State:
             torch.set_num_threads(self.threads)
         if self.outside_specs is not None:
             settings.set_outside_specs(self.outside_specs)
+        if self.shards is not None:
+            settings.set_shards(self.shards)
         from fuzzattn.campaigns import regression_file
         regression_file.set_default_dir(self.regressions_dir)
 
@@ -118,6 +125,38 @@ def pytest_configure(config):
             except ImplementationLoadError as exc:
                 raise pytest.UsageError(str(exc)) from None
     state.outside_specs = settings.set_outside_specs(specs)
+    shards = config.getoption("fuzzattn_shards")
+    if shards < 1:
+        raise pytest.UsageError(f"--fuzzattn-shards={shards} must be at least 1")
+    state.shards = settings.set_shards(shards)
+    config.stash[_START_KEY] = time.perf_counter()
+
+
+# -- how many cases this run judged (summed over pytest-xdist workers) --------------------------
+_START_KEY = pytest.StashKey[float]()
+_JUDGED_KEY = pytest.StashKey[int]()
+
+
+def pytest_sessionfinish(session):
+    from fuzzattn.campaigns import campaign
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:            # an xdist worker: hand the count to the controller
+        workeroutput["fuzzattn_judged"] = campaign.judged_total
+
+
+def pytest_testnodedown(node, error):
+    """xdist controller: add up the workers' counts (xdist calls this per finished worker)."""
+    judged = getattr(node, "workeroutput", {}).get("fuzzattn_judged", 0)
+    node.config.stash[_JUDGED_KEY] = node.config.stash.get(_JUDGED_KEY, 0) + judged
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    from fuzzattn.campaigns import campaign
+    judged = config.stash.get(_JUDGED_KEY, 0) + campaign.judged_total
+    if judged:
+        seconds = time.perf_counter() - config.stash.get(_START_KEY, time.perf_counter())
+        terminalreporter.write_line(f"fuzzattn: {judged} cases judged in {seconds:.1f} s "
+                                    f"({judged / max(seconds, 1e-9):.1f} cases/s)")
 
 
 def pytest_unconfigure(config):

@@ -23,6 +23,10 @@ from fuzzattn.contract.profiles import PROFILES, Profile, ProfileError, active_n
 # Outside implementations this run was given (--fuzzattn-impl): set by the pytest plugin in
 # every process (pytest-xdist workers get the same options), read by test modules at import.
 _outside_specs: list[str] = []
+# Shards per differential test (--fuzzattn-shards): each (implementation, dtype) campaign splits
+# into this many tests with distinct Hypothesis seeds and an equal share of the budget, so that
+# pytest-xdist workers share one implementation's campaign.
+_shards = 1
 
 
 # -- profile ------------------------------------------------------------------------------------
@@ -118,6 +122,17 @@ def bf16_unavailable(impl: Implementation) -> str | None:
 
 
 # -- implementations ----------------------------------------------------------------------------
+def shards() -> int:
+    return _shards
+
+
+def set_shards(n: int) -> int:
+    """Set the run's shard count; returns the previous one (to restore it)."""
+    global _shards
+    previous, _shards = _shards, n
+    return previous
+
+
 def outside_specs() -> list[str]:
     """The outside implementation specs this run was given."""
     return list(_outside_specs)

@@ -72,6 +72,7 @@ def save(judged: JudgedCase, directory=None) -> regression_file.Written:
 
 _memo: collections.OrderedDict[tuple[str, str], JudgedCase] = collections.OrderedDict()
 refusal_counts: collections.Counter[tuple[str, str]] = collections.Counter()  # (impl, summary)
+judged_total = 0      # cases judged by this process (reruns for flakiness not counted)
 
 
 def judge_once(impl: Implementation, case: AttentionCase, device=None) -> JudgedCase:
@@ -80,7 +81,9 @@ def judge_once(impl: Implementation, case: AttentionCase, device=None) -> Judged
     if key in _memo:
         _memo.move_to_end(key)
         return _memo[key]
+    global judged_total
     judged = judge(impl, case, device=device)
+    judged_total += 1
     if judged.failures and judged.first_failure.check != "inputs_drifted":
         judged = _flaky_or_consistent(impl, case, device, judged)
     _memo[key] = judged
