@@ -360,8 +360,22 @@ def _judge_runs(impl: Implementation, case: AttentionCase, device, first: _Run) 
     return verdicts
 
 
+def refusal_not_applicable(impl: Implementation) -> str | None:
+    """Why the refusal property does not apply to `impl`, or None. A plain callable declared
+    nothing: its capabilities are the contract's base, assumed for it, so answering outside them
+    (say causal="bottom_right" treated as a truthy flag) breaks no statement it made. fuzz, gate
+    and the pytest plugin never draw outside the declaration, so they judge it the same way."""
+    if not impl.declares:
+        return (f"{impl.name} is a plain callable: it declared no capabilities, so there is "
+                "nothing it must refuse (wrap it in an Implementation to declare them)")
+    return None
+
+
 def check_refusal(impl: Implementation, case: AttentionCase, device=None) -> Verdict:
     """An input outside the declaration must raise with a message, not return an answer."""
+    not_applicable = refusal_not_applicable(impl)
+    if not_applicable is not None:
+        raise ValueError(not_applicable)
     why = impl.caps.why_not(case)
     if why is None:
         raise ValueError(f"{case} is inside {impl.name}'s declaration: nothing to refuse")
