@@ -134,20 +134,21 @@ def pytest_configure(config):
         import torch
         state.threads = torch.get_num_threads()
         torch.set_num_threads(1)
-    specs = config.getoption("fuzzattn_impl")
-    if specs:
-        from fuzzattn.engine.loader import ImplementationLoadError, load_implementation
-        for spec in specs:          # a bad spec is a one-line usage error, before any test runs
-            try:
-                load_implementation(spec)
-            except ImplementationLoadError as exc:
-                raise pytest.UsageError(str(exc)) from None
-    state.outside_specs = settings.set_outside_specs(specs)
     timeout = config.getoption("fuzzattn_timeout")
     if timeout is not None and not timeout > 0:
         raise pytest.UsageError(f"--fuzzattn-timeout={timeout:g} must be a positive number of seconds")
     state.timeout = timeout
-    if config.getoption("fuzzattn_isolate") or timeout is not None:
+    isolate = config.getoption("fuzzattn_isolate") or timeout is not None
+    specs = config.getoption("fuzzattn_impl")
+    if specs:
+        from fuzzattn.engine.loader import ImplementationLoadError
+        for spec in specs:          # a bad spec is a one-line usage error, before any test runs
+            try:                    # (isolated, the probe call runs in a worker: it may hang or die)
+                settings.load_outside(spec, isolated=isolate, timeout=timeout)
+            except ImplementationLoadError as exc:
+                raise pytest.UsageError(str(exc)) from None
+    state.outside_specs = settings.set_outside_specs(specs)
+    if isolate:
         from fuzzattn.campaigns import campaign
         covered = {impl.cli_name for impl in settings.implementations()}
         state.workers = campaign.use_workers(state.worker_pool(), covered)

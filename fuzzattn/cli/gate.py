@@ -57,12 +57,15 @@ def run(args) -> int:
     started = time.perf_counter()
     profile = common.load_profile(args.profile)
     isolate, timeout = common.isolation(args)
-    subjects = common.registered() + [common.resolve(spec, isolate, timeout) for spec in args.impl]
+    regressions_dir = args.regressions_dir or default_dir()
+    paths = discover(regressions_dir)
+    probe_isolated = isolate or replay.any_needs_isolation(paths)
+    subjects = common.registered() + [common.resolve(spec, probe_isolated, timeout)
+                                      for spec in args.impl]
     to_fuzz, notes = changes.plan(args.changed_since, subjects)   # a bad REV stops here
     interpreted = common.triton_interpreted()
     max_examples = args.max_examples or (GATE_INTERPRETED_EXAMPLES if interpreted else profile.max_examples)
     seconds = args.seconds or (GATE_INTERPRETED_SECONDS if interpreted else GATE_COMPILED_SECONDS)
-    regressions_dir = args.regressions_dir or default_dir()
     progress = tables.Progress()
     header = (f"fuzzattn gate: profile={profile.name} hypothesis_seed={args.hypothesis_seed} "
               f"budget={max_examples} cases / {seconds:g} s per campaign; triton "
@@ -70,7 +73,6 @@ def run(args) -> int:
               f"{'; isolated' if isolate else ''}{' timeout=%g s' % timeout if timeout else ''}")
 
     # (1) every known bug stays fixed, on every implementation that can run its case
-    paths = discover(regressions_dir)
     outcomes = replay.replay_all(paths, subjects, only_given=False, progress=progress,
                                  isolate=isolate, timeout=timeout)
     if not paths and not args.allow_empty:

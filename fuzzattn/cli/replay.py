@@ -39,6 +39,21 @@ def file_paths(paths) -> list[Path]:
     return unique
 
 
+def any_needs_isolation(paths) -> bool:
+    """Some file records a hang, segfault or device_fault: an outside implementation must then
+    be probed in a worker too (the probe call could be the one that dies). Unreadable files are
+    left for replay_all to report."""
+    from fuzzattn.campaigns.regression_file import RegressionFileError, load
+    from fuzzattn.campaigns.replay import needs_isolation
+    for path in paths:
+        try:
+            if needs_isolation(load(path)):
+                return True
+        except RegressionFileError:
+            continue
+    return False
+
+
 def replay_all(paths, subjects, *, only_given: bool, progress, isolate: bool = False,
                timeout: float | None = None) -> list[Outcome]:
     """Replay each file on each supporting subject; a file that cannot be read is one failing row.
@@ -91,7 +106,9 @@ def _replay_all(paths, subjects, *, only_given, progress, pool, isolate) -> list
 def run(args) -> int:
     paths = file_paths(args.paths)
     isolate, timeout = common.isolation(args)
-    subjects = [common.resolve(spec, isolate, timeout) for spec in args.impl] or common.registered()
+    probe_isolated = isolate or any_needs_isolation(paths)
+    subjects = ([common.resolve(spec, probe_isolated, timeout) for spec in args.impl]
+                or common.registered())
     if not paths:
         print(f"no regression files under {', '.join(str(p) for p in args.paths)}")
         return 0
