@@ -148,6 +148,15 @@ class _UninitializedMemoryIsZero(TorchDispatchMode):
         return result
 
 
+# torch.use_deterministic_algorithms imports torch._dynamo (~900 modules) on its first call. Done
+# lazily, inside a judge, those imports can land inside an in-process pytest run (pytester), which
+# unloads them afterwards; their re-import then fails ("Only a single TORCH_LIBRARY can be used to
+# register the namespace _inductor_test") and every later judge in the process crashes. Setting
+# the current value again here pays the same imports once, when the judge itself is imported.
+torch.use_deterministic_algorithms(torch.are_deterministic_algorithms_enabled(),
+                                   warn_only=torch.is_deterministic_algorithms_warn_only_enabled())
+
+
 @contextlib.contextmanager
 def _uninitialized_memory_is_nan():
     """Make torch.empty & co. return NaN-filled memory (CPU and CUDA) for the duration: torch
