@@ -146,3 +146,17 @@ def test_read_only_regressions_dir_falls_back_and_says_where(capsys, tmp_path, m
         assert not list(read_only.iterdir())
     finally:
         read_only.chmod(0o755)
+
+
+@pytest.mark.parametrize("how", ["option", "environment"])
+def test_a_bad_profile_name_is_a_one_line_usage_error(pytester, monkeypatch, how):
+    pytester.makepyfile(test_nothing="def test_nothing():\n    pass\n")
+    args = ["-p", "no:cacheprovider", "-p", "fuzzattn.pytest_plugin"]
+    if how == "option":
+        args.append("--fuzzattn-profile=nope")
+    else:
+        monkeypatch.setenv("FUZZATTN_PROFILE", "nope")
+    result = pytester.runpytest_inprocess(*args)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    errors = [line for line in result.errlines if line.strip()]
+    assert errors == ["ERROR: profile 'nope' is not one of ci, dev, gpu, nightly"], result.errlines
