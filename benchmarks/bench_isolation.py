@@ -1,7 +1,8 @@
 """What isolated judging costs: cases judged per second in-process vs in a supervised worker.
 
-Not a test: it prints numbers. Both modes judge the same drawn cases (same profile, seed and
-strategy, via `campaign.fuzz`); isolated adds a pickle round trip per case and one worker start
+Not a test: it prints numbers. Both modes judge cases drawn alike (same profile and strategy,
+via `campaign.fuzz`; a fresh seed per campaign, since the verdict memo would answer repeated
+cases); isolated adds a pickle round trip per case and one worker start
 per campaign, which is timed apart (it precedes a campaign's clock, as in `fuzz(isolate=True)`;
 on a CPU-only machine the first start includes the fork server's own import and warm-up, and a
 restart after a hang or death is a fork of it: both are printed).
