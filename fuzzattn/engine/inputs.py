@@ -48,7 +48,7 @@ def check_budget(case: AttentionCase) -> None:
     if need > budget:
         raise CaseTooLargeError(
             f"case B={case.batch} H={case.heads} Nq={case.seq_q} Nk={case.seq_k} D={case.head_dim} "
-            f"needs about {need / 2**30:.1f} GiB, over the {budget / 2**30:.1f} GiB budget "
+            f"needs about {need / 2**30:.3g} GiB, over the {budget / 2**30:.3g} GiB budget "
             "(FUZZATTN_MEMORY_BUDGET_GB)")
 # NaN padding before and after each tensor inside its storage: a tile load without its row mask
 # reads up to (tile - 1) rows past the end, so the guard spans 16 rows of the widest row stride
