@@ -16,7 +16,7 @@ from fuzzattn.engine.inputs import materialize
 from fuzzattn.engine.judge import judge
 from fuzzattn.engine.registry import implementations, mutants
 from kernels import triton_fa2
-from kernels.triton_fa2 import (ALL_CONFIGS, BASELINE_CONFIG, CONFIG_SPACE, config_invalid,
+from kernels.triton_fa2 import (ALL_CONFIGS, AUTOTUNE_CONFIGS, BASELINE_CONFIG, CONFIG_SPACE, config_invalid,
                                 fa2_fwd_autotuned, triton_fa2_forward)
 
 
@@ -131,7 +131,7 @@ def test_bad_configurations_are_refused_in_one_line(config, message):
 # -- fuzzattn.contract.autotune on the repo's own kernel ---------------------------------------------------
 def test_the_autotuner_lists_every_configuration_and_pins_without_being_changed():
     listed = autotune.configs(fa2_fwd_autotuned)
-    assert listed == ALL_CONFIGS
+    assert listed == AUTOTUNE_CONFIGS and all(c in ALL_CONFIGS for c in listed)
     configs_before, cache_before = list(fa2_fwd_autotuned.configs), dict(fa2_fwd_autotuned.cache)
     inputs = materialize(case(20, 20, 16), "cpu")
     out, lse = triton_fa2_forward(inputs.q, inputs.k, inputs.v, causal=True, scale=0.25,

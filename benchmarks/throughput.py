@@ -1,0 +1,123 @@
+"""Judged cases per second, per implementation and dtype, with where the time of a case goes.
+
+Not a test: it prints numbers, measured in one run (compare the ratios on a noisy CPU; absolute
+rates only on the GPU). Three figures per row:
+
+    pipeline   `fuzz()`: everything the gate does per drawn case — materialise once, run the
+               implementation twice (adversarial NaN-poisoned memory, then plain), the float64
+               oracle and the same-precision reference, every check, Hypothesis's drawing
+    bare       the same Hypothesis loop over the same strategy with the least a differential
+               test can do: materialise, run once, the float64 oracle, one max-error compare
+    ratio      pipeline cost per case / bare cost per case (the issue's target: <= 1.5 on CPU)
+
+and a per-case breakdown of the pipeline (milliseconds per judged case: drawing, materialising,
+implementation runs, references, the rest), from a profile of the same run.
+
+    python benchmarks/throughput.py [--profile ci] [--cases 200] [--impl sdpa --impl torch_tiled]
+
+Scaling over processes is measured with pytest-xdist, as users run it:
+`pytest tests/test_differential.py -k sdpa-float32 -n N --fuzzattn-shards N` prints
+"fuzzattn: K cases judged in S s" (benchmarks/gpu_session.sh does this for N = 1..16).
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import time
+
+import fuzzattn  # noqa: F401  (selects the Triton backend first)
+import torch
+from hypothesis import given, seed, settings
+
+from fuzzattn import settings as run_settings
+from fuzzattn.campaigns.campaign import fuzz
+from fuzzattn.contract.dtypes import DTYPES
+from fuzzattn.engine import execute
+from fuzzattn.engine.inputs import materialize
+from fuzzattn.engine.judge import default_device
+from fuzzattn.engine.oracle import oracle
+from fuzzattn.engine.registry import implementations
+from strategies import attention_cases
+
+# Functions whose cumulative time makes up each stage of the breakdown.
+STAGES = {
+    "draw (hypothesis)": ("cases.py:", "_cases"),
+    "materialise": ("inputs.py:", "materialize"),
+    "implementation runs": ("execute.py:", "call"),
+    "oracle + reference": ("oracle.py:", "_attend"),
+}
+
+
+def bare_loop(impl, strategy, cases: int, device) -> tuple[int, float]:
+    count = {"n": 0, "worst": 0.0}
+
+    @seed(0)
+    @settings(max_examples=cases, database=None, deadline=None, derandomize=False)
+    @given(strategy)
+    def loop(case):
+        inputs = materialize(case, device)
+        call = execute.call(impl, *inputs.tensors(), case)
+        truth = oracle(*inputs.tensors(), case)
+        if call.answered and call.out.numel():      # the compare a bare differential test makes
+            count["worst"] = max(count["worst"], float((call.out.double() - truth.out).abs().max()))
+        count["n"] += 1
+
+    start = time.perf_counter()
+    loop()
+    return count["n"], time.perf_counter() - start
+
+
+def breakdown(profile: cProfile.Profile, cases: int) -> dict[str, float]:
+    stats = pstats.Stats(profile).stats
+    out = {}
+    for stage, (file_part, func) in STAGES.items():
+        total = sum(v[3] for (file, _, name), v in stats.items()
+                    if file.endswith(file_part.rstrip(":")) and name == func)
+        out[stage] = 1000 * total / max(cases, 1)
+    return out
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--profile", default="ci")
+    parser.add_argument("--cases", type=int, default=200, help="cases per implementation and dtype")
+    parser.add_argument("--impl", action="append", help="only these implementations")
+    parser.add_argument("--dtype", action="append", choices=DTYPES)
+    args = parser.parse_args(argv)
+    profile = run_settings.load_profile(args.profile)
+    if run_settings.wants_one_thread():
+        torch.set_num_threads(1)       # as CPU xdist workers run
+    device = default_device()
+    impls = implementations()
+    rows = []
+    for name in args.impl or sorted(impls):
+        impl = impls[name]
+        for dtype in (d for d in DTYPES if d in impl.caps.dtypes and d in (args.dtype or DTYPES)):
+            if run_settings.bf16_unavailable(impl) and dtype == "bfloat16":
+                continue
+            strategy = attention_cases(impl.caps, dtype=dtype, profile=profile)
+            fuzz(impl, strategy, max_examples=5, save_to_file=False, hypothesis_seed_value=99)  # warm-up
+            profiler = cProfile.Profile()
+            start = time.perf_counter()
+            profiler.enable()
+            result = fuzz(impl, strategy, max_examples=args.cases, save_to_file=False)
+            profiler.disable()
+            seconds = time.perf_counter() - start
+            bare_cases, bare_seconds = bare_loop(impl, strategy, args.cases, device)
+            rows.append((name, dtype, result.cases, seconds, bare_cases, bare_seconds,
+                         breakdown(profiler, result.cases), result.passed))
+    print(f"profile={profile.name} device={run_settings.device_description()} "
+          f"threads={torch.get_num_threads()} {run_settings.backend_description()}")
+    print(f"{'implementation':<16}{'dtype':<10}{'cases':>6}{'cases/s':>9}{'bare/s':>9}{'ratio':>7}  "
+          + "  ".join(f"{s} ms" for s in STAGES) + "  verdict")
+    for name, dtype, cases, seconds, bare_cases, bare_seconds, stages, passed in rows:
+        rate, bare_rate = cases / seconds, bare_cases / bare_seconds
+        print(f"{name:<16}{dtype:<10}{cases:>6}{rate:>9.1f}{bare_rate:>9.1f}{bare_rate / rate:>7.2f}  "
+              + "  ".join(f"{stages[s]:>{len(s) + 3}.2f}" for s in STAGES)
+              + f"  {'pass' if passed else 'FOUND A FAILURE'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
