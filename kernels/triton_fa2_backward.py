@@ -98,9 +98,10 @@ def config_invalid(config: dict, head_dim: int, *, element_size: int = 4) -> str
 
     Everything is counted at `element_size` bytes, 4 by default (fp32 inputs, whose TF32 dot
     operands are 4 bytes): the estimate then holds for every supported dtype; pass 2 for
-    bf16/fp16. It ignores reuse Triton may find (an over-estimate: a rejected config might in
-    fact fit), never anything Triton adds (layout-conversion scratch is smaller than the tiles
-    counted), so a config it accepts has not failed for lack of shared memory in our runs.
+    bf16/fp16. It ignores buffer reuse Triton may find, so it over-estimates (a rejected config
+    might in fact fit); it does not count layout-conversion scratch, which is reused between
+    conversions and smaller than the tiles counted. Not yet checked against compiles on an H200
+    (no GPU run of this kernel so far): treat it as the first filter, not a guarantee.
     """
     unknown = sorted(set(config) - set(BACKWARD_CONFIG_SPACE))
     if unknown:

@@ -224,12 +224,14 @@ def test_layouts(layouts):
     assert max(ratios.values()) <= 1.0, ratios
 
 
-def test_lse_layout_and_stride0_broadcast_kv():
+def test_lse_layout_and_stride0_broadcast_kv_dout():
     # k, v broadcast from one kv head to two (stride 0 on the head dim); lse sliced from a wider
     # buffer. The gradients are those of the (B, Hkv, Nk, D) views, as autograd gives them.
+    # dout broadcast over heads too (stride 0), as from out.sum(dim=1).backward().
     q, k1, v1, dout = make_inputs(1, 4, 1, 17, 17, 16, BF16, seed=2)
     k, v = k1.expand(1, 2, 17, 16), v1.expand(1, 2, 17, 16)
-    assert k.stride(1) == 0
+    dout = dout[:, :1].expand_as(dout)
+    assert k.stride(1) == 0 and dout.stride(1) == 0
     out, lse, expected, magnitudes = reference_gradients(q, k, v, dout, "top_left", 0.25)
     lse_wide = torch.full((1, 4, 34), float("nan"))
     lse_wide[:, :, ::2] = lse
@@ -238,6 +240,29 @@ def test_lse_layout_and_stride0_broadcast_kv():
     for g, e, m in zip(got, expected, magnitudes):
         assert g.shape == e.shape
         assert worst_ratio(g, e, m, factor) <= 1.0
+
+
+def test_hidden_blocks_are_never_loaded():
+    # Causal block skipping, shown with NaN poison: a masked element still enters the dots
+    # (p = 0 but dp = dO V^T is NaN, and 0 * NaN = NaN), so only a block that is never loaded
+    # can hold NaN without reaching the gradients. 16x16 tiles, top_left.
+    # dQ pass: Nq = 16, Nk = 48; keys 16..47 are visible to no query, so after poisoning them
+    # dq must equal, bitwise, the dq of the same problem cut to its first 16 keys.
+    q, k, v, dout = make_inputs(1, 1, 1, 16, 48, 16, F32, seed=6)
+    out, lse, _, _ = reference_gradients(q, k, v, dout, "top_left", 0.25)
+    k[:, :, 16:], v[:, :, 16:] = float("nan"), float("nan")
+    dq, dk, dv = triton_fa2_backward(q, k, v, out, lse, dout, causal="top_left", scale=0.25)
+    dq_cut, _, _ = triton_fa2_backward(q, k[:, :, :16], v[:, :, :16], out, lse, dout,
+                                       causal="top_left", scale=0.25)
+    assert torch.equal(dq, dq_cut)
+    # dK/dV pass: Nq = Nk = 32; query rows 0..15 cannot see keys 16..31, so poisoning their q
+    # and dout must leave dk, dv of keys 16..31 finite and unchanged.
+    q, k, v, dout = make_inputs(1, 1, 1, 32, 32, 16, F32, seed=7)
+    out, lse, _, _ = reference_gradients(q, k, v, dout, "top_left", 0.25)
+    _, dk, dv = triton_fa2_backward(q, k, v, out, lse, dout, causal="top_left", scale=0.25)
+    q[:, :, :16], dout[:, :, :16] = float("nan"), float("nan")
+    _, dk_p, dv_p = triton_fa2_backward(q, k, v, out, lse, dout, causal="top_left", scale=0.25)
+    assert torch.equal(dk_p[:, :, 16:], dk[:, :, 16:]) and torch.equal(dv_p[:, :, 16:], dv[:, :, 16:])
 
 
 def test_deterministic_bitwise():
