@@ -1,0 +1,84 @@
+"""Seeded bugs in the Triton FlashAttention-2 backward (kernels/triton_fa2_backward.py).
+
+Each mutant is the real backward launched through the real launcher `triton_fa2_backward(...,
+kernels=...)` with one or more of its three kernels replaced by a copy carrying one checked
+source edit (edit.py): validation, allocation, grids and launch arguments are the real ones, and
+an edit whose target text disappears from the real kernel stops the import instead of planting
+nothing. A bug that naturally lives in two kernels (the same line in the dK/dV and the dQ pass)
+is planted in both, as one logical edit.
+
+`BACKWARD_MUTANTS` is a tuple of (name, description, backward_fn); backward_fn has the signature
+of `triton_fa2_backward`. They are deliberately not registered with the engine yet.
+
+Not planted: a dQ accumulation race. The real backward computes dQ in a second pass where each
+program owns its rows (no atomics, see the kernel module's docstring), so there is no shared
+accumulator whose atomic add could be weakened into a racy load + store; and under the CPU
+interpreter programs run one after another, so a race could not show here anyway.
+
+All mutants only read and write inside the buffers the real kernel touches (no mask removed
+from a load or store), so they are safe to run under the interpreter in the fuzzing process.
+"""
+from __future__ import annotations
+
+from kernels.triton_fa2_backward import KERNELS, triton_fa2_backward
+
+from .edit import mutate
+
+_LOG2E = "1.4426950408889634"
+
+# (name, what is planted, {kernel key in KERNELS: [(old, new), ...]})
+BACKWARD_BUGS = (
+    ("mutant_bwd_dkdv_ignores_causal",
+     "dK/dV pass drops the causal mask (triton #4541): keys get gradient from queries that "
+     "cannot see them; block skipping still hides whole blocks, so only the diagonal leaks",
+     {"dkdv": [("keep = keep & (offs_n[:, None] <= offs_m[None, :] + CAUSAL_SHIFT)",
+                "keep = keep")]}),
+    ("mutant_bwd_delta_from_dout",
+     "preprocess computes Delta = rowsum(dO * dO) instead of rowsum(dO * O)",
+     {"preprocess": [("delta = tl.sum(o * do, axis=1)", "delta = tl.sum(do * do, axis=1)")]}),
+    ("mutant_bwd_ds_unscaled",
+     "softmax scale left out of dS: dK = dS^T Q and dQ = dS K, the gradient w.r.t. the "
+     "unscaled scores",
+     {"dkdv": [("dk = dk * scale", "dk = dk")],
+      "dq": [("dq = dq * scale", "dq = dq")]}),
+    ("mutant_bwd_lse_base2",
+     "backward recomputes P with exp2 (log2-scaled scores) but subtracts the forward's "
+     "natural-log lse unconverted (pytorch #181645 class)",
+     {"dkdv": [("p_t = tl.exp(s_t - lse_safe[None, :])",
+                f"p_t = tl.exp2(s_t * {_LOG2E} - lse_safe[None, :])")],
+      "dq": [("p = tl.exp(s - lse_safe[:, None])",
+              f"p = tl.exp2(s * {_LOG2E} - lse_safe[:, None])")]}),
+    ("mutant_bwd_gqa_first_head_only",
+     "GQA dK/dV not summed over the group: only the group's first query head contributes",
+     {"dkdv": [("for g in range(GROUP_SIZE):", "for g in range(1):")]}),
+    ("mutant_bwd_dq_skips_key_block",
+     "causal dQ loop bound uses BLOCK_N for the query block's height: when BLOCK_M > BLOCK_N "
+     "the last visible key block(s) of each query block are skipped",
+     {"dq": [("hi = tl.minimum(pid_m * BLOCK_M + BLOCK_M + CAUSAL_SHIFT, N_KEYS)",
+              "hi = tl.minimum(pid_m * BLOCK_M + BLOCK_N + CAUSAL_SHIFT, N_KEYS)")]}),
+)
+
+
+def _backward(planted: dict, name: str):
+    """triton_fa2_backward with the `planted` kernels swapped in, named after the mutant."""
+
+    def backward(q, k, v, out, lse, dout, *, causal, scale, config=None, kernels=None):
+        # The real launcher's signature; the planted kernels win over any the caller passes.
+        chosen = dict(kernels or {}, **planted)
+        return triton_fa2_backward(q, k, v, out, lse, dout, causal=causal, scale=scale,
+                                   config=config, kernels=chosen)
+
+    backward.__name__ = backward.__qualname__ = name
+    return backward
+
+
+def _build():
+    built = []
+    for name, description, edits_by_kernel in BACKWARD_BUGS:
+        kernels = {key: mutate(KERNELS[key], edits, name=f"{name}[{key}]")
+                   for key, edits in edits_by_kernel.items()}
+        built.append((name, description, _backward(kernels, name)))
+    return tuple(built)
+
+
+BACKWARD_MUTANTS = _build()
