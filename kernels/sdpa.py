@@ -36,7 +36,7 @@ CAPS = Capabilities(
     strides="any",
     zero_length=True,
     returns_lse=True,
-    backward=False,
+    backward=True,                   # gradients by autograd of the forward
     fp32_matmul="ieee",
     # CPU SDPA reruns are bitwise identical; CUDA flash/cuDNN forwards are too (no atomics in
     # the forward pass).

@@ -31,6 +31,7 @@ import triton.language as tl
 
 from fuzzattn.contract import Capabilities, Implementation, refuse
 from fuzzattn.engine.triton_backend import ensure_backend, is_interpreted
+from kernels.triton_fa2_backward import config_invalid, triton_fa2_backward
 
 # Idempotent; kernels/__init__ already called it, but importing this module directly must also
 # decorate the kernels below under the right backend.
@@ -39,6 +40,27 @@ ensure_backend()
 BLOCK_M = 16           # query rows per program (the article's Q_TILE_SIZE)
 BLOCK_N = 16           # keys per inner-loop step (the article's K_TILE_SIZE)
 MAX_HEAD_DIM = 256     # largest D verified (interpreted and compiled on an H200)
+
+
+# The backward's configuration space, drawn per case as "bwd_" keys (the forward has none yet:
+# its 16x16 tiles are fixed). Interpreted: 16 and 32 only, which keeps the interpreter's cost
+# down and still draws BLOCK_M != BLOCK_N (a class of tile-bound bug shows only then). Compiled:
+# the tiles, warps and stages of the real space, filtered by the H200 shared-memory estimate.
+if is_interpreted():
+    BACKWARD_CONFIGS = (("bwd_BLOCK_M", (16, 32)), ("bwd_BLOCK_N", (16, 32)))
+else:
+    BACKWARD_CONFIGS = (("bwd_BLOCK_M", (64, 32, 16, 128)), ("bwd_BLOCK_N", (64, 32, 16, 128)),
+                        ("bwd_num_warps", (4, 8)), ("bwd_num_stages", (2, 1, 3)))
+
+
+def backward_config_rule(config: dict, case) -> str | None:
+    """Why the drawn backward tiles cannot run this case (compiled: shared memory), or None."""
+    prefix = len("bwd_")
+    backward = {name[prefix:]: value for name, value in config.items() if name.startswith("bwd_")}
+    if not backward or is_interpreted():
+        return None
+    return config_invalid(backward, case.head_dim,
+                          element_size=2 if case.dtype in ("bfloat16", "float16") else 4)
 
 
 CAPS = Capabilities(
@@ -50,11 +72,14 @@ CAPS = Capabilities(
     strides="any",
     zero_length=False,
     returns_lse=True,
-    backward=False,
+    backward=True,                   # triton_fa2_backward (kernels/triton_fa2_backward.py)
     # tl.dot's default for fp32 operands: TF32 on tensor cores compiled, IEEE in the interpreter.
     fp32_matmul="ieee" if is_interpreted() else "tf32",
     deterministic=True,              # no atomics: every program owns its output rows
     out_buffer=True,
+    deterministic_backward=True,     # dq in a second pass, no atomics (see the backward's docstring)
+    configs=BACKWARD_CONFIGS,
+    config_rule=backward_config_rule,
 )
 
 
@@ -205,5 +230,6 @@ IMPL = Implementation(
     description="The article's FlashAttention-2 forward (16x16 tiles, online softmax, both fixes) "
                 "in Triton with pointer arithmetic; top-left causal, GQA, any strides.",
     backend="triton",
-    sources=(__file__,),
+    sources=(__file__, triton_fa2_backward.__code__.co_filename),
+    backward_fn=triton_fa2_backward,
 )

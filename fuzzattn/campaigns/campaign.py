@@ -74,23 +74,25 @@ _memo: collections.OrderedDict[tuple[str, str], JudgedCase] = collections.Ordere
 refusal_counts: collections.Counter[tuple[str, str]] = collections.Counter()  # (impl, summary)
 
 
-def judge_once(impl: Implementation, case: AttentionCase, device=None) -> JudgedCase:
-    """judge(), remembered per (implementation, case), with failures rerun for flakiness."""
-    key = (impl.cli_name, case.key())
+def judge_once(impl: Implementation, case: AttentionCase, device=None, *,
+               gradients: bool = True) -> JudgedCase:
+    """judge(), remembered per (implementation, case, gradients judged or not), with failures
+    rerun for flakiness."""
+    key = (impl.cli_name, case.key(), gradients)
     if key in _memo:
         _memo.move_to_end(key)
         return _memo[key]
-    judged = judge(impl, case, device=device)
+    judged = judge(impl, case, device=device, gradients=gradients)
     if judged.failures and judged.first_failure.check != "inputs_drifted":
-        judged = _flaky_or_consistent(impl, case, device, judged)
+        judged = _flaky_or_consistent(impl, case, device, judged, gradients)
     _memo[key] = judged
     if len(_memo) > _MEMO_SIZE:
         _memo.popitem(last=False)
     return judged
 
 
-def _flaky_or_consistent(impl, case, device, judged: JudgedCase) -> JudgedCase:
-    reruns = [judge(impl, case, device=device) for _ in range(FLAKY_RERUNS)]
+def _flaky_or_consistent(impl, case, device, judged: JudgedCase, gradients: bool) -> JudgedCase:
+    reruns = [judge(impl, case, device=device, gradients=gradients) for _ in range(FLAKY_RERUNS)]
     if all(not r.passed for r in reruns):
         return judged
     runs = 1 + len(reruns)
@@ -106,9 +108,10 @@ def _flaky_or_consistent(impl, case, device, judged: JudgedCase) -> JudgedCase:
 
 
 def check_case(impl: Implementation, case: AttentionCase, *, save_to_file: bool = True,
-               regressions_dir=None, device=None) -> JudgedCase:
-    """Judge one case; raise Counterexample on failure (writing a file on the final run)."""
-    judged = judge_once(impl, case, device=device)
+               regressions_dir=None, device=None, gradients: bool = True) -> JudgedCase:
+    """Judge one case; raise Counterexample on failure (writing a file on the final run).
+    gradients=False judges the forward only (a declared backward has its own test)."""
+    judged = judge_once(impl, case, device=device, gradients=gradients)
     if judged.skipped is not None:
         raise RuntimeError(f"{case} was drawn but cannot run: {judged.skipped}")
     if judged.refused is not None:

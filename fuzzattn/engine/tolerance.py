@@ -35,6 +35,31 @@ score sums (oracle.Reference.score_magnitude).
   scale (outputs are convex combinations of V rows drawn from N(0, 1)).
 Errors are compared as float64 maxima over the whole tensor; the rows over the bound are
 reported as the failure's location.
+
+Gradients (dq, dk, dv; `grad_bound`), the same kind of rule against the gradient oracle and the
+same-precision reference backward (engine/grad_oracle.py):
+
+    allowed = K_GRAD * max|ref - oracle| + (GRAD_EPS_ULPS u_op + SCORE_ULPS u(fp32) S
+                                            + (n + GRAD_EXTRA_OPS) u(fp32)) * T
+
+T is the largest, over the gradient's entries, sum of the magnitudes of the terms the entry adds
+(grad_oracle.term_magnitudes: e.g. |scale| sum_j P_ij (|dO_i|.|v_j| + |dO_i|.|O_i|) |k_j| for
+dq). Not |oracle| as for out: dq and dk are sums whose terms cancel (every row's dS sums to
+zero), so their rounding noise scales with the terms, and an entry can be far smaller than its
+noise. Derivation, one source of difference between a correct kernel and the reference each:
+- u_op = max(u(dtype), u_mm) (u_mm = 2^-11 for TF32 fp32 matmuls, else 0): P and dS are rounded
+  to the input dtype as matmul operands, the forward's O (rounded) enters Delta, and the result
+  is rounded; two roundings of nearly equal fp32 values can land one unit apart, each moving the
+  entry by about u_op T. GRAD_EPS_ULPS = 4 such roundings.
+- SCORE_ULPS u(fp32) S: the recomputed scores differ by a few units of roundoff of S (as for
+  out), moving every P, hence every term, by that much relatively.
+- (n + GRAD_EXTRA_OPS) u(fp32): the fp32 sums over n terms (n = Nk for dq, Nq times the GQA group
+  for dk and dv) in another order (tiles, a second pass), worst case n units of roundoff of T,
+  plus the dot products forming dP and Delta, the exp and the scale multiply (GRAD_EXTRA_OPS=8,
+  as rounding.EXTRA_OPS). The worst case keeps the bound safe on long sequences and costs little:
+  a real bug (a dropped key, a missing scale, D from the wrong tensor) moves entries by a large
+  fraction of T.
+- K_GRAD = 2: FlashAttention's tests bound dq, dk, dv by 2x the PyTorch reference's error.
 """
 from __future__ import annotations
 
@@ -42,7 +67,7 @@ import dataclasses
 
 import torch
 
-from fuzzattn.contract.dtypes import U32, unit_roundoff
+from fuzzattn.contract.dtypes import TF32_ROUNDOFF, U32, unit_roundoff
 
 K_OUT = 2.0
 K_LSE = 2.0
@@ -50,6 +75,9 @@ EPS_ULPS = 2.0
 EPS_LSE_ULPS = 8.0
 SCORE_ULPS = 4.0
 FLOOR = 1.0
+K_GRAD = 2.0
+GRAD_EPS_ULPS = 4.0
+GRAD_EXTRA_OPS = 8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,3 +120,19 @@ def out_bound(got, reference, oracle, score_magnitude: float = 0.0) -> Bound:
 def lse_bound(got, reference, oracle, score_magnitude: float = 0.0) -> Bound:
     return bound(got, reference, oracle, k=K_LSE, relative_noise=EPS_LSE_ULPS * U32,
                  absolute_noise=SCORE_ULPS * U32 * score_magnitude)
+
+
+def grad_noise(dtype: torch.dtype, fp32_matmul: str, score_magnitude: float, terms: int) -> float:
+    """The relative noise coefficient of the gradient rule, per unit of T (module docstring)."""
+    u_mm = TF32_ROUNDOFF if (fp32_matmul == "tf32" and dtype == torch.float32) else 0.0
+    u_op = max(unit_roundoff(dtype), u_mm)
+    return GRAD_EPS_ULPS * u_op + SCORE_ULPS * U32 * score_magnitude + (terms + GRAD_EXTRA_OPS) * U32
+
+
+def grad_bound(got, reference, oracle, term_magnitude: torch.Tensor, *, fp32_matmul: str = "ieee",
+               score_magnitude: float = 0.0, terms: int = 0) -> Bound:
+    """Judge one gradient (dq, dk or dv) by the gradient rule; row_errors are per query row (dq)
+    or key row (dk, dv)."""
+    t = _max(term_magnitude)
+    noise = grad_noise(got.dtype, fp32_matmul, score_magnitude, terms) * t
+    return bound(got, reference, oracle, k=K_GRAD, relative_noise=0.0, absolute_noise=noise)
