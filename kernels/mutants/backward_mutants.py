@@ -8,7 +8,9 @@ nothing. A bug that naturally lives in two kernels (the same line in the dK/dV a
 is planted in both, as one logical edit.
 
 `BACKWARD_MUTANTS` is a tuple of (name, description, backward_fn); backward_fn has the signature
-of `triton_fa2_backward`. They are deliberately not registered with the engine yet.
+of `triton_fa2_backward`. `MUTANTS` registers each as an `Implementation` of triton_fa2 whose
+forward is the real one and whose `backward_fn` is the mutated backward, so the engine's gradient
+checks (engine/gradients.py) must kill it; the forward checks all pass.
 
 Not planted: a dQ accumulation race. The real backward computes dQ in a second pass where each
 program owns its rows (no atomics, see the kernel module's docstring), so there is no shared
@@ -20,7 +22,11 @@ from a load or store), so they are safe to run under the interpreter in the fuzz
 """
 from __future__ import annotations
 
-from kernels.triton_fa2_backward import KERNELS, triton_fa2_backward
+from pathlib import Path
+
+from fuzzattn.contract import Implementation
+from kernels import triton_fa2
+from kernels.triton_fa2_backward import KERNELS, bwd_dq_kernel, triton_fa2_backward
 
 from .edit import mutate
 
@@ -72,13 +78,44 @@ def _backward(planted: dict, name: str):
     return backward
 
 
+class _DqGridFloor:
+    """Stands in for bwd_dq_kernel: launched over Nq // BLOCK_M query blocks instead of
+    cdiv(Nq, BLOCK_M), so the last partial block's dq rows are never written (they keep whatever
+    torch.empty handed out). Reads and writes stay inside the real buffers."""
+
+    def __getitem__(self, grid):
+        def launch(*args, **meta):
+            blocks = args[0].shape[2] // meta["BLOCK_M"]      # args[0] is q: (B, H, Nq, D)
+            if blocks == 0:
+                return None                                  # nothing launched at all
+            return bwd_dq_kernel[(blocks,) + tuple(grid[1:])](*args, **meta)
+        return launch
+
+
+LAUNCH_BUGS = (
+    ("mutant_bwd_dq_grid_floor",
+     "dQ pass launched over Nq // BLOCK_M query blocks instead of cdiv: the rows of the last "
+     "partial block are never written",
+     {"dq": _DqGridFloor()}),
+)
+
+
 def _build():
     built = []
     for name, description, edits_by_kernel in BACKWARD_BUGS:
         kernels = {key: mutate(KERNELS[key], edits, name=f"{name}[{key}]")
                    for key, edits in edits_by_kernel.items()}
         built.append((name, description, _backward(kernels, name)))
+    for name, description, kernels in LAUNCH_BUGS:
+        built.append((name, description, _backward(kernels, name)))
     return tuple(built)
 
 
 BACKWARD_MUTANTS = _build()
+
+_SOURCES = (str(Path(__file__).resolve()),) + triton_fa2.IMPL.sources
+# The real forward (its checks pass), the mutated backward: only the gradient checks can kill these.
+MUTANTS = tuple(Implementation(name=name, fn=triton_fa2.IMPL.fn, caps=triton_fa2.IMPL.caps,
+                               description=description, mutant_of=triton_fa2.IMPL.name,
+                               backend="triton", sources=_SOURCES, backward_fn=backward)
+                for name, description, backward in BACKWARD_MUTANTS)
