@@ -2,6 +2,9 @@
 
 One Hypothesis test per (implementation, dtype) it declares, drawing only what it declares.
 A failure is shrunk, written to regressions/ as a fixture, and reported with its replay command.
+These judge the forward only (gradients=False), at the profile's full budget; gradients have
+their own property with smaller budgets (tests/test_gradients.py), since a Triton backward under
+the interpreter costs several forwards.
 """
 import pytest
 from hypothesis import given, strategies as st
@@ -23,4 +26,4 @@ def test_matches_oracle(impl, dtype, data):
     reason = skip_reason(impl, case)
     if reason is not None:
         pytest.skip(reason)   # e.g. bf16 under an interpreter whose dot cannot be repaired
-    check_case(impl, case)
+    check_case(impl, case, gradients=False)

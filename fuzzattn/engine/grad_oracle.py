@@ -31,9 +31,9 @@ class GradReference:
     empty_rows: torch.Tensor            # (Nq,) bool: rows that see no key
     unseen_keys: torch.Tensor           # (Nk,) bool: keys no row sees
     score_magnitude: float = 0.0        # as Reference.score_magnitude
-    # Per gradient entry, the sum of the magnitudes of the terms it adds (float64, the oracle's
-    # only): what fp32 summation and operand rounding scale with (tolerance.grad_bound).
-    terms: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)
+    # Per gradient, the sums of term magnitudes its rounding noise scales with (float64; the
+    # oracle's only): tolerance.grad_bound.
+    terms: dict = dataclasses.field(default_factory=dict)
 
 
 def _mask(case: AttentionCase, device) -> torch.Tensor:
@@ -61,25 +61,43 @@ def _probabilities(q, k, case: AttentionCase, lse: torch.Tensor, mask) -> torch.
     return torch.exp(s - lse[..., None])
 
 
-def term_magnitudes(q, k, v, out, dout, p, case: AttentionCase) -> dict[str, torch.Tensor]:
-    """Per gradient entry, the sum of |terms| it is formed from, in p's dtype:
+@dataclasses.dataclass
+class Terms:
+    """Per gradient entry, sums of term magnitudes (what its rounding noise scales with)."""
+    actual: torch.Tensor      # sum of |terms| as computed: |dS| (or P) times |k|, |q| or |dO|
+    magnitude: torch.Tensor   # the same with |dS| bounded by P (|dO|.|v| + |dO|.|O|): every
+                              # product any fp32 sum forming the entry adds
+    delta: torch.Tensor       # the part through Delta = dO . O: P |dO|.|O| times |k| or |q|
 
-        dV_j = sum_i P_ij dO_i                      ->  sum_i P_ij |dO_i|
-        dS_ij = P_ij (dO_i . v_j - dO_i . O_i)      ->  P_ij (|dO_i|.|v_j| + |dO_i|.|O_i|)
-        dQ_i = scale sum_j dS_ij k_j                ->  |scale| sum_j |dS|_ij |k_j|
-        dK_j = scale sum_i dS_ij q_i                ->  |scale| sum_i |dS|_ij |q_i|
 
-    (GQA: dK, dV summed over the group). Rounding an operand or summing in another order moves
-    an entry by a few units of roundoff of this sum, which can far exceed the entry itself when
-    its terms cancel (sum_j dS_ij = 0 for every row)."""
+def term_magnitudes(q, k, v, out, dout, p, case: AttentionCase) -> dict[str, Terms]:
+    """Per gradient entry, in p's dtype:
+
+        dV_j = sum_i P_ij dO_i                      actual = magnitude = sum_i P_ij |dO_i|
+        dS_ij = P_ij (dO_i . v_j - dO_i . O_i)
+        dQ_i = scale sum_j dS_ij k_j                actual = |scale| sum_j |dS_ij| |k_j|
+        dK_j = scale sum_i dS_ij q_i                actual = |scale| sum_i |dS_ij| |q_i|
+
+    magnitude replaces |dS_ij| by P_ij (|dO_i|.|v_j| + |dO_i|.|O_i|), the products the fp32 dot
+    products forming dP and Delta add; delta keeps only P_ij |dO_i|.|O_i|. GQA: dK, dV summed
+    over the group. Rounding an operand (P, dS, O) moves an entry by about u of `actual` (of
+    `delta` for O); summing in another order by up to n u32 of `magnitude`, which can far exceed
+    the entry itself, since its terms cancel (sum_j dS_ij = 0 for every row)."""
     dt = p.dtype
-    q, k, v, out, dout = (t.to(dt).abs() for t in (q, k, v, out, dout))
+    q, k, v, out, dout = (t.to(dt) for t in (q, k, v, out, dout))
     k, v = _expand(k, case.heads), _expand(v, case.heads)
-    ds = p * (dout @ v.transpose(-1, -2) + (dout * out).sum(dim=-1, keepdim=True))
+    dp = dout @ v.transpose(-1, -2)
+    delta_abs = (dout * out).abs().sum(dim=-1, keepdim=True)
+    ds = p * (dp - (dout * out).sum(dim=-1, keepdim=True)).abs()
+    ds_mag = p * (dout.abs() @ v.abs().transpose(-1, -2) + delta_abs)
+    ds_delta = p * delta_abs
     scale = abs(case.softmax_scale)
-    return {"dq": scale * (ds @ k),
-            "dk": _group_sum(scale * (ds.transpose(-1, -2) @ q), case.kv_heads),
-            "dv": _group_sum(p.transpose(-1, -2) @ dout, case.kv_heads)}
+    ka, qa = k.abs(), q.abs()
+    dv = _group_sum(p.transpose(-1, -2) @ dout.abs(), case.kv_heads)
+    return {"dq": Terms(*(scale * (x @ ka) for x in (ds, ds_mag, ds_delta))),
+            "dk": Terms(*(_group_sum(scale * (x.transpose(-1, -2) @ qa), case.kv_heads)
+                          for x in (ds, ds_mag, ds_delta))),
+            "dv": Terms(dv, dv, torch.zeros_like(dv))}
 
 
 def oracle_gradients(q, k, v, dout, case: AttentionCase) -> GradReference:

@@ -140,7 +140,7 @@ def _values(impl, case, run: _GradRun, ref: GradReference, spr: GradReference) -
     for name in NAMES:
         b = grad_bound(run.grads[name], spr.grads[name], ref.grads[name], ref.terms[name],
                        fp32_matmul=impl.caps.fp32_matmul, score_magnitude=ref.score_magnitude,
-                       terms=sums[name])
+                       terms_summed=sums[name])
         bad = b.row_errors > b.allowed
         if not b.ok:
             bad = bad | torch.isnan(b.row_errors)
