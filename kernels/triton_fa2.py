@@ -9,9 +9,11 @@ Configurations. The tile sizes and launch options are a configuration, one choic
 `CONFIG_SPACE`; the first choice of every axis is the article's kernel (16x16 tiles, 4 warps,
 no pipelining), so a fuzzer that shrinks configurations shrinks toward it. `config_invalid`
 says which configurations cannot run a head dim. `triton_fa2_forward(..., config=...)` pins one;
-with `config=None` the compiled kernel is autotuned over every valid configuration (the
-interpreter runs the baseline). Pinned launches go through `fuzzattn.contract.autotune.launch_pinned`,
-so this file is the worked example of pinning an `@triton.autotune`d kernel.
+with `config=None` the compiled kernel is autotuned over AUTOTUNE_CONFIGS, a dozen of them (the
+interpreter runs the baseline). A pinned configuration may be any point of the space, so it
+launches the plain kernel with that configuration's meta-parameters and launch options;
+examples/square_fp16_attention.py shows the other recipe, `fuzzattn.contract.autotune`, for a
+kernel whose autotuner list is the whole space.
 
 What a production kernel does, each for a reason (comments at each place say more):
 * Both causal alignments: top-left (key j visible to query i iff j <= i) and bottom-right
@@ -51,6 +53,8 @@ import triton.language as tl
 from fuzzattn.contract import autotune
 from fuzzattn.contract import Capabilities, Implementation, refuse
 from fuzzattn.engine.triton_backend import ensure_backend, is_interpreted
+from kernels.triton_fa2_backward import config_invalid as backward_config_invalid
+from kernels.triton_fa2_backward import triton_fa2_backward
 
 # Idempotent; kernels/__init__ already called it, but importing this module directly must also
 # decorate the kernels below under the right backend.
@@ -111,6 +115,45 @@ def config_invalid(config: dict, head_dim: int, *, dtype: torch.dtype | None = N
     return None
 
 
+# The backward's configuration space, drawn per case as "bwd_" keys (the forward has none yet:
+# its 16x16 tiles are fixed). Interpreted: tiles of 16 to 64 rows only, which keeps the
+# interpreter's cost down (larger tiles cost it no more: it pays per op, not per element). The
+# first choices (what Hypothesis starts from and shrinks toward) are unequal, 32 x 16, and
+# BLOCK_M > BLOCK_N is drawn in half the cases: a class of tile-bound bug (a loop bound using
+# BLOCK_N where BLOCK_M belongs) shows only then, on causal cases longer than 16. Measured with
+# `fuzzattn mutants --only mutant_bwd_dq_skips_key_block --profile ci --max-examples 60`: with
+# (16, 32) x (16, 32) it survived 60 cases; with these choices it is killed at case 47 of 60
+# (hypothesis seed 0): still the zoo's slowest kill. The backward's own default (16 x 16) still runs on every case written
+# without backward keys. Compiled: the tiles, warps and stages of the real space, filtered by
+# the H200 shared-memory estimate.
+if is_interpreted():
+    BACKWARD_CONFIGS = (("bwd_BLOCK_M", (32, 64, 16)), ("bwd_BLOCK_N", (16, 32)))
+else:
+    BACKWARD_CONFIGS = (("bwd_BLOCK_M", (64, 32, 16, 128)), ("bwd_BLOCK_N", (64, 32, 16, 128)),
+                        ("bwd_num_warps", (4, 8)), ("bwd_num_stages", (2, 1, 3)))
+
+
+def backward_config_rule(config: dict, case) -> str | None:
+    """Why the drawn backward tiles cannot run this case (compiled: shared memory), or None."""
+    prefix = len("bwd_")
+    backward = {name[prefix:]: value for name, value in config.items() if name.startswith("bwd_")}
+    if not backward or is_interpreted():
+        return None
+    return backward_config_invalid(backward, case.head_dim,
+                                   element_size=2 if case.dtype in ("bfloat16", "float16") else 4)
+
+
+def _forward_and_backward_rule(config: dict, case) -> str | None:
+    """The forward's tiles (keys without a prefix) and the backward's (bwd_ keys), each by its
+    own resource estimate."""
+    forward = {name: value for name, value in config.items() if not name.startswith("bwd_")}
+    if forward:
+        why = config_invalid(forward, case.head_dim)
+        if why:
+            return why
+    return backward_config_rule(config, case)
+
+
 CAPS = Capabilities(
     dtypes={"float32", "bfloat16", "float16"},
     head_dims=None,                  # any D in 1..MAX_HEAD_DIM: padded to BLOCK_D with masks
@@ -120,15 +163,17 @@ CAPS = Capabilities(
     strides="any",
     zero_length=False,
     returns_lse=True,
-    backward=False,
+    backward=True,                   # triton_fa2_backward (kernels/triton_fa2_backward.py)
     # tl.dot's default for fp32 operands: TF32 on tensor cores compiled, IEEE in the interpreter.
     fp32_matmul="ieee" if is_interpreted() else "tf32",
     deterministic=True,              # no atomics: every program owns its output rows
     out_buffer=True,
+    deterministic_backward=True,     # dq in a second pass, no atomics (see the backward's docstring)
     # The configuration is drawn per case like a size (first choices: the article's 16x16
     # kernel), recorded in regression files and replayed pinned; invalid tiles are never drawn.
-    configs=CONFIG_SPACE,
-    config_rule=lambda config, case: config_invalid(config, case.head_dim),
+    # Keys starting with bwd_ configure the backward (see BACKWARD_CONFIGS).
+    configs={**CONFIG_SPACE, **dict(BACKWARD_CONFIGS)},
+    config_rule=_forward_and_backward_rule,
 )
 
 
@@ -418,11 +463,16 @@ def triton_fa2_forward(q, k, v, *, causal, scale, out=None, lse=None, config=Non
             seq_k - seq_q if causal == "bottom_right" else 0,    # CAUSAL_SHIFT
             float(scale))
     meta = dict(BLOCK_D=_block_d(head_dim), IS_CAUSAL=causal != "none")
-    tuner = autotuned(kernel or fa2_fwd_kernel)
-    if config is None:
-        tuner[grid](*args, **meta)
+    kernel = kernel or fa2_fwd_kernel
+    if config is None and not is_interpreted():
+        autotuned(kernel)[grid](*args, **meta)        # the production path: the autotuner picks
     else:
-        autotune.launch_pinned(tuner, grid, *args, config=config, **meta)
+        # A pinned configuration is any point of the space, not only one the autotuner times:
+        # the plain kernel launched with its meta-parameters and launch options (under the
+        # interpreter, no configuration means the article's 16x16 baseline).
+        config = config or BASELINE_CONFIG
+        kernel[grid](*args, **meta, BLOCK_M=config["BLOCK_M"], BLOCK_N=config["BLOCK_N"],
+                     num_warps=config["num_warps"], num_stages=config["num_stages"])
     return out, lse
 
 
@@ -444,5 +494,6 @@ IMPL = Implementation(
     description="FlashAttention-2 forward in Triton: configurable tiles (article's 16x16 baseline), "
                 "autotuned when compiled, staged causal skipping (both alignments), exp2, GQA, any strides.",
     backend="triton",
-    sources=(__file__,),
+    sources=(__file__, triton_fa2_backward.__code__.co_filename),
+    backward_fn=triton_fa2_backward,
 )

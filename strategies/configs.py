@@ -17,7 +17,18 @@ from fuzzattn.contract.case import AttentionCase
 
 def valid_configs(caps: Capabilities, case: AttentionCase) -> list[tuple[tuple[str, object], ...]]:
     """Every declared combination the rule allows for `case`, in declaration order (the first
-    choices first, so shrinking moves toward the simplest configuration)."""
+    choices first, so shrinking moves toward the simplest configuration). Cached per
+    (declaration, head dim, dtype, causal): what resource rules read (Capabilities.config_rule)."""
+    key = (id(caps), case.head_dim, case.dtype, case.causal)
+    if key not in _VALID:
+        _VALID[key] = (caps, _valid_configs(caps, case))   # caps kept alive: its id stays unique
+    return _VALID[key][1]
+
+
+_VALID: dict = {}
+
+
+def _valid_configs(caps: Capabilities, case: AttentionCase) -> list:
     names = [name for name, _ in caps.configs]
     combos = []
     for values in itertools.product(*(choices for _, choices in caps.configs)):

@@ -5,6 +5,9 @@ A failure is shrunk, written to regressions/ as a regression file, and reported 
 command. With `--fuzzattn-shards N` each campaign is N tests (`test_matches_oracle_shard<i>`),
 each with its own Hypothesis seed and 1/N of the budget, so `pytest -n N` spreads one
 implementation's campaign over N workers instead of running it on one.
+These judge the forward only (gradients=False), at the profile's full budget; gradients have
+their own property with smaller budgets (tests/test_gradients.py), since a Triton backward under
+the interpreter costs several forwards.
 """
 import pytest
 from hypothesis import given, seed, settings, strategies as st
@@ -27,7 +30,7 @@ def _campaign(shard: int, shards: int):
         reason = skip_reason(impl, case)
         if reason is not None:
             pytest.skip(reason)   # e.g. bf16 under an interpreter whose dot cannot be repaired
-        check_case(impl, case)
+        check_case(impl, case, gradients=False)
 
     if shards > 1:
         test = seed(shard)(settings(max_examples=-(-settings().max_examples // shards))(test))

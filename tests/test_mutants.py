@@ -7,6 +7,8 @@ few representative ones are fuzzed with a small campaign.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from fuzzattn import AttentionCase, Implementation
@@ -74,6 +76,18 @@ CAUGHT_BY = {
     "mutant_gqa_repeat": (case(heads=4, kv_heads=2), "out"),
     "mutant_batch_head_mixup": (case(batch=2, heads=2), "out"),
     "mutant_nondeterministic": (case(), "nondeterministic"),
+    # autograd only: the forward is exact, its gradient is not
+    "mutant_tiled_denominator_detached": (case(seq_k=2), "grad_dq"),
+    # Triton backward (triton_fa2 with a mutated backward_fn): only gradient checks can see them.
+    # A key no query sees (top-left, Nk > Nq) must get dk = dv = 0 exactly.
+    "mutant_bwd_dkdv_ignores_causal": (case(seq_k=2, causal="top_left"), "grad_empty_rows"),
+    "mutant_bwd_delta_from_dout": (case(seq_k=2), "grad_dq"),
+    "mutant_bwd_ds_unscaled": (case(seq_k=2), "grad_dq"),
+    "mutant_bwd_lse_base2": (case(seq_k=2), "grad_dq"),
+    "mutant_bwd_gqa_first_head_only": (case(heads=2, kv_heads=1), "grad_dv"),
+    "mutant_bwd_dq_skips_key_block": (case(seq_q=17, seq_k=17, causal="top_left", config=(
+        ("bwd_BLOCK_M", 32), ("bwd_BLOCK_N", 16))), "grad_dq"),
+    "mutant_bwd_dq_grid_floor": (case(seq_q=17), "grad_unwritten"),
 }
 
 
@@ -145,7 +159,10 @@ def test_a_result_cache_keyed_by_shape_is_caught_across_cases():
     same shape and other values can. It is therefore not in the zoo, which ships a fixture per
     mutant; this campaign shows the fuzzer still catches it, across cases."""
     _MEMO.clear()
-    cached = Implementation("shape_cached", _shape_cached, SDPA.caps, mutant_of="sdpa",
+    # Forward only: its memoised output is detached from autograd, so a gradient check would
+    # catch it on the very first case, for another reason than the one this test is about.
+    caps = dataclasses.replace(SDPA.caps, backward=False)
+    cached = Implementation("shape_cached", _shape_cached, caps, mutant_of="sdpa",
                             description="returns the result memoised for the first case of a shape")
     result = fuzz(cached, attention_cases(cached.caps, profile=profiles.PROFILES["ci"]),
                   max_examples=30, save_to_file=False)

@@ -104,16 +104,16 @@ def _run_judge(impl: Implementation, device):
 
 
 def judge_once(impl: Implementation, case: AttentionCase, device=None, *,
-               judge_fn=None) -> JudgedCase:
-    """judge(), remembered per (implementation, case), with failures rerun for flakiness.
-    `judge_fn(case) -> JudgedCase` judges instead of judge() in this process (an isolated
-    worker's); the memo key is the same either way."""
-    key = (impl.cli_name, case.key())
+               judge_fn=None, gradients: bool = True) -> JudgedCase:
+    """judge(), remembered per (implementation, case, gradients judged or not), with failures
+    rerun for flakiness. `judge_fn(case) -> JudgedCase` judges instead of judge() in this
+    process (an isolated worker's); the memo key is the same either way."""
+    key = (impl.cli_name, case.key(), gradients if judge_fn is None else True)
     if key in _memo:
         _memo.move_to_end(key)
         return _memo[key]
     global judged_total
-    run = judge_fn or (lambda c: judge(impl, c, device=device))
+    run = judge_fn or (lambda c: judge(impl, c, device=device, gradients=gradients))
     judged = run(case)
     judged_total += 1
     if judged.failures and judged.first_failure.check not in ("inputs_drifted",) + PROCESS_CHECKS:
@@ -141,11 +141,13 @@ def _flaky_or_consistent(impl, case, run, judged: JudgedCase) -> JudgedCase:
 
 
 def check_case(impl: Implementation, case: AttentionCase, *, save_to_file: bool = True,
-               regressions_dir=None, device=None, judge_fn=None) -> JudgedCase:
+               regressions_dir=None, device=None, judge_fn=None,
+               gradients: bool = True) -> JudgedCase:
     """Judge one case; raise Counterexample on failure (writing a file on the final run).
-    `judge_fn` as in judge_once; by default the run's worker pool if it covers `impl`."""
+    `judge_fn` as in judge_once; by default the run's worker pool if it covers `impl`.
+    gradients=False judges the forward only (a declared backward has its own test)."""
     judged = judge_once(impl, case, device=device,
-                        judge_fn=judge_fn or _run_judge(impl, device))
+                        judge_fn=judge_fn or _run_judge(impl, device), gradients=gradients)
     if judged.skipped is not None:
         raise RuntimeError(f"{case} was drawn but cannot run: {judged.skipped}")
     if judged.refused is not None:

@@ -20,6 +20,7 @@ from fuzzattn.contract.dtypes import BY_TORCH, DTYPES
 BASE_DTYPES = frozenset({"float32", "bfloat16"})
 BASE_HEAD_DIMS = frozenset({16, 32, 64, 128})
 STRIDE_KINDS = ("contiguous", "unit_last", "any")
+BACKWARD_CONFIG_PREFIX = "bwd_"     # configuration names that go to the backward callable
 FP32_MATMULS = ("ieee", "tf32")
 
 
@@ -42,9 +43,12 @@ class Capabilities:
     strides: str = "any"                                 # contiguous | unit_last | any
     zero_length: bool = False                            # Nq == 0 or Nk == 0
     returns_lse: bool = True
-    backward: bool = False
+    backward: bool = False                               # judge my gradients (dq, dk, dv)
     fp32_matmul: str = "ieee"                            # ieee | tf32
     deterministic: bool = True                           # bitwise-identical reruns
+    # Bitwise-identical gradients on reruns; a backward that accumulates dq with atomics
+    # (FlashAttention's single-pass form) adds in scheduling order and declares False.
+    deterministic_backward: bool = True
     out_buffer: bool = False                             # accepts out= / lse= to write into
     # -- length constraints real kernels have (strategies draw inside them directly) ------------
     equal_lengths: bool = False                          # Nq == Nk only
@@ -55,9 +59,15 @@ class Capabilities:
     refusals: tuple[str, ...] = ()
     # -- configuration space: named compile-time choices, each a tuple whose first entry is the
     # simplest (shrinking moves there). Drawn per case, recorded in it, passed as config=<dict>.
+    # Names starting with BACKWARD_CONFIG_PREFIX ("bwd_") belong to the backward callable (passed
+    # to it without the prefix); the forward gets the others. A case may omit all backward keys
+    # (the backward then runs its own default), so cases written before a backward existed stay
+    # valid.
     configs: tuple[tuple[str, tuple], ...] = ()
     # config_rule(config: dict, case) -> str | None: why a configuration cannot run this case
-    # (e.g. a tile too large for the head dim), or None. Compared by identity, not value.
+    # (e.g. a tile too large for the head dim), or None. Compared by identity, not value. It may
+    # read the case's head_dim, dtype and causal (what resource limits depend on): strategies
+    # enumerate the valid combinations once per such triple.
     config_rule: Callable[[dict, AttentionCase], str | None] | None = dataclasses.field(
         default=None, compare=False)
 
@@ -137,6 +147,9 @@ class Capabilities:
         declared = dict(self.configs)
         if not config:
             return None       # no configuration named: the implementation's own default
+        backward_keys = {n for n in declared if n.startswith(BACKWARD_CONFIG_PREFIX)}
+        if not backward_keys & set(config):
+            declared = {n: c for n, c in declared.items() if n not in backward_keys}
         if set(config) != set(declared):
             if not declared:
                 return f"config={config} (declares no configuration space)"

@@ -10,6 +10,16 @@ or the alignment string "top_left" / "bottom_right" (truthy, so a kernel with on
 treat it as a bool). Implementations declaring `out_buffer` also accept `out=` and `lse=` tensors
 to write into. `Implementation.__call__` is the one place the contract's calling convention is
 spoken: it translates a case into that call and checks the answer's shape and dtype.
+
+Gradients (`Capabilities.backward=True`: "judge my gradients") come one of two ways:
+
+* autograd of `fn`: no `backward_fn`; fn must be differentiable in q, k and v;
+* an explicit `backward_fn(q, k, v, out, lse, dout, *, causal, scale[, config]) -> (dq, dk, dv)`,
+  handed the forward's own out and lse. dq has q's shape; dk and dv have k's shape, summed over
+  each GQA group; all in the input dtype. `config` is passed only when the case carries backward
+  configuration keys ("bwd_" names, prefix removed).
+
+`Implementation.gradients` is the one place that convention is spoken.
 """
 from __future__ import annotations
 
@@ -20,7 +30,7 @@ from typing import Callable
 
 import torch
 
-from fuzzattn.contract.capabilities import Capabilities
+from fuzzattn.contract.capabilities import BACKWARD_CONFIG_PREFIX, Capabilities
 from fuzzattn.contract.case import AttentionCase
 
 
@@ -48,6 +58,8 @@ class Implementation:
     # the contract's base, assumed for it, not something it stated. What it never declared it
     # cannot be expected to refuse, so the refusal property does not apply to it.
     declares: bool = True
+    # The explicit backward (module docstring); None: gradients by autograd of fn.
+    backward_fn: Callable | None = None
 
     @property
     def cli_name(self) -> str:
@@ -64,8 +76,9 @@ class Implementation:
         """Call fn the contract's way and return (out, lse or None), checking shapes and dtypes."""
         kwargs = dict(causal=False if case.causal == "none" else case.causal,
                       scale=case.softmax_scale)
-        if case.config:
-            kwargs["config"] = case.config_dict
+        forward_config = {n: v for n, v in case.config if not n.startswith(BACKWARD_CONFIG_PREFIX)}
+        if forward_config:
+            kwargs["config"] = forward_config
         if out is not None:
             kwargs["out"] = out
             if lse is not None:
@@ -87,6 +100,50 @@ class Implementation:
             if got_lse.dtype != torch.float32:
                 raise ContractError(f"{self.name} returned lse of dtype {got_lse.dtype}; expected torch.float32")
         return got_out, got_lse
+
+    def gradients(self, q, k, v, dout, case: AttentionCase, *, out=None, lse=None):
+        """(dq, dk, dv) of out = attention(q, k, v) against the upstream gradient dout, the
+        contract's way: the explicit backward_fn on (out, lse) (computed here by the forward when
+        not given), else autograd of fn. Checks the answer's shapes and dtypes."""
+        if self.backward_fn is not None:
+            if out is None:
+                out, lse = self(q, k, v, case)
+            kwargs = dict(causal=False if case.causal == "none" else case.causal,
+                          scale=case.softmax_scale)
+            prefix = len(BACKWARD_CONFIG_PREFIX)
+            backward_config = {n[prefix:]: v for n, v in case.config
+                               if n.startswith(BACKWARD_CONFIG_PREFIX)}
+            if backward_config:
+                kwargs["config"] = backward_config
+            grads = self.backward_fn(q, k, v, out, lse, dout, **kwargs)
+        else:
+            grads = self._autograd(q, k, v, dout, case)
+        if not isinstance(grads, tuple) or len(grads) != 3:
+            raise ContractError(f"{self.name}'s backward returned {type(grads).__name__}; "
+                                "expected (dq, dk, dv)")
+        for name, g, like in zip(("dq", "dk", "dv"), grads, (q, k, v)):
+            if not isinstance(g, torch.Tensor) or tuple(g.shape) != tuple(like.shape):
+                shape = tuple(g.shape) if isinstance(g, torch.Tensor) else type(g).__name__
+                raise ContractError(f"{self.name} returned {name} of shape {shape}; "
+                                    f"expected {tuple(like.shape)}")
+            if g.dtype != like.dtype:
+                raise ContractError(f"{self.name} returned {name} of dtype {g.dtype}; "
+                                    f"expected {like.dtype}")
+        return grads
+
+    def _autograd(self, q, k, v, dout, case: AttentionCase):
+        """Gradients by autograd of the forward. The leaves are detached aliases of the inputs
+        (same storage, same strides), so the forward reads exactly the tensors it was given. An
+        input the output does not depend on (e.g. every row empty) gets a zero gradient."""
+        leaves = tuple(t.detach().requires_grad_() for t in (q, k, v))
+        with torch.enable_grad():
+            out, _ = self(*leaves, case)
+            if not out.requires_grad:
+                grads = (None, None, None)
+            else:
+                grads = torch.autograd.grad(out, leaves, dout, allow_unused=True)
+        return tuple(torch.zeros_like(leaf) if g is None else g.detach()
+                     for g, leaf in zip(grads, leaves))
 
     def source_files(self) -> tuple[str, ...]:
         """Files that define this implementation (declared, else the callable's own module)."""

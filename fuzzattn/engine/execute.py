@@ -54,6 +54,7 @@ class Call:
     error: BaseException | None = None
     summary: str = ""                        # one_line(error), or "" when it answered
     declared_refusal: bool = False           # refused with an error its Capabilities name
+    grads: tuple | None = None               # (dq, dk, dv) of a call_gradients that answered
 
     @property
     def answered(self) -> bool:
@@ -147,3 +148,20 @@ def call(impl: Implementation, q, k, v, case: AttentionCase, *, out=None, lse=No
     elif printed:
         sys.stderr.write(printed)      # not a compile failure: what the kernel printed, as printed
     return result
+
+
+def call_gradients(impl: Implementation, q, k, v, dout, case: AttentionCase, *, out=None,
+                   lse=None, synchronize: bool = True) -> Call:
+    """`Implementation.gradients` (explicit backward or autograd), summarised like `call`:
+    whatever it raises is this call's crash, refusal or contract violation, never the harness's."""
+    try:
+        grads = impl.gradients(q, k, v, dout, case, out=out, lse=lse)
+        if synchronize and q.device.type == "cuda":
+            torch.cuda.synchronize(q.device)
+    except ContractError as exc:
+        return Call(CONTRACT, error=exc, summary=one_line(exc))
+    except Exception as exc:       # a backward that raises is a verdict, not a harness error
+        declared = is_declared_refusal(impl, exc)
+        status = REFUSED if declared or isinstance(exc, UnsupportedCaseError) else CRASH
+        return Call(status, error=exc, summary=one_line(exc), declared_refusal=declared)
+    return Call(OK, grads=tuple(grads))

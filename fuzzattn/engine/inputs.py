@@ -180,11 +180,44 @@ def materialize(case: AttentionCase, device: str | torch.device = "cpu",
     dtype = torch_dtype(case.dtype)
     storages, views = {}, {}
     for name, logical, layout in zip("qkv", logical_values(case), case.layout):
-        storage, view = _storage_and_view(logical, layout, dtype, pad_value)
-        storage = storage.to(device)
-        storages[name] = storage
-        views[name] = storage.as_strided(view.shape, view.stride(), view.storage_offset())
+        storages[name], views[name] = place(logical, layout, dtype, device, pad_value)
     return Inputs(views["q"], views["k"], views["v"], storages)
+
+
+def place(logical: torch.Tensor, layout: str, dtype: torch.dtype, device,
+          pad_value: float = float("nan")) -> tuple[torch.Tensor, torch.Tensor]:
+    """(storage, view): `logical` (B, H, N, D), rounded to `dtype` on the CPU, inside a padded
+    storage in `layout`, moved to `device` in one piece and viewed there."""
+    storage, view = _storage_and_view(logical.to("cpu"), layout, dtype, pad_value)
+    storage = storage.to(device)
+    return storage, storage.as_strided(view.shape, view.stride(), view.storage_offset())
+
+
+def place_flat(values: torch.Tensor, device, pad_value: float = float("nan")):
+    """(storage, view): a contiguous copy of `values` between NaN guards (lse, which kernels
+    index with its own strides)."""
+    guard = guard_elements(0)
+    storage = torch.full((guard + values.numel() + guard,), pad_value, dtype=values.dtype,
+                         device=device)
+    view = storage[guard:guard + values.numel()].view(values.shape)
+    view.copy_(values)
+    return storage, view
+
+
+# The upstream gradient dO comes from its own generator, seeded from the data seed mixed with
+# this constant (the golden-ratio bits, below 2^63 so the XOR stays a valid seed): q, k and v
+# keep the bits every existing fixture pins, and dO is as deterministic as they are.
+DOUT_SEED_MIX = 0x1E3779B97F4A7C15
+
+
+def materialize_dout(case: AttentionCase, device: str | torch.device = "cpu",
+                     pad_value: float = float("nan")) -> tuple[torch.Tensor, torch.Tensor]:
+    """(storage, view): the case's upstream gradient dO, standard normal values rounded to the
+    case's dtype, in q's layout (so a transposed or sliced q comes with a dO of the same form)
+    inside NaN-guarded storage, bit-identical on every machine."""
+    g = torch.Generator().manual_seed(case.data_seed ^ DOUT_SEED_MIX)
+    logical = torch.randn(case.shape("q"), generator=g)
+    return place(logical, case.layout[0], torch_dtype(case.dtype), device, pad_value)
 
 
 def inputs_sha256(inputs: Inputs) -> str:

@@ -15,16 +15,17 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
-import warnings
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from fuzzattn.contract.case import AttentionCase
 from fuzzattn.contract.dtypes import BY_NAME
 from fuzzattn.contract.implementation import Implementation
 from fuzzattn.engine import execute
+from fuzzattn.engine.gradients import judge_gradients
 from fuzzattn.engine.inputs import Inputs, as_bits, check_budget, inputs_sha256, materialize
+from fuzzattn.engine.poison import (UninitializedMemoryIsZero, prime_allocator,
+                                    uninitialized_memory_is_nan)
 from fuzzattn.engine.oracle import Reference, oracle, same_precision_reference
 from fuzzattn.engine.tolerance import lse_bound, out_bound
 from fuzzattn.engine.verdict import CHECKS, Verdict, heatmap, locate
@@ -109,72 +110,10 @@ class _GuardedBuffer:
         return bool((bits[:g] == self.pattern).all() and (bits[-g:] == self.pattern).all())
 
 
-POISON_BLOCKS = 8   # freed NaN blocks per output size: the outputs and the kernel's own temporaries
-
-
 def _prime_allocator(case: AttentionCase, device, byte: int) -> None:
-    """Hand the allocator blocks of the output's sizes filled with `byte` (0xFF: NaN in every
-    float dtype; 0x00: clean), so a kernel that returns memory it never wrote returns NaN. Several blocks per size, because the kernel may allocate
-    temporaries of the same size before its outputs. Reliable with CUDA's caching allocator
-    (freed blocks are reused for same-size requests); on the CPU it depends on malloc handing
-    back a freed chunk (small sizes do; mmap-sized ones come back zeroed, and a missing write
-    then shows as an `out` mismatch instead)."""
+    """poison.prime_allocator with the sizes of this case's out and lse."""
     out_bytes = math.prod(case.shape("q")) * BY_NAME[case.dtype].itemsize
-    lse_bytes = case.batch * case.heads * case.seq_q * 4
-    blocks = [torch.full((n,), byte, dtype=torch.uint8, device=device)
-              for n in (out_bytes, lse_bytes) if n for _ in range(POISON_BLOCKS)]
-    del blocks
-
-
-class _UninitializedMemoryIsZero(TorchDispatchMode):
-    """Zero every tensor a kernel gets from torch.empty & co. for the duration.
-
-    The attribution re-runs need output memory that is reliably *not* NaN. Handing the
-    allocator zeroed blocks first (`_prime_allocator(..., 0x00)`) is not enough on the CPU:
-    whether malloc gives those blocks back depends on the process's whole heap history (which
-    tests ran before in this xdist worker), so a kernel that never writes its output sometimes
-    got a freed NaN block and was judged `out_of_bounds_read` (measured: 8 of 40 judgements
-    after freeing NaN blocks of assorted sizes). Intercepting the allocation ops themselves is
-    independent of the heap: their results are zeroed whatever memory backs them."""
-
-    EMPTY = frozenset({torch.ops.aten.empty.memory_format, torch.ops.aten.empty_like.default,
-                       torch.ops.aten.empty_strided.default, torch.ops.aten.new_empty.default,
-                       torch.ops.aten.new_empty_strided.default})
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        result = func(*args, **(kwargs or {}))
-        if func in self.EMPTY and isinstance(result, torch.Tensor):
-            result.zero_()          # this mode is not active inside its own handler
-        return result
-
-
-# torch.use_deterministic_algorithms imports torch._dynamo (~900 modules) on its first call. Done
-# lazily, inside a judge, those imports can land inside an in-process pytest run (pytester), which
-# unloads them afterwards; their re-import then fails ("Only a single TORCH_LIBRARY can be used to
-# register the namespace _inductor_test") and every later judge in the process crashes. Setting
-# the current value again here pays the same imports once, when the judge itself is imported.
-torch.use_deterministic_algorithms(torch.are_deterministic_algorithms_enabled(),
-                                   warn_only=torch.is_deterministic_algorithms_warn_only_enabled())
-
-
-@contextlib.contextmanager
-def _uninitialized_memory_is_nan():
-    """Make torch.empty & co. return NaN-filled memory (CPU and CUDA) for the duration: torch
-    fills uninitialised memory when deterministic algorithms are on. warn_only, so kernels
-    without a deterministic variant still run; their warnings are not ours to show."""
-    import torch.utils.deterministic as deterministic
-    previous = (torch.are_deterministic_algorithms_enabled(),
-                torch.is_deterministic_algorithms_warn_only_enabled(),
-                deterministic.fill_uninitialized_memory)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.use_deterministic_algorithms(True, warn_only=True)
-        deterministic.fill_uninitialized_memory = True
-        try:
-            yield
-        finally:
-            torch.use_deterministic_algorithms(previous[0], warn_only=previous[1])
-            deterministic.fill_uninitialized_memory = previous[2]
+    prime_allocator((out_bytes, case.batch * case.heads * case.seq_q * 4), device, byte)
 
 
 # -- running ----------------------------------------------------------------------------------
@@ -213,7 +152,7 @@ def _run(impl: Implementation, case: AttentionCase, device, *, adversarial: bool
         _prime_allocator(case, device, 0xFF if poison else 0x00)
     verdict = dict(impl=impl.name, case=case)
     if adversarial:
-        memory = _uninitialized_memory_is_nan() if poison else _UninitializedMemoryIsZero()
+        memory = uninitialized_memory_is_nan() if poison else UninitializedMemoryIsZero()
     else:
         memory = contextlib.nullcontext()
     with memory:
@@ -300,11 +239,13 @@ def _value_verdicts(impl, case, run: _Run, ref: Reference, spr: Reference, *, ch
 
 
 def judge(impl: Implementation, case: AttentionCase, device=None, *,
-          expected_sha256: str | None = None) -> JudgedCase:
+          expected_sha256: str | None = None, gradients: bool = True) -> JudgedCase:
     """Every check of `impl` on `case`; skipped (with the reason) when it cannot apply here.
 
     With `expected_sha256` (a counterexample file's pin) the inputs are checked against it right
-    after they are materialised, and nothing runs on inputs that drifted."""
+    after they are materialised, and nothing runs on inputs that drifted. An implementation
+    declaring `backward` also gets the gradient checks (engine/gradients.py) once every forward
+    check passed, unless `gradients=False` (a forward-only test keeping its budget)."""
     device = device or default_device()
     judged = JudgedCase(impl.name, case, [], cli_name=impl.cli_name)
     reason = skip_reason(impl, case)
@@ -327,6 +268,8 @@ def judge(impl: Implementation, case: AttentionCase, device=None, *,
         judged.refused = first.call.summary
         return judged
     judged.verdicts = _judge_runs(impl, case, device, first, pristine)
+    if gradients and impl.caps.backward and all(v.passed for v in judged.verdicts):
+        judged.verdicts += judge_gradients(impl, case, device, forward=(first.out, first.lse))
     if not judged.passed:
         judged.inputs_sha256 = judged.inputs_sha256 or inputs_sha256(pristine)
         judged.versions = versions()

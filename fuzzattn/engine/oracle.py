@@ -62,11 +62,14 @@ def _attend(q, k, v, case: AttentionCase, compute: torch.dtype, p_dtype: torch.d
         mask = torch.ones(case.seq_q, case.seq_k, dtype=torch.bool, device=q.device)
     scores = scores.masked_fill(~mask, float("-inf"))
     empty = ~mask.any(dim=-1)
-    magnitudes = (q.abs() @ k.abs().transpose(-1, -2)).masked_fill(~mask, 0.0)
+    magnitudes = (q.detach().abs() @ k.detach().abs().transpose(-1, -2)).masked_fill(~mask, 0.0)
     score_magnitude = float(magnitudes.max()) * abs(case.softmax_scale) if magnitudes.numel() else 0.0
     # A safe row maximum: rows with no visible key get 0 so exp(-inf - 0) = 0, not NaN.
     row_max = scores.amax(dim=-1, keepdim=True) if case.seq_k else scores.sum(-1, keepdim=True)
     row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
+    # The output does not depend on the shift (it cancels); detached, autograd of this function
+    # (the gradient oracle) does not route float64 noise through the max's argmax.
+    row_max = row_max.detach()
     p = torch.exp(scores - row_max)
     denom = p.sum(dim=-1, keepdim=True)
     if p_dtype is not None:     # the kernels' precision contract: P rounded before P @ V

@@ -26,6 +26,18 @@ CHECKS = (
     "lse",                   # logsumexp beyond the tolerance rule
     "rerun",                 # the run after the references disagrees with the oracle
     "nondeterministic",      # a second run on fresh copies differs bitwise
+    # Gradients (engine/gradients.py), for implementations declaring `backward`; judged only
+    # when every forward check passed, so one bug is reported once, at its forward symptom.
+    "grad_crash",            # the backward (or autograd) raised, or answered in a wrong shape/dtype
+    "grad_inputs_mutated",   # q, k, v, out, lse or dO (or their storage) changed by the backward
+    "grad_out_of_bounds_read",  # NaN in a gradient that only appears when padding holds NaN
+    "grad_unwritten",        # a gradient left holding the NaN poison it was allocated with
+    "grad_nonfinite",        # NaN or inf in a gradient where the oracle's is finite
+    "grad_empty_rows",       # rows with no visible key must get dq 0, keys no row sees dk = dv = 0
+    "grad_dq",               # dq beyond the gradient tolerance rule
+    "grad_dk",               # dk beyond it (GQA: the oracle's dk is summed over each group)
+    "grad_dv",               # dv beyond it
+    "grad_nondeterministic", # a second backward on the same inputs differs bitwise (if declared)
     "refusal",               # an undeclared input was answered instead of refused
 )
 

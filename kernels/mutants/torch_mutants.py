@@ -60,6 +60,11 @@ TILED_BUGS = (
      "masked scores filled with the dtype's most negative finite value: rows with no visible key "
      "average all of V",
      [("s = s.masked_fill(~visible, -math.inf)", "s = s.masked_fill(~visible, torch.finfo(s.dtype).min)")]),
+    ("mutant_tiled_denominator_detached",
+     "softmax denominator detached from autograd before the final division (as the running max "
+     "may be): the forward is exact, but dq and dk miss the denominator's gradient",
+     [("out[..., q0:q0 + TILE, :] = (acc / torch.where(empty, 1.0, l_i)[..., None]).to(q.dtype)",
+       "out[..., q0:q0 + TILE, :] = (acc / torch.where(empty, 1.0, l_i.detach())[..., None]).to(q.dtype)")]),
     ("mutant_mqa_squeeze",
      "MQA path squeezes the size-1 kv-head dim, so k's batch dim broadcasts against q's heads",
      [("k5, v5 = k.unsqueeze(2), v.unsqueeze(2)",

@@ -98,7 +98,7 @@ def _implementation(name: str, description: str, kernel, **forward_options) -> I
     real = triton_fa2.IMPL
     return Implementation(name=name, fn=_forward(kernel, name, **forward_options), caps=real.caps,
                           description=description, mutant_of=real.name, backend="triton",
-                          sources=_SOURCES)
+                          sources=_SOURCES, backward_fn=real.backward_fn)   # forward bugs only
 
 
 class _AlteredLaunch:

@@ -1,0 +1,195 @@
+"""Judge an implementation's gradients: dq, dk, dv against the float64 gradient oracle, plus the
+checks value comparison cannot see, as for the forward.
+
+For an implementation declaring `Capabilities.backward`, `judge()` calls `judge_gradients` after
+every forward check passed. The upstream gradient dO comes from the case's data seed
+(`inputs.materialize_dout`: deterministic, in q's layout, NaN-guarded). The gradients come from
+the contract's one gradient call (`execute.call_gradients`): an explicit backward is handed the
+forward's own out and lse from the judged forward run, copied into NaN-guarded storage (out in
+q's layout), so it is judged on exactly what the forward gave; autograd runs the forward itself.
+
+Runs, as for the forward:
+1. the adversarial run: q, k, v, dO (and out, lse) inside NaN padding, torch.empty and freed
+   blocks of the gradients' sizes NaN-filled; storages snapshotted to catch mutation;
+2. the oracle's and the same-precision reference's gradients on fresh copies (grad_oracle);
+3. NaN where the oracle is finite is attributed by re-running with clean memory, then also with
+   zero padding (grad_unwritten, grad_out_of_bounds_read, else grad_nonfinite);
+4. exact checks: dq = 0 on rows with no visible key, dk = dv = 0 on keys no row sees;
+5. dq, dk, dv by the gradient rule (tolerance.grad_bound);
+6. when `deterministic_backward` is declared, a second, plain run on the same inputs (and the
+   same forward outputs) must give bitwise-identical gradients.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+
+import torch
+
+from fuzzattn.contract.case import AttentionCase
+from fuzzattn.contract.dtypes import BY_NAME
+from fuzzattn.contract.implementation import Implementation
+from fuzzattn.engine import execute
+from fuzzattn.engine.grad_oracle import NAMES, GradReference, oracle_gradients, same_precision_gradients
+from fuzzattn.engine.inputs import as_bits, materialize, materialize_dout, place, place_flat
+from fuzzattn.engine.poison import prime_allocator, uninitialized_memory_is_nan
+from fuzzattn.engine.tolerance import grad_bound
+from fuzzattn.engine.verdict import Verdict, heatmap, locate
+
+ROW_KIND = {"dq": "query rows", "dk": "key rows", "dv": "key rows"}
+
+
+@dataclasses.dataclass
+class _GradRun:
+    call: execute.Call
+    failure: Verdict | None = None
+    side_effects: list[Verdict] = dataclasses.field(default_factory=list)
+
+    @property
+    def grads(self) -> dict[str, torch.Tensor]:
+        return dict(zip(NAMES, self.call.grads))
+
+
+def _prime(case: AttentionCase, device, byte: int) -> None:
+    """Freed blocks of the gradients' sizes (and of an fp32 per-row temporary such as Delta)."""
+    item = BY_NAME[case.dtype].itemsize
+    sizes = (math.prod(case.shape("q")) * item, math.prod(case.shape("k")) * item,
+             case.batch * case.heads * case.seq_q * 4)
+    prime_allocator(sizes, device, byte)
+
+
+def _run(impl: Implementation, case: AttentionCase, device, forward, *, adversarial: bool,
+         pad_value: float = float("nan"), poison: bool = True) -> _GradRun:
+    """One gradient call on freshly materialised q, k, v, dO (and copies of the forward's out
+    and lse for an explicit backward)."""
+    inputs = materialize(case, device, pad_value=pad_value)
+    storages = dict(inputs.storages)
+    storages["dout"], dout = materialize_dout(case, device, pad_value)
+    out = lse = None
+    if forward is not None:
+        storages["out"], out = place(forward[0], case.layout[0], forward[0].dtype, device, pad_value)
+        if forward[1] is not None:
+            storages["lse"], lse = place_flat(forward[1], device, pad_value)
+    snapshot = {name: s.clone() for name, s in storages.items()}
+    if adversarial:
+        _prime(case, device, 0xFF if poison else 0x00)
+    poisoned = uninitialized_memory_is_nan() if adversarial and poison else contextlib.nullcontext()
+    with poisoned:
+        call = execute.call_gradients(impl, *inputs.tensors(), dout, case, out=out, lse=lse)
+    run = _GradRun(call)
+    verdict = dict(impl=impl.name, case=case)
+    if not call.answered:
+        what = "refused a case its forward accepts" if call.status == execute.REFUSED else "raised"
+        detail = call.summary if call.status == execute.CONTRACT else f"backward {what}: {call.summary}"
+        run.failure = Verdict(check="grad_crash", passed=False, detail=detail, **verdict)
+        return run
+    changed = [name for name, s in storages.items()
+               if not torch.equal(as_bits(s), as_bits(snapshot[name]))]
+    run.side_effects.append(Verdict(
+        check="grad_inputs_mutated", passed=not changed,
+        detail=f"storage of {', '.join(changed)} changed by the backward" if changed else "",
+        **verdict))
+    return run
+
+
+def _nonfinite(run: _GradRun, ref: GradReference) -> dict[str, torch.Tensor]:
+    """Per gradient, rows with NaN/inf where the oracle's gradient is finite."""
+    return {name: (~torch.isfinite(g.to(torch.float64)) & torch.isfinite(ref.grads[name])).any(dim=-1)
+            for name, g in run.grads.items()}
+
+
+def _attribute(impl, case, device, forward, ref: GradReference) -> tuple[str, str]:
+    def finite(run: _GradRun) -> bool:
+        return run.failure is None and not any(bool(b.any()) for b in _nonfinite(run, ref).values())
+
+    if finite(_run(impl, case, device, forward, adversarial=True, poison=False)):
+        return "grad_unwritten", "NaN appears only when the gradients' memory starts as NaN"
+    if finite(_run(impl, case, device, forward, adversarial=True, poison=False, pad_value=0.0)):
+        return ("grad_out_of_bounds_read",
+                "NaN appears only when the storage around q, k, v, dO (out, lse) holds NaN")
+    return "grad_nonfinite", "NaN/inf with clean padding and clean gradient memory"
+
+
+def _empty_rows(impl, case, run: _GradRun, ref: GradReference) -> Verdict | None:
+    """dq must be exactly 0 on rows with no visible key, dk and dv on keys no row sees."""
+    where = []
+    bad_rows = None
+    for names, rows in ((("dq",), ref.empty_rows), (("dk", "dv"), ref.unseen_keys)):
+        if not bool(rows.any()):
+            continue
+        for name in names:
+            g = run.grads[name][:, :, rows].to(torch.float64)
+            wrong = (g != 0).any(dim=-1) | torch.isnan(g).any(dim=-1)
+            if bool(wrong.any()):
+                bad = torch.zeros(g.shape[:2] + (rows.numel(),), dtype=torch.bool, device=g.device)
+                bad[:, :, rows] = wrong
+                where.append(f"{name} at {locate(bad)} ({ROW_KIND[name]})")
+                bad_rows = bad if bad_rows is None else bad_rows
+    if not bool(ref.empty_rows.any()) and not bool(ref.unseen_keys.any()):
+        return None
+    return Verdict(impl=impl.name, case=case, check="grad_empty_rows", passed=not where,
+                   where="; ".join(where), heatmap=heatmap(bad_rows) if where else "",
+                   detail="rows with no visible key must get dq = 0, keys no row sees "
+                          "dk = dv = 0" if where else "")
+
+
+def _values(impl, case, run: _GradRun, ref: GradReference, spr: GradReference) -> list[Verdict]:
+    verdicts = []
+    sums = {"dq": case.seq_k, "dk": case.seq_q * case.group_size, "dv": case.seq_q * case.group_size}
+    for name in NAMES:
+        b = grad_bound(run.grads[name], spr.grads[name], ref.grads[name], ref.terms[name],
+                       fp32_matmul=impl.caps.fp32_matmul, score_magnitude=ref.score_magnitude,
+                       terms_summed=sums[name])
+        bad = b.row_errors > b.allowed
+        if not b.ok:
+            bad = bad | torch.isnan(b.row_errors)
+        verdicts.append(Verdict(
+            impl=impl.name, case=case, check="grad_" + name, passed=b.ok, error=b.error,
+            allowed=b.allowed, where=locate(bad) if not b.ok else "",
+            heatmap=heatmap(bad) if not b.ok else "",
+            detail="" if b.ok else f"{ROW_KIND[name]}; same-precision reference error "
+                                   f"{b.reference_error:.3g}", ))
+    return verdicts
+
+
+def judge_gradients(impl: Implementation, case: AttentionCase, device, forward=None) -> list[Verdict]:
+    """Every gradient check of `impl` on `case`. `forward` = (out, lse) of the judged forward
+    run, handed (as copies) to an explicit backward; autograd implementations ignore it."""
+    forward = tuple(t.detach() if t is not None else None for t in forward) \
+        if impl.backward_fn is not None and forward is not None else None
+    first = _run(impl, case, device, forward, adversarial=True)
+    if first.failure is not None:
+        return [first.failure]
+    verdicts = list(first.side_effects)
+
+    fresh = materialize(case, device)
+    _, dout = materialize_dout(case, device)
+    ref = oracle_gradients(*fresh.tensors(), dout, case)
+    spr = same_precision_gradients(*fresh.tensors(), dout, case, impl.caps.fp32_matmul)
+
+    nonfinite = _nonfinite(first, ref)
+    broken = [name for name, rows in nonfinite.items() if bool(rows.any())]
+    if broken:
+        check, detail = _attribute(impl, case, device, forward, ref)
+        rows = nonfinite[broken[0]]
+        verdicts.append(Verdict(impl=impl.name, case=case, check=check, passed=False,
+                                where=f"{broken[0]} at {locate(rows)} ({ROW_KIND[broken[0]]})",
+                                heatmap=heatmap(rows), detail=f"{', '.join(broken)}: {detail}"))
+    empty = _empty_rows(impl, case, first, ref)
+    if empty is not None:
+        verdicts.append(empty)
+    verdicts += _values(impl, case, first, ref, spr)
+
+    if impl.caps.deterministic_backward:
+        second = _run(impl, case, device, forward, adversarial=False)
+        if second.failure is not None:
+            return verdicts + [dataclasses.replace(second.failure,
+                                                   detail="second run: " + second.failure.detail)]
+        differs = [name for name in NAMES
+                   if not torch.equal(as_bits(first.grads[name]), as_bits(second.grads[name]))]
+        verdicts.append(Verdict(impl=impl.name, case=case, check="grad_nondeterministic",
+                                passed=not differs,
+                                detail=f"{', '.join(differs)} differ bitwise between two backward "
+                                       "runs on the same inputs" if differs else ""))
+    return verdicts

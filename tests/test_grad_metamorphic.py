@@ -1,0 +1,104 @@
+"""Gradient metamorphic relations (engine/grad_metamorphic.py): every implementation declaring
+`backward` obeys them, and each catches a purpose-built bad backward that breaks it (and passes
+the other).
+
+Budgets are small: the interpreted Triton backward runs twice per relation (three times for
+batch independence), about a second each on small cases.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from hypothesis import assume, given, settings
+
+from fuzzattn import AttentionCase, Capabilities, Implementation
+from fuzzattn.contract import profiles
+from fuzzattn.engine.grad_metamorphic import GRAD_RELATIONS, check_grad_relations
+from fuzzattn.engine.judge import default_device
+from fuzzattn.engine.registry import implementations
+from fuzzattn.engine.triton_backend import is_interpreted
+from kernels.sdpa import sdpa_forward
+from strategies import attention_cases
+
+DEVICE = default_device()
+BACKWARD = [impl for impl in implementations().values() if impl.caps.backward]
+
+
+def _budget(impl: Implementation) -> int:
+    if impl.backend == "triton" and is_interpreted():
+        return 3
+    return max(6, profiles.active().max_examples // 25)
+
+
+def _cases(relation: str, impl: Implementation):
+    p = profiles.active()
+    profile = dataclasses.replace(p, max_large_seq=max(p.max_seq, p.metamorphic_seq))
+    caps = impl.caps
+    if relation == "grad_key_permutation":
+        caps = dataclasses.replace(caps, causal=())
+    if is_interpreted() and impl.backend == "triton":
+        caps = dataclasses.replace(caps, dtypes=caps.dtypes - {"bfloat16"})   # repaired dot: slow
+    cases = attention_cases(caps, profile=profile)
+    if relation == "grad_batch_independence":
+        cases = cases.map(lambda c: c if c.batch >= 2 else c.replace(batch=2))
+    return cases
+
+
+@pytest.mark.parametrize("relation", list(GRAD_RELATIONS))
+@pytest.mark.parametrize("impl", BACKWARD, ids=lambda impl: impl.name)
+def test_real_backward_obeys(impl, relation):
+    check = GRAD_RELATIONS[relation]
+
+    @settings(max_examples=_budget(impl))
+    @given(case=_cases(relation, impl))
+    def obeys(case):
+        verdict = check(impl, case, DEVICE)
+        assume(verdict is not None)
+        assert verdict.passed, verdict.describe()
+
+    obeys()
+
+
+# -- purpose-built bad backwards --------------------------------------------------------------
+CAPS = Capabilities(dtypes={"float32"}, head_dims=None, causal=("top_left",), gqa=True,
+                    backward=True)
+
+
+def _sdpa_grads(q, k, v, dout, causal, scale):
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    with torch.enable_grad():
+        o, _ = sdpa_forward(*leaves, causal=causal, scale=scale)
+        return torch.autograd.grad(o, leaves, dout)
+
+
+def _dv_by_position(q, k, v, out, lse, dout, *, causal, scale):
+    """dv of key position 0 gets a bump: tied to the position, not to the key."""
+    dq, dk, dv = _sdpa_grads(q, k, v, dout, causal, scale)
+    dv = dv.clone()
+    dv[:, :, 0] += 0.5
+    return dq, dk, dv
+
+
+def _dq_mixes_batch(q, k, v, out, lse, dout, *, causal, scale):
+    """dq of every batch element gets a little of the batch mean: elements interact."""
+    dq, dk, dv = _sdpa_grads(q, k, v, dout, causal, scale)
+    return dq + 0.25 * (dq.mean(dim=0, keepdim=True) - dq), dk, dv
+
+
+@pytest.mark.parametrize("relation,fn,other", [
+    ("grad_key_permutation", _dv_by_position, "grad_batch_independence"),
+    ("grad_batch_independence", _dq_mixes_batch, "grad_key_permutation")])
+def test_each_relation_catches_its_bad_backward(relation, fn, other):
+    impl = Implementation(f"bad_{relation}", sdpa_forward, CAPS, backward_fn=fn)
+    c = AttentionCase(batch=2, heads=2, kv_heads=1, seq_q=5, seq_k=7, head_dim=16, data_seed=3)
+    verdicts = {v.check: v for v in check_grad_relations(impl, c, DEVICE)}
+    assert not verdicts["metamorphic:" + relation].passed
+    assert verdicts["metamorphic:" + other].passed, verdicts["metamorphic:" + other].describe()
+
+
+def test_relations_apply_only_to_implementations_declaring_backward():
+    impl = Implementation("fwd", sdpa_forward, dataclasses.replace(CAPS, backward=False))
+    c = AttentionCase(batch=2, heads=1, kv_heads=1, seq_q=3, seq_k=3, head_dim=16)
+    assert check_grad_relations(impl, c, DEVICE) == []

@@ -1,0 +1,253 @@
+"""Gradients judged by the engine: dO materialisation, the float64 gradient oracle, the calling
+convention of both ways to offer gradients, each gradient check on a purpose-built bad backward,
+and the differential property for every implementation declaring `backward`.
+
+Budgets: the interpreted Triton backward costs about a second per small case (forward, two
+backward runs, the references), so its property draws a handful of cases per dtype; the torch
+implementations draw a tenth of the profile's budget. `fuzzattn mutants` and the gate fuzz
+gradients further (every judged case of a backward-declaring implementation includes them).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+from fuzzattn import AttentionCase, Capabilities, Implementation
+from fuzzattn.campaigns.campaign import check_case
+from fuzzattn.contract import profiles
+from fuzzattn.contract.case import DTYPES
+from fuzzattn.engine.grad_oracle import oracle_gradients
+from fuzzattn.engine.inputs import as_bits, inputs_sha256, materialize, materialize_dout
+from fuzzattn.engine.judge import judge, skip_reason
+from fuzzattn.engine.loader import load_implementation
+from fuzzattn.engine.triton_backend import is_interpreted
+from fuzzattn.settings import implementations as all_implementations
+from kernels.sdpa import sdpa_forward
+from strategies import attention_cases
+
+
+def case(seq_q=3, seq_k=5, head_dim=16, *, batch=1, heads=1, kv_heads=None, **kw) -> AttentionCase:
+    return AttentionCase(batch=batch, heads=heads, kv_heads=kv_heads or heads, seq_q=seq_q,
+                         seq_k=seq_k, head_dim=head_dim, **kw)
+
+
+# -- dO ---------------------------------------------------------------------------------------
+def test_dout_is_deterministic_nan_guarded_in_q_layout_and_leaves_qkv_alone():
+    c = case(batch=2, heads=2, layout=("sliced", "contiguous", "contiguous"), data_seed=7)
+    storage, dout = materialize_dout(c, "cpu")
+    again = materialize_dout(c, "cpu")[1]
+    assert torch.equal(as_bits(dout.contiguous()), as_bits(again.contiguous()))
+    assert dout.shape == c.shape("q") and dout.stride() == materialize(c).q.stride()
+    assert torch.isfinite(dout).all() and torch.isnan(storage).sum() == storage.numel() - dout.numel()
+    assert not torch.equal(dout, materialize(c).q)              # its own stream, not q's values
+    # q, k, v keep the bits existing fixtures pin (dO comes from a separate generator)
+    assert inputs_sha256(materialize(c)) == inputs_sha256(materialize(c))
+    assert not torch.equal(materialize_dout(c.replace(data_seed=8))[1], dout)
+
+
+# -- the oracle -------------------------------------------------------------------------------
+def _naive(q, k, v, causal, scale):
+    """Textbook attention in float64 with GQA by explicit head indexing (not the oracle's code)."""
+    heads, kv = q.shape[1], k.shape[1]
+    idx = torch.tensor([h // (heads // kv) for h in range(heads)])
+    s = (q @ k[:, idx].transpose(-1, -2)) * scale
+    nq, nk = s.shape[-2:]
+    if causal != "none":
+        off = 0 if causal == "top_left" else nk - nq
+        keep = torch.tensor([[j <= i + off for j in range(nk)] for i in range(nq)])
+        s = s.masked_fill(~keep, -math.inf)
+    p = torch.softmax(s, dim=-1).nan_to_num(0.0)
+    return p @ v[:, idx]
+
+
+@pytest.mark.parametrize("c", [case(), case(heads=4, kv_heads=2, causal="top_left", seq_q=6),
+                               case(seq_q=7, seq_k=3, causal="bottom_right", heads=2, kv_heads=1)],
+                         ids=str)
+def test_gradient_oracle_matches_textbook_autograd_gqa_summed_and_empty_rows_zero(c):
+    inputs = materialize(c)
+    _, dout = materialize_dout(c)
+    ref = oracle_gradients(*inputs.tensors(), dout, c)
+    leaves = [t.detach().double().requires_grad_() for t in inputs.tensors()]
+    out = _naive(*leaves, c.causal, c.softmax_scale)
+    expected = torch.autograd.grad(out, leaves, dout.double())
+    for name, e in zip(("dq", "dk", "dv"), expected):
+        assert torch.allclose(ref.grads[name], e, rtol=1e-10, atol=1e-12), name
+        assert ref.grads[name].shape == e.shape
+    if ref.empty_rows.any():
+        assert (ref.grads["dq"][:, :, ref.empty_rows] == 0).all()
+
+
+# -- the two ways to offer gradients ----------------------------------------------------------
+CAPS = Capabilities(dtypes={"float32"}, head_dims=None, causal=("top_left", "bottom_right"),
+                    gqa=True, backward=True)
+
+
+def _sdpa_backward(q, k, v, out, lse, dout, *, causal, scale, **config):
+    """An explicit backward by autograd of SDPA (the plain-callable shape of the contract)."""
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    with torch.enable_grad():
+        o, _ = sdpa_forward(*leaves, causal=causal, scale=scale)
+        return tuple(torch.autograd.grad(o, leaves, dout))
+
+
+def test_explicit_backward_gets_the_forward_outputs_and_only_backward_config_keys():
+    seen = {}
+
+    def forward(q, k, v, *, causal, scale, **kw):
+        seen["forward"] = kw
+        return sdpa_forward(q, k, v, causal=causal, scale=scale)
+
+    def backward(q, k, v, out, lse, dout, *, causal, scale, **kw):
+        seen["backward"] = kw
+        seen["out"] = out.clone()
+        return _sdpa_backward(q, k, v, out, lse, dout, causal=causal, scale=scale)
+
+    caps = dataclasses.replace(CAPS, configs=(("bwd_BLOCK", (16, 32)),))
+    impl = Implementation("explicit", forward, caps, backward_fn=backward)
+    judged = judge(impl, case(config=(("bwd_BLOCK", 32),)))
+    assert judged.passed, judged.describe()
+    assert seen["forward"] == {} and seen["backward"] == {"config": {"BLOCK": 32}}
+    # a case without backward keys is valid: the backward runs its own default (no config=)
+    assert judge(impl, case()).passed and seen["backward"] == {}
+    assert {v.check for v in judged.verdicts} >= {"grad_dq", "grad_dk", "grad_dv",
+                                                   "grad_nondeterministic", "grad_inputs_mutated"}
+
+
+def test_autograd_gradients_and_no_gradients_without_backward():
+    impl = Implementation("autograd", sdpa_forward, CAPS)
+    judged = judge(impl, case(heads=2, kv_heads=1, causal="bottom_right", seq_q=6, seq_k=4))
+    assert judged.passed, judged.describe()
+    assert "grad_dq" in {v.check for v in judged.verdicts}
+    forward_only = Implementation("fwd", sdpa_forward, dataclasses.replace(CAPS, backward=False))
+    assert not [v for v in judge(forward_only, case()).verdicts if v.check.startswith("grad_")]
+
+
+README_EXAMPLE = '''
+import torch
+import torch.nn.functional as F
+from fuzzattn import Capabilities, Implementation
+
+def my_attention(q, k, v, *, causal, scale):
+    return F.scaled_dot_product_attention(q, k, v, is_causal=bool(causal), scale=scale)
+
+def my_backward(q, k, v, out, lse, dout, *, causal, scale):
+    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+    with torch.enable_grad():
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=bool(causal), scale=scale)
+    return torch.autograd.grad(o, (q, k, v), dout)
+
+MY_KERNEL = Implementation(
+    name="my_kernel", fn=my_attention, backward_fn=my_backward,
+    caps=Capabilities(returns_lse=False, backward=True, deterministic_backward=True))
+'''
+
+
+def test_the_readme_example_loads_from_a_file_and_passes(tmp_path):
+    path = tmp_path / "my_kernel.py"
+    path.write_text(README_EXAMPLE)
+    impl = load_implementation(f"{path}:MY_KERNEL")
+    judged = judge(impl, case(causal="top_left"))
+    assert judged.passed, judged.describe()
+    assert "grad_dq" in {v.check for v in judged.verdicts}
+
+
+# -- each gradient check on a purpose-built bad backward --------------------------------------
+def _scales_dout_in_place(q, k, v, out, lse, dout, *, causal, scale):
+    grads = _sdpa_backward(q, k, v, out, lse, dout, causal=causal, scale=scale)
+    dout[0, 0, 0, 0] = dout[0, 0, 0, 0] * 2      # the caller's dO changes under it
+    return grads
+
+
+def _reads_row_past_dout(q, k, v, out, lse, dout, *, causal, scale):
+    # One row past dO's end, through its storage: NaN padding in the judge, zeros when clean.
+    b, h, n, d = dout.shape
+    past = dout.as_strided((b, h, n + 1, d), dout.stride(), dout.storage_offset())[:, :, -1:]
+    dq, dk, dv = _sdpa_backward(q, k, v, out, lse, dout, causal=causal, scale=scale)
+    return dq + past.sum(), dk, dv
+
+
+def _leaves_dq_tail_unwritten(q, k, v, out, lse, dout, *, causal, scale):
+    dq, dk, dv = _sdpa_backward(q, k, v, out, lse, dout, causal=causal, scale=scale)
+    result = torch.empty(dq.shape, dtype=dq.dtype)
+    result[:, :, :-1] = dq[:, :, :-1]
+    return result, dk, dv
+
+
+def _noisy_dk(q, k, v, out, lse, dout, *, causal, scale):
+    dq, dk, dv = _sdpa_backward(q, k, v, out, lse, dout, causal=causal, scale=scale)
+    return dq, dk * (1 + torch.rand(dk.shape) * 2.0 ** -23), dv
+
+
+def _leaks_masked_keys(q, k, v, out, lse, dout, *, causal, scale):
+    return _sdpa_backward(q, k, v, out, lse, dout, causal=False, scale=scale)
+
+
+def _raises(q, k, v, out, lse, dout, *, causal, scale):
+    raise RuntimeError("backward not implemented for this case")
+
+
+def _wrong_shape(q, k, v, out, lse, dout, *, causal, scale):
+    dq, dk, dv = _sdpa_backward(q, k, v, out, lse, dout, causal=causal, scale=scale)
+    return dq, dk.repeat_interleave(2, dim=1), dv
+
+
+BAD = {
+    "grad_inputs_mutated": (_scales_dout_in_place, case()),
+    "grad_out_of_bounds_read": (_reads_row_past_dout, case()),
+    "grad_unwritten": (_leaves_dq_tail_unwritten, case()),
+    "grad_nondeterministic": (_noisy_dk, case()),
+    "grad_empty_rows": (_leaks_masked_keys, case(seq_q=2, seq_k=4, causal="top_left")),
+    "grad_crash": (_raises, case()),
+}
+
+
+@pytest.mark.parametrize("check", sorted(BAD) + ["contract"])
+def test_each_gradient_check_catches_its_bad_backward(check):
+    fn, c = BAD.get(check, (_wrong_shape, case()))
+    impl = Implementation(f"bad_{check}", sdpa_forward, CAPS, backward_fn=fn)
+    judged = judge(impl, c)
+    assert not judged.passed
+    expected = "grad_crash" if check == "contract" else check
+    assert judged.first_failure.check == expected, judged.describe()
+    if check == "contract":
+        assert "dk of shape" in judged.first_failure.detail
+
+
+def test_forward_failure_is_reported_once_without_gradient_verdicts():
+    def bad_forward(q, k, v, *, causal, scale):
+        out, lse = sdpa_forward(q, k, v, causal=causal, scale=scale)
+        return out * 2, lse
+
+    judged = judge(Implementation("bad_fwd", bad_forward, CAPS), case())
+    assert judged.first_failure.check == "out"
+    assert not [v for v in judged.verdicts if v.check.startswith("grad_")]
+
+
+# -- the differential property for gradients --------------------------------------------------
+def _budget(impl: Implementation) -> int:
+    if impl.backend == "triton" and is_interpreted():
+        return 4                     # ~1-2 s per case under the interpreter, forward + 2 backwards
+    return max(8, profiles.active().max_examples // 10)
+
+
+GRAD_PARAMS = [pytest.param(impl, dtype, id=f"{impl.name}-{dtype}")
+               for impl in all_implementations() if impl.caps.backward
+               for dtype in DTYPES if dtype in impl.caps.dtypes]
+
+
+@pytest.mark.parametrize("impl,dtype", GRAD_PARAMS)
+def test_gradients_match_oracle(impl, dtype):
+    @settings(max_examples=_budget(impl))
+    @given(data=st.data())
+    def gradients(data):
+        c = data.draw(attention_cases(impl.caps, dtype=dtype), label="case")
+        reason = skip_reason(impl, c)
+        if reason is not None:
+            pytest.skip(reason)
+        check_case(impl, c)
+
+    gradients()
