@@ -45,6 +45,61 @@ def seq_lens(*, min_len: int = 1, max_len: int = 40, max_large_len: int | None =
     return st.one_of(branches)
 
 
+# Shape families: the (Nq, Nk) pairs real workloads run, drawn on purpose rather than left to two
+# independent draws (which need 60-160 cases to produce, say, Nq = 1 with Nk > 1 under a causal
+# mask, or Nq > Nk under bottom-right alignment). Ordered simplest first: Hypothesis shrinks a
+# one_of toward its first branch.
+SHAPE_FAMILIES = ("independent", "decode", "square", "chunk", "tall", "multi_block", "tile_edges")
+MAX_CHUNK = 16      # chunked prefill / speculative decoding: a few new queries against a long cache
+
+
+def seq_shapes(*, max_len: int = 40, max_large_len: int | None = None, tile: int = TILE,
+               allow_zero: bool = False) -> st.SearchStrategy[tuple[str, int, int]]:
+    """(family, Nq, Nk), one family per draw, each equally likely:
+
+    independent  Nq and Nk drawn independently by seq_lens (the draw that finds the odd pairs)
+    decode       Nq = 1 against Nk from 1 up to the longest length (half the time several key
+                 tiles): one new token against a KV cache
+    square       Nq = Nk: prefill, where causal top-left and bottom-right coincide
+    chunk        2 <= Nq <= 16 with Nk >= 2 Nq and more than one key tile when the limits allow:
+                 chunked prefill and speculative decoding, where causal alignment decides all
+    tall         Nq > Nk (Nk may be 0 when allowed): bottom-right alignment leaves the first
+                 Nq - Nk rows with no visible key, the empty-row convention's only source
+    multi_block  Nk > tile (two key tiles or more) against any Nq: where a tiled kernel's online
+                 softmax rescales and its accumulator is carried, and rounded, across tiles
+    tile_edges   Nq and Nk each one of the tile-boundary sizes (tile - 1, tile, tile + 1, ...)
+
+    The decode, chunk and multi_block families put most draws past one key tile because that is
+    where precision bugs of the running state compound (one rounding per tile carried).
+    """
+    lengths = seq_lens(max_len=max_len, max_large_len=max_large_len, tile=tile,
+                       allow_zero=allow_zero)
+    top = max_large_len if max_large_len is not None else max_len
+    positive = seq_lens(min_len=1, max_len=max_len, max_large_len=max_large_len, tile=tile)
+    branches = [st.tuples(st.just("independent"), lengths, lengths)]
+    # Key lengths spanning several tiles, when the limits allow any.
+    several = st.integers(tile + 1, top) if top > tile else None
+    decode_keys = st.one_of(positive, several) if several is not None else positive
+    branches.append(decode_keys.map(lambda n: ("decode", 1, n)))
+    branches.append(positive.map(lambda n: ("square", n, n)))
+    if top >= 4:
+        def chunk_keys(nq: int):
+            lo = 2 * nq
+            return st.integers(max(lo, tile + 1) if top > max(lo, tile) else lo, top)
+        branches.append(st.integers(2, min(MAX_CHUNK, top // 2)).flatmap(
+            lambda nq: chunk_keys(nq).map(lambda nk: ("chunk", nq, nk))))
+    if top >= 2:
+        branches.append(st.integers(0 if allow_zero else 1, top - 1).flatmap(
+            lambda nk: st.integers(nk + 1, top).map(lambda nq: ("tall", nq, nk))))
+    if several is not None:
+        branches.append(st.tuples(st.just("multi_block"), positive, several))
+    edges = _edges(tile, top, 1)
+    if edges:
+        branches.append(st.tuples(st.just("tile_edges"), st.sampled_from(edges),
+                                  st.sampled_from(edges)))
+    return st.one_of(branches)
+
+
 def head_dims(declared, *, max_head_dim: int = 256) -> st.SearchStrategy[int]:
     """Declared head dims (a set), or for `None` (any) powers of two first, then odd sizes."""
     if declared is not None:
