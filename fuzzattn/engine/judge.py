@@ -263,7 +263,8 @@ def _value_verdicts(impl, case, run: _Run, ref: Reference, spr: Reference, *, ch
             **verdict))
     # The error statistic over the whole output (error_statistics.py): precision bugs that stay
     # under the max rule in every element but add error to all of them.
-    s = out_rms_bound(run.out, spr.out, ref.out, ref.empty_rows, ref.score_magnitude)
+    s = out_rms_bound(run.out, spr.out, ref.out, ref.empty_rows, ref.score_magnitude,
+                      ref.out_magnitude)
     bad = s.row_ratio > 1
     out_results.append(Verdict(
         check=check_stat, passed=s.ok, error=s.statistic, allowed=s.allowed,
