@@ -10,7 +10,7 @@ from fuzzattn.contract.profiles import Profile, active
 
 from .configs import configs, constrained_length
 from .layouts import layouts
-from .lengths import head_dims, seq_lens
+from .lengths import head_dims, seq_lens, seq_shapes
 from .values import value_profiles
 
 # Softmax scales other than the default 1/sqrt(D) (None), drawn in half the cases.
@@ -34,12 +34,9 @@ def _cases(draw, caps: Capabilities, dtypes: tuple[str, ...], profile: Profile) 
     batch = draw(st.integers(1, profile.max_batch))
     kv_heads = draw(st.integers(1, profile.max_kv_heads))
     group = draw(st.integers(1, profile.max_group)) if caps.gqa else 1
-    causal = draw(st.sampled_from(("none",) + caps.causal))
-    lengths = constrained_length(caps, seq_lens(max_len=profile.max_seq,
-                                                max_large_len=profile.max_large_seq,
-                                                allow_zero=caps.zero_length), profile.max_seq)
-    seq_q = draw(lengths)
-    seq_k = seq_q if caps.equal_lengths else draw(lengths)
+    family, seq_q, seq_k = draw(_shapes(caps, profile))
+    event(f"shape family={family}")
+    causal = draw(st.sampled_from(_causal_choices(caps, family)))
     scale = draw(st.one_of(st.none(), st.sampled_from(OTHER_SCALES)))
     layout = draw(layouts(caps))
     values = draw(value_profiles())
@@ -50,6 +47,35 @@ def _cases(draw, caps: Capabilities, dtypes: tuple[str, ...], profile: Profile) 
     case = case.replace(config=draw(configs(caps, case)))
     _label(case)
     return case
+
+
+def _shapes(caps: Capabilities, profile: Profile) -> st.SearchStrategy[tuple[str, int, int]]:
+    """(family, Nq, Nk): the shape families of strategies.lengths, or for a kernel that constrains
+    lengths (equal, a minimum, a multiple) independent draws inside its constraints."""
+    if not (caps.equal_lengths or caps.seq_multiple > 1 or caps.min_seq_len > 1):
+        return seq_shapes(max_len=profile.max_seq, max_large_len=profile.max_large_seq,
+                          allow_zero=caps.zero_length)
+    lengths = constrained_length(caps, seq_lens(max_len=profile.max_seq,
+                                                max_large_len=profile.max_large_seq,
+                                                allow_zero=caps.zero_length), profile.max_seq)
+    if caps.equal_lengths:
+        return lengths.map(lambda n: ("constrained", n, n))
+    return st.tuples(st.just("constrained"), lengths, lengths)
+
+
+def _causal_choices(caps: Capabilities, family: str) -> tuple[str, ...]:
+    """Decode and chunked prefill are where the causal alignment decides which keys a query sees
+    (top-left lets a lone decode query see key 0 only): draw them causal, in each declared
+    alignment. The tall family is there for the empty-row convention, which only bottom-right
+    alignment produces, so it is drawn bottom-right whenever that is declared (measured: left to
+    a coin, the ci mutant campaigns drew no Nq > Nk >= 1 bottom-right case in 60). Non-causal
+    and top-left versions of these shapes still come from the independent, multi_block and
+    tile_edges families."""
+    if not caps.causal or family not in ("decode", "chunk", "tall"):
+        return ("none",) + caps.causal
+    if family == "tall" and "bottom_right" in caps.causal:
+        return ("bottom_right",)
+    return caps.causal
 
 
 def _label(case: AttentionCase) -> None:

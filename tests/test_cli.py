@@ -17,6 +17,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
+import torch
 
 from fuzzattn import cli
 from fuzzattn.cli import changes
@@ -282,6 +283,28 @@ def test_mutants_reports_killed_survived_and_score(capsys, monkeypatch, broken, 
     status, out, _ = run(capsys, "mutants", "--only", "mutant_drop_last_key", "--max-examples", 8)
     assert status == 0 and "mutation score: 1/1" in out
     assert not (tmp_path / "default-fixtures").exists()    # mutants never leave fixtures
+
+
+def _fp16_only_bug(q, k, v, *, causal, scale):
+    from kernels.sdpa import sdpa_forward
+    out, lse = sdpa_forward(q, k, v, causal=causal, scale=scale)
+    return (out * 2 if q.dtype == torch.float16 else out), lse
+
+
+def test_mutants_runs_one_campaign_per_dtype(capsys, monkeypatch):
+    """A bug planted for one dtype is caught in that dtype's campaign, with the full budget there,
+    after the earlier dtypes' campaigns found nothing; the table names the dtype."""
+    import fuzzattn.engine.registry
+    caps = Capabilities(dtypes={"float32", "float16"})
+    zoo = {"mutant_fp16_only": Implementation(name="mutant_fp16_only", fn=_fp16_only_bug, caps=caps,
+                                              description="doubles fp16 outputs", mutant_of="sdpa")}
+    monkeypatch.setattr(fuzzattn.engine.registry, "mutants", lambda: zoo)
+    status, out, _ = run(capsys, "mutants", "--max-examples", 5)
+    assert status == 0 and "per dtype campaign" in out, out
+    row = next(line for line in out.splitlines() if line.startswith("mutant_fp16_only"))
+    assert "killed" in row and "float16" in row and "out" in row, row
+    status, out, _ = run(capsys, "mutants", "--max-examples", 5, "--dtype", "float32")
+    assert status == 1 and "no failure in float32 5 cases" in out, out
 
 
 def test_mutants_with_an_empty_zoo(capsys, monkeypatch):

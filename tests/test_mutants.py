@@ -68,6 +68,16 @@ CAUGHT_BY = {
     "mutant_scales_q_in_place": (case(), "inputs_mutated"),
     "mutant_empty_rows_nan": (case(seq_q=2, causal="bottom_right"), "nonfinite"),
     "mutant_mqa_squeeze": (case(batch=2, heads=2, kv_heads=1), "out"),
+    # Precision bugs: every element stays under the max rule; the rms over the tensor does not.
+    "mutant_acc_bf16": (case(seq_q=32, seq_k=80, head_dim=32, heads=2, dtype="bfloat16"), "out_rms"),
+    "mutant_acc_fp16": (case(seq_q=32, seq_k=80, head_dim=32, heads=2, dtype="float16"), "out_rms"),
+    # The weakest of them (1.1x the bound here): a P @ V product rounded once per key block.
+    "mutant_pv_low_precision": (case(seq_q=79, seq_k=30, dtype="bfloat16", causal="bottom_right"),
+                                "out_rms"),
+    "mutant_running_max_bf16": (case(seq_k=32), {"out", "lse"}),
+    # Shape-family bugs: decode under top-left sees key 0 only; a chunk's alignment decides all.
+    "mutant_decode_ignores_causal": (case(seq_k=2, causal="top_left"), "out"),
+    "mutant_chunk_wrong_alignment": (case(seq_q=2, seq_k=4, causal="bottom_right"), {"out", "lse"}),
     # around SDPA
     "mutant_staging_buffer_aliasing": (case(), "lse"),
     "mutant_empty_rows_mean_v": (case(seq_q=2, causal="bottom_right"), "empty_rows"),

@@ -1,11 +1,20 @@
-"""`fuzzattn mutants`: the default campaign against each seeded-bug variant; exit 1 if any survives."""
+"""`fuzzattn mutants`: the default campaigns against each seeded-bug variant; exit 1 if any survives.
+
+A mutant gets one campaign per declared dtype, as the differential tests and `fuzz` run them,
+each with the full case budget, in the declared order (fp32, bf16, fp16); the first campaign that
+catches it ends its run. A precision bug planted for one dtype (an fp16 accumulator) can only
+show on cases of that dtype, so a single campaign over all dtypes would spend two thirds of its
+budget where the bug cannot be seen, and its cases-to-kill would measure the dtype draw, not the
+checks. "cases to kill" is counted within the campaign that caught the mutant; the campaigns
+before it are reported beside it (the dtype column and the total cases judged)."""
 from __future__ import annotations
 
 import statistics
 import tempfile
 
-from fuzzattn.campaigns.outcome import FAIL, KILLED, OK, SURVIVED
+from fuzzattn.campaigns.outcome import FAIL, KILLED, OK, SKIP, SURVIVED, Outcome
 from fuzzattn.cli import common, tables
+from fuzzattn.contract.dtypes import DTYPES
 
 
 def add_parser(commands) -> None:
@@ -16,6 +25,8 @@ def add_parser(commands) -> None:
     p.add_argument("--impl", action="append", default=[], metavar="FILE.py:NAME|module:NAME",
                    help="a seeded-bug variant of your own kernel, kept outside the repo, to run "
                         "as a mutant (instead of the zoo unless --only is also given); repeatable")
+    p.add_argument("--dtype", choices=DTYPES, help="run only this dtype's campaign (default: one "
+                   "campaign per declared dtype, stopping at the first that catches the mutant)")
     p.add_argument("--shrink", action="store_true",
                    help="shrink each mutant's first failing case (minutes per mutant under the interpreter)")
     common.budget_options(p, "cases per mutant (default: the profile's max_examples)",
@@ -34,7 +45,8 @@ def select(only) -> list:
 
 
 def run_mutants(selected, *, profile, max_examples, seconds, hypothesis_seed, progress,
-                shrink: bool = False, isolate: bool = False, timeout: float | None = None) -> list:
+                shrink: bool = False, isolate: bool = False, timeout: float | None = None,
+                dtype: str | None = None) -> list:
     # save=False already keeps files out of regressions/; the temporary directory makes sure a
     # seeded bug can never leave a file behind even if saving were switched on.
     # Without --shrink the first failing case is reported: a mutant only has to be caught, and
@@ -43,19 +55,40 @@ def run_mutants(selected, *, profile, max_examples, seconds, hypothesis_seed, pr
     with tempfile.TemporaryDirectory(prefix="fuzzattn-mutants-") as scratch:
         outcomes = []
         for mutant in selected:
-            o = common.run_campaign(mutant, None, profile=profile, max_examples=max_examples,
-                                    seconds=seconds, hypothesis_seed=hypothesis_seed, save=False,
-                                    regressions_dir=scratch, progress=progress, stage="mutant",
-                                    shrink=shrink, isolate=isolate, timeout=timeout)
-            o.subject = mutant.name
-            if o.verdict == FAIL:           # a counterexample: the mutant is caught
-                o.verdict, o.passed = KILLED, True
-            elif o.verdict == OK:
-                o.verdict, o.passed = SURVIVED, False
-                o.detail = f"no failure in {o.cases} cases; plants: {mutant.description}"
-                o.message = o.detail
-            outcomes.append(o)
+            runs = []
+            declared = common.dtypes_of(mutant, None)
+            for one in ([dtype] if dtype in declared else [] if dtype else declared):
+                o = common.run_campaign(mutant, one, profile=profile, max_examples=max_examples,
+                                        seconds=seconds, hypothesis_seed=hypothesis_seed,
+                                        save=False, regressions_dir=scratch, progress=progress,
+                                        stage="mutant", shrink=shrink, isolate=isolate,
+                                        timeout=timeout)
+                o.dtype = one
+                runs.append(o)
+                if o.verdict != OK and not o.skipped:   # caught, or the campaign broke: stop
+                    break
+            outcomes.append(_mutant_outcome(mutant, runs))
     return outcomes
+
+
+def _mutant_outcome(mutant, runs):
+    """One row per mutant from its dtype campaigns: the last one run (the catching one, if any)."""
+    if not runs:                    # --dtype names a dtype this mutant does not declare
+        return Outcome("mutant", mutant.name, SKIP, True, skipped=True,
+                       detail="declares none of the dtypes asked for")
+    o = runs[-1]
+    o.subject = mutant.name
+    o.total_cases = sum(r.cases or 0 for r in runs)
+    o.seconds = sum(r.seconds or 0.0 for r in runs)
+    if o.verdict == FAIL:           # a counterexample: the mutant is caught
+        o.verdict, o.passed = KILLED, True
+    elif o.verdict in (OK, SKIP) and all(r.verdict in (OK, SKIP) for r in runs):
+        tried = ", ".join(f"{r.dtype} {r.cases or 0}" for r in runs if not r.skipped)
+        o.verdict, o.passed, o.skipped = SURVIVED, False, False
+        o.dtype = ""
+        o.detail = f"no failure in {tried} cases; plants: {mutant.description}"
+        o.message = o.detail
+    return o
 
 
 def mutation_score(outcomes) -> str:
@@ -65,7 +98,8 @@ def mutation_score(outcomes) -> str:
 
 
 def kill_speed(outcomes) -> str:
-    """Cases to the first failure over the killed mutants: median, 90th percentile, max."""
+    """Cases to the first failure (in the dtype campaign that caught it) over the killed
+    mutants: median, 90th percentile, max."""
     counts = sorted(o.campaign.cases_to_first_failure for o in outcomes
                     if o.verdict == KILLED and o.campaign is not None
                     and o.campaign.cases_to_first_failure is not None)
@@ -95,21 +129,24 @@ def run(args) -> int:
     outcomes = run_mutants(selected, profile=profile, max_examples=max_examples,
                            seconds=args.seconds, hypothesis_seed=args.hypothesis_seed,
                            progress=tables.Progress(), shrink=args.shrink, isolate=isolate,
-                           timeout=timeout)
+                           timeout=timeout, dtype=args.dtype)
     print(f"fuzzattn mutants: profile={profile.name} hypothesis_seed={args.hypothesis_seed} "
-          f"max_examples={max_examples}{' seconds=%g' % args.seconds if args.seconds else ''}"
+          f"max_examples={max_examples} per dtype campaign"
+          f"{' seconds=%g' % args.seconds if args.seconds else ''}"
           f"{' isolated' if isolate else ''}{' timeout=%g' % timeout if timeout else ''}")
     rows = []
     for o in outcomes:
         campaign = o.campaign
         found = campaign.counterexample if campaign is not None else None
-        rows.append([o.subject, o.verdict,
+        rows.append([o.subject, o.verdict, getattr(o, "dtype", "") if found else "",
                      "" if campaign is None or campaign.cases_to_first_failure is None
                      else campaign.cases_to_first_failure,
+                     getattr(o, "total_cases", o.cases),
                      tables.seconds(o.seconds),
                      found.judged.first_failure.check if found else "",
                      str(found.judged.case) if found else o.detail])
-    print(tables.table(("mutant", "killed", "cases to first failure", "seconds", "caught by",
-                        f"{'shrunk' if args.shrink else 'first failing'} case / detail"), rows, max_width=90))
+    print(tables.table(("mutant", "killed", "dtype", "cases to kill", "cases judged", "seconds",
+                        "caught by", f"{'shrunk' if args.shrink else 'first failing'} case / detail"),
+                       rows, max_width=90))
     speed = kill_speed(outcomes)
     return common.finish(outcomes, mutation_score(outcomes) + (f"; {speed}" if speed else ""))

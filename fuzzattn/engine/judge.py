@@ -22,6 +22,7 @@ from fuzzattn.contract.case import AttentionCase
 from fuzzattn.contract.dtypes import BY_NAME
 from fuzzattn.contract.implementation import Implementation
 from fuzzattn.engine import execute
+from fuzzattn.engine.error_statistics import out_rms_bound
 from fuzzattn.engine.gradients import judge_gradients
 from fuzzattn.engine.inputs import Inputs, as_bits, check_budget, inputs_sha256, materialize
 from fuzzattn.engine.poison import (UninitializedMemoryIsZero, prime_allocator,
@@ -206,7 +207,7 @@ def _attribute_nonfinite(impl, case, device, ref: Reference) -> tuple[str, str]:
 
 
 def _value_verdicts(impl, case, run: _Run, ref: Reference, spr: Reference, *, check_out="out",
-                    check_lse="lse") -> list[Verdict]:
+                    check_lse="lse", check_stat="out_rms") -> list[Verdict]:
     verdict = dict(impl=impl.name, case=case)
     out_results = []
     empty = ref.empty_rows
@@ -235,6 +236,16 @@ def _value_verdicts(impl, case, run: _Run, ref: Reference, spr: Reference, *, ch
             where=locate(bad) if not b.ok else "", heatmap=heatmap(bad) if not b.ok else "",
             detail="" if b.ok else f"same-precision reference error {b.reference_error:.3g}",
             **verdict))
+    # The error statistic over the whole output (error_statistics.py): precision bugs that stay
+    # under the max rule in every element but add error to all of them.
+    s = out_rms_bound(run.out, spr.out, ref.out, ref.empty_rows, ref.score_magnitude,
+                      ref.out_magnitude)
+    bad = s.row_ratio > 1
+    out_results.append(Verdict(
+        check=check_stat, passed=s.ok, error=s.statistic, allowed=s.allowed,
+        where=locate(bad) if not s.ok else "", heatmap=heatmap(bad) if not s.ok else "",
+        detail="" if s.ok else f"rms error over {s.elements} elements; same-precision reference "
+                               f"rms {s.reference_statistic:.3g}", **verdict))
     return out_results
 
 
@@ -302,7 +313,8 @@ def _judge_runs(impl: Implementation, case: AttentionCase, device, first: _Run,
     if all(v.passed for v in verdicts):
         # The rerun is judged on its own only when the first run passed, so one bug is one verdict.
         verdicts += [v for v in _value_verdicts(impl, case, second, ref, spr, check_out="rerun",
-                                                check_lse="rerun") if v.check == "rerun"]
+                                                check_lse="rerun", check_stat="rerun")
+                     if v.check == "rerun"]
     if impl.caps.deterministic:
         same_out = torch.equal(as_bits(first.out), as_bits(second.out))
         same_lse = (first.lse is None or second.lse is None

@@ -48,6 +48,9 @@ class Reference:
     empty_rows: torch.Tensor  # (Nq,) bool: rows that see no key
     score_magnitude: float    # largest |scale| * sum_d |q_d k_d| over visible pairs: the size of
                               # the terms each fp32 score sums, which sets its rounding noise
+    out_magnitude: torch.Tensor | None = None   # (B, Hq, Nq, D): sum_j p_ij |v_jd| / l_i, the
+                              # size of the terms each output element sums (|out| when they do
+                              # not cancel), which sets the rounding noise of that sum
 
 
 def _attend(q, k, v, case: AttentionCase, compute: torch.dtype, p_dtype: torch.dtype | None,
@@ -76,10 +79,12 @@ def _attend(q, k, v, case: AttentionCase, compute: torch.dtype, p_dtype: torch.d
         p = p.to(p_dtype).to(compute)
     if matmul_round is not None:
         p = matmul_round(p)
-    out = (p @ v) / torch.where(denom > 0, denom, torch.ones_like(denom))
+    safe_denom = torch.where(denom > 0, denom, torch.ones_like(denom))
+    out = (p @ v) / safe_denom
+    magnitude = (p @ v.abs()) / safe_denom
     lse = (row_max + torch.log(denom)).squeeze(-1)
     out = out.masked_fill(empty[:, None], 0.0)
-    return Reference(out, lse, empty, score_magnitude)
+    return Reference(out, lse, empty, score_magnitude, magnitude.masked_fill(empty[:, None], 0.0))
 
 
 def oracle(q, k, v, case: AttentionCase) -> Reference:

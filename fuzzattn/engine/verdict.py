@@ -24,6 +24,7 @@ CHECKS = (
     "empty_rows",            # rows with no visible key must give out 0 and lse -inf
     "out",                   # output value beyond the tolerance rule
     "lse",                   # logsumexp beyond the tolerance rule
+    "out_rms",               # output's rms error over the tensor beyond the error-statistics rule
     "rerun",                 # the run after the references disagrees with the oracle
     "nondeterministic",      # a second run on fresh copies differs bitwise
     # Gradients (engine/gradients.py), for implementations declaring `backward`; judged only

@@ -69,6 +69,38 @@ TILED_BUGS = (
      "MQA path squeezes the size-1 kv-head dim, so k's batch dim broadcasts against q's heads",
      [("k5, v5 = k.unsqueeze(2), v.unsqueeze(2)",
        "k5, v5 = (k.squeeze(1), v.squeeze(1)) if kv_heads == 1 else (k.unsqueeze(2), v.unsqueeze(2))")]),
+    # Precision bugs. Each stays within the max rule's bound on most cases of its own dtype (the
+    # errors are a few roundings of the input dtype, spread over every element), so they are the
+    # targets of the error-statistics check (fuzzattn/engine/error_statistics.py). The accumulator
+    # ones plant "the accumulator kept in the input's dtype", a bug only for that dtype: an fp32
+    # kernel with an fp32 accumulator is correct, so fp32 cases must not give them away.
+    ("mutant_acc_bf16",
+     "bf16 inputs: the output accumulator is rounded to bf16 after every key block",
+     [("            acc = alpha[..., None] * acc + p @ v_j\n",
+       "            acc = alpha[..., None] * acc + p @ v_j\n"
+       "            if q.dtype == torch.bfloat16:\n"
+       "                acc = acc.to(torch.bfloat16).float()\n")]),
+    ("mutant_acc_fp16",
+     "fp16 inputs: the output accumulator is rounded to fp16 after every key block",
+     [("            acc = alpha[..., None] * acc + p @ v_j\n",
+       "            acc = alpha[..., None] * acc + p @ v_j\n"
+       "            if q.dtype == torch.float16:\n"
+       "                acc = acc.to(torch.float16).float()\n")]),
+    ("mutant_pv_low_precision",
+     "P @ V multiplied in the input dtype (a low-precision product and accumulation) instead of fp32",
+     [("acc = alpha[..., None] * acc + p @ v_j",
+       "acc = alpha[..., None] * acc + (p.to(q.dtype) @ v_j.to(q.dtype)).float()")]),
+    ("mutant_running_max_bf16",
+     "the running max is stored in bf16 between key blocks, while P, l and acc used the fp32 one",
+     [("            m_i = m_new\n", "            m_i = m_new.to(torch.bfloat16).float()\n")]),
+    # Shape-family bugs: each shows only on the (Nq, Nk) pairs of one family (strategies/lengths.py).
+    ("mutant_decode_ignores_causal",
+     "decode (Nq = 1) skips the causal mask: with top-left alignment the one query sees every key",
+     [("if causal != \"none\":", "if causal != \"none\" and seq_q != 1:")]),
+    ("mutant_chunk_wrong_alignment",
+     "chunks (1 < Nq < Nk) aligned to the wrong end of the keys: top-left and bottom-right swapped",
+     [("offset = seq_k - seq_q if causal == \"bottom_right\" else 0",
+       "offset = seq_k - seq_q if (causal == \"bottom_right\") != (1 < seq_q < seq_k) else 0")]),
 )
 
 # -- edits of sdpa_forward -------------------------------------------------------------------------

@@ -1,0 +1,178 @@
+"""The error-statistics check (`out_rms`) and the shape families the strategies draw on purpose."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+from fuzzattn import AttentionCase
+from fuzzattn.contract.dtypes import unit_roundoff
+from fuzzattn.engine.error_statistics import out_rms_bound
+from fuzzattn.engine.judge import judge
+from fuzzattn.engine.registry import implementations, mutants
+from fuzzattn.engine.tolerance import EPS_ULPS, K_OUT, K_RMS, RMS_SAMPLING, out_bound
+from fuzzattn.engine.verdict import CHECKS
+from strategies.lengths import MAX_CHUNK, SHAPE_FAMILIES, TILE, seq_shapes
+
+
+def _tensors(shape=(2, 2, 32, 16), seed=0):
+    g = torch.Generator().manual_seed(seed)
+    oracle = torch.randn(shape, generator=g, dtype=torch.float64)
+    reference = oracle.to(torch.bfloat16)              # one rounding: the reference's error
+    return oracle, reference
+
+
+# -- the rule ----------------------------------------------------------------------------------
+def test_an_output_as_accurate_as_the_reference_passes():
+    oracle, reference = _tensors()
+    b = out_rms_bound(reference, reference, oracle)
+    assert b.ok and b.statistic == pytest.approx(b.reference_statistic)
+    assert b.elements == oracle.numel()
+
+
+def test_an_output_with_extra_error_in_every_element_fails():
+    """Pre-rounding noise of about one extra rounding in every element (uniform, up to 1.5 units
+    of roundoff): the rms is well above K_RMS times the reference's, while every element stays
+    within the max rule (tolerance.out_bound), the gap this check closes."""
+    oracle, reference = _tensors(shape=(2, 4, 64, 64))
+    g = torch.Generator().manual_seed(1)
+    u = unit_roundoff(torch.bfloat16)
+    noise = (torch.rand(oracle.shape, generator=g, dtype=torch.float64) * 2 - 1) * 1.5 * u * oracle.abs()
+    got = (oracle + noise).to(torch.bfloat16)
+    b = out_rms_bound(got, reference, oracle)
+    assert not b.ok and b.ratio > 1, (b.statistic, b.allowed)
+    assert out_bound(got, reference, oracle).ok
+
+
+def test_an_exact_reference_leaves_room_for_one_rounding():
+    """When the reference is exact (ref rms 0), one element EPS_ULPS roundings off (a rounding
+    that fell the other way) passes; the same error in two elements does not."""
+    oracle = torch.full((1, 1, 8, 8), 0.5, dtype=torch.float64)
+    reference = oracle.to(torch.bfloat16)
+    got = reference.clone()
+    # The element's scale is u |out| + u32 A, with A = |out| here (no cancellation).
+    step = 0.5 * (unit_roundoff(torch.bfloat16) + unit_roundoff(torch.float32)) * EPS_ULPS * 0.999
+    got[0, 0, 3, 3] = 0.5 + step
+    b = out_rms_bound(got, reference, oracle)
+    assert b.reference_statistic == 0 and b.statistic > 0 and b.ok, (b.statistic, b.allowed)
+    got[0, 0, 4, 4] = 0.5 + step
+    assert not out_rms_bound(got, reference, oracle).ok
+
+
+def test_on_one_element_it_is_never_stricter_than_the_max_rule():
+    """The calibration's false positive before this rule (sdpa fp32, Nq = 1, Nk = 43, D = 1,
+    near_constant): a uniform average of values that cancel, where fp32 summation rounds at the
+    size of the terms (A), not of |out|. Rebuilt: |out| = 1/8 (exact), A = 0.8, the reference
+    exact, the kernel 3 ulps off (4.5e-8, the false positive's error was 4.19e-8)."""
+    oracle = torch.full((1, 1, 1, 1), 0.125, dtype=torch.float64)
+    reference = oracle.to(torch.float32)
+    got = (oracle + 3 * 2.0 ** -26).to(torch.float32)
+    assert not out_rms_bound(got, reference, oracle).ok          # |out| alone as the scale
+    magnitude = torch.full_like(oracle, 0.8)
+    assert out_rms_bound(got, reference, oracle, out_magnitude=magnitude).ok
+    assert out_bound(got, reference, oracle).ok
+    assert K_RMS * (1 + RMS_SAMPLING) >= K_OUT
+
+
+def test_nan_fails_and_is_located():
+    oracle, reference = _tensors()
+    got = reference.clone()
+    got[1, 0, 5, 2] = float("nan")
+    b = out_rms_bound(got, reference, oracle)
+    assert not b.ok and math.isinf(b.statistic)
+    assert bool(torch.isinf(b.row_ratio[1, 0, 5]))
+
+
+def test_rows_with_no_visible_key_are_left_out():
+    oracle, reference = _tensors(shape=(1, 1, 4, 8))
+    oracle[..., 0, :] = 0.0
+    reference = oracle.to(torch.bfloat16)
+    empty = torch.tensor([True, False, False, False])
+    b = out_rms_bound(reference, reference, oracle, empty)
+    assert b.elements == 3 * 8
+
+
+def test_out_rms_is_a_named_check_after_the_max_rule():
+    assert CHECKS.index("out") < CHECKS.index("out_rms") < CHECKS.index("rerun")
+    assert K_RMS > 1
+
+
+# -- in the engine -----------------------------------------------------------------------------
+MULTI_BLOCK = AttentionCase(batch=1, heads=2, kv_heads=2, seq_q=32, seq_k=80, head_dim=32,
+                            dtype="bfloat16")
+
+
+@pytest.mark.parametrize("name", ["sdpa", "torch_tiled"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+def test_real_kernels_pass_out_rms(name, dtype):
+    report = judge(implementations()[name], MULTI_BLOCK.replace(dtype=dtype), device="cpu")
+    verdict = next(v for v in report.verdicts if v.check == "out_rms")
+    assert verdict.passed and verdict.error <= verdict.allowed, report.describe()
+
+
+@pytest.mark.parametrize("name,dtype", [("mutant_acc_bf16", "bfloat16"), ("mutant_acc_fp16", "float16")])
+def test_a_low_precision_accumulator_passes_the_max_rule_but_not_out_rms(name, dtype):
+    report = judge(mutants()[name], MULTI_BLOCK.replace(dtype=dtype), device="cpu")
+    checks = {v.check: v for v in report.verdicts}
+    assert checks["out"].passed, "the max rule alone sees this one: the case no longer shows the gap"
+    assert not checks["out_rms"].passed
+    assert checks["out_rms"].where        # the rows carrying the excess are named
+
+
+def test_accumulator_mutants_are_correct_on_other_dtypes():
+    """The planted bug is "accumulator kept in the input's dtype": fp32 cases must not show it."""
+    case = MULTI_BLOCK.replace(dtype="float32")
+    for name in ("mutant_acc_bf16", "mutant_acc_fp16"):
+        assert judge(mutants()[name], case, device="cpu").passed
+
+
+# -- shape families ----------------------------------------------------------------------------
+@settings(max_examples=200, deadline=None)
+@given(seq_shapes(max_len=40, max_large_len=80, allow_zero=True))
+def test_each_family_draws_its_shapes(shape):
+    family, nq, nk = shape
+    assert family in SHAPE_FAMILIES
+    assert 0 <= nq <= 80 and 0 <= nk <= 80
+    if family == "decode":
+        assert nq == 1 and nk >= 1
+    elif family == "square":
+        assert nq == nk >= 1
+    elif family == "chunk":
+        assert 2 <= nq <= MAX_CHUNK and nk >= 2 * nq and (nk > TILE or 80 <= TILE)
+    elif family == "tall":
+        assert nq > nk >= 1
+    elif family == "multi_block":
+        assert nq >= 1 and nk > TILE
+    elif family == "tile_edges":
+        assert nq >= 1 and nk >= 1 and (nq % 16 in (0, 1, 15)) and (nk % 16 in (0, 1, 15))
+
+
+def test_every_family_is_drawn():
+    seen = set()
+
+    @settings(max_examples=150, deadline=None, database=None, derandomize=True)
+    @given(seq_shapes(max_len=40, max_large_len=80))
+    def record(shape):
+        seen.add(shape[0])
+
+    record()
+    assert seen == set(SHAPE_FAMILIES)
+
+
+def test_small_limits_leave_out_the_families_that_cannot_fit():
+    @settings(max_examples=50, deadline=None)
+    @given(seq_shapes(max_len=2))
+    def small(shape):
+        assert shape[0] != "chunk" and max(shape[1:]) <= 2
+
+    small()
+
+
+@pytest.mark.parametrize("name", ["mutant_decode_ignores_causal", "mutant_chunk_wrong_alignment"])
+def test_shape_family_mutants_hide_outside_their_family(name):
+    """Each is correct off its family, so only a draw of that family can kill it."""
+    off_family = AttentionCase(batch=1, heads=1, kv_heads=1, seq_q=5, seq_k=5, head_dim=16,
+                               causal="top_left")
+    assert judge(mutants()[name], off_family, device="cpu").passed
