@@ -8,7 +8,10 @@ A replay is one judged case, read against what the file expects of that implemen
     xfail           failed, and the file lists this implementation as known to fail it
     XPASS(strict)   passed although the file expects it to fail: fails the run (the defect is
                     fixed upstream, or the case stopped showing it: update the file)
-    skip            the implementation cannot run the case here (the reason is given)
+    skip            the implementation cannot run the case here (the reason is given), or it
+                    refused it with an error it declares (`Capabilities.refusals`: an SDPA
+                    backend's "No available kernel"): neither a pass nor a failure, and not an
+                    expected failure either, since nothing was computed
 
 A file recorded as `flaky` is judged FLAKY_REPLAYS times and says how many runs failed.
 """
@@ -31,7 +34,7 @@ def replay_one(record: RegressionFile, impl: Implementation, device=None) -> Out
 
     def outcome(status: str, message: str) -> Outcome:
         failure = judged.first_failure
-        detail = judged.skipped or ""
+        detail = judged.skipped or (f"refused: {judged.refused}" if judged.refused else "")
         if status in (FAIL, XFAIL, XPASS) and failure is not None:
             detail = failure.check + (f" {failure.error:.3g} / {failure.allowed:.3g}"
                                       if failure.error is not None and failure.allowed is not None else "")
@@ -49,6 +52,11 @@ def replay_one(record: RegressionFile, impl: Implementation, device=None) -> Out
     hint = f"  replay:  {replay_command(record.path or record.name, impl.cli_name)}"
     if judged.skipped:
         return outcome(SKIP, f"{header}: {judged.skipped}")
+    if judged.refused:
+        # A declared refusal on replay: the backend cannot run this case on this machine (e.g.
+        # FLASH with an explicit mask on CUDA). Reported FAIL before, which made a file written
+        # on one machine fail on another whose backend refuses the case.
+        return outcome(SKIP, f"{header}: {impl.name} refused it (declared): {judged.refused}")
     failure = judged.first_failure
     if failure is not None and failure.check == "inputs_drifted":
         recorded = (record.versions or {}).get("torch", "unknown")
