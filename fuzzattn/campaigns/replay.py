@@ -19,10 +19,12 @@ from __future__ import annotations
 
 import dataclasses
 
+import torch
+
 from fuzzattn.campaigns.outcome import DRIFTED, FAIL, OK, SKIP, XFAIL, XPASS, Outcome
 from fuzzattn.campaigns.regression_file import RegressionFile, display_path, replay_command
 from fuzzattn.contract.implementation import Implementation
-from fuzzattn.engine.judge import JudgedCase, judge
+from fuzzattn.engine.judge import JudgedCase, default_device, judge
 from fuzzattn.engine.verdict import Verdict
 
 FLAKY_REPLAYS = 5
@@ -62,11 +64,11 @@ def replay_one(record: RegressionFile, impl: Implementation, device=None) -> Out
         recorded = (record.versions or {}).get("torch", "unknown")
         return outcome(DRIFTED, f"{header}: inputs drifted: {failure.detail} "
                                          f"(recorded with torch {recorded})")
-    expected = record.expected_failures.get(impl.name)
+    expected = record.expected_failure(impl.name, torch.device(device or default_device()).type)
     if expected is not None:
         upstream = f" ({expected.upstream})" if expected.upstream else ""
         if judged.passed:
-            return outcome(XPASS, f"{header}: {impl.name} passed, but the file expects it "
+            return outcome(XPASS, f"{XPASS}: {header}: {impl.name} passed, but the file expects it "
                                            f"to fail: {expected.reason}{upstream}; remove the entry "
                                            f"from expected_failures if the defect is fixed\n{hint}")
         return outcome(XFAIL, f"{header}: {impl.name} fails as expected "
