@@ -1,11 +1,28 @@
-"""FlashAttention-2 forward in Triton: the article's kernel, re-written with plain pointer arithmetic.
+"""FlashAttention-2 forward in Triton: the article's kernel grown into a tunable one.
 
-Same algorithm as the article's `flash_fwd_kernel`: one program per (query tile, head, batch),
-16x16 tiles, fp32 running state (m, l, acc), online softmax, and L = logsumexp (natural log) of
-the scaled, masked scores. Both of the article's fixes are in place: keys past N_KEYS are masked
-out of the softmax, and the P cast is assigned (`p = p.to(v.dtype)`) before the second dot.
+One program per (query tile, head, batch): fp32 running state (m, l, acc), online softmax, and
+L = logsumexp (natural log) of the scaled, masked scores. Both of the article's fixes are in
+place: keys past N_KEYS are masked out of the softmax, and the P cast is assigned
+(`p = p.to(v.dtype)`) before the second dot.
 
-Differences from the article, each for a reason:
+Configurations. The tile sizes and launch options are a configuration, one choice per axis of
+`CONFIG_SPACE`; the first choice of every axis is the article's kernel (16x16 tiles, 4 warps,
+no pipelining), so a fuzzer that shrinks configurations shrinks toward it. `config_invalid`
+says which configurations cannot run a head dim. `triton_fa2_forward(..., config=...)` pins one;
+with `config=None` the compiled kernel is autotuned over every valid configuration (the
+interpreter runs the baseline). Pinned launches go through `fuzzattn.contract.autotune.launch_pinned`,
+so this file is the worked example of pinning an `@triton.autotune`d kernel.
+
+What a production kernel does, each for a reason (comments at each place say more):
+* Both causal alignments: top-left (key j visible to query i iff j <= i) and bottom-right
+  (j <= i + Nk - Nq, FlashAttention >= 2.1); rows that see no key end as out 0, lse -inf.
+* Causal block skipping in stages: key blocks visible to every row of the tile run without a
+  mask; the diagonal blocks run with the causal mask; key blocks hidden from every row are
+  never loaded.
+* exp2 with the softmax scale folded into log2(e); lse is converted back to natural log.
+* Key blocks wholly inside Nk load without bounds masks; only a ragged last block pays for them.
+
+Kept from the article's port:
 * Offsets + masks instead of `tl.make_block_ptr`: block pointers are removed in triton 3.9 and
   broken in the 3.8 interpreter; pointer arithmetic runs the same on 3.6-3.9, compiled or not.
 * (B, H, N, D) tensors with every stride honoured (the last dim too), so transposed, sliced and
@@ -13,22 +30,25 @@ Differences from the article, each for a reason:
 * D is padded to a power-of-two BLOCK_D >= 16 with masked loads, so any D up to 256 works.
 * Masked scores are -inf (not the article's -1e6 sentinel, which lets masked keys out-vote real
   ones when every real score is below it), with a safe max so a row that has seen no key yet
-  computes exp(-inf - 0) = 0 instead of exp(-inf + inf) = NaN; such rows end as out 0, lse -inf.
-* Causal alignment is top-left (key j visible to query i iff j <= i), as the article's.
+  computes exp2(-inf - 0) = 0 instead of exp2(-inf + inf) = NaN.
+* int64 (batch, head) base offsets; out / lse written into caller buffers when given.
 
 fp32 inputs use tl.dot's default precision: TF32 compiled on CUDA, IEEE fp32 in the interpreter.
 Measured on the H200 (triton 3.6): tl.dot(a, I) == a with its low 13 mantissa bits cleared, i.e.
 TF32 operands are truncated, not rounded to nearest.
 
-Seeded-bug variants (kernels/mutants/) are copies of `fa2_fwd_kernel` with one change and the
-same signature; they reuse this file's launcher through `triton_fa2_forward(..., kernel=...)`.
+Seeded-bug variants (kernels/mutants/) are this file's kernel with one source edit and the same
+signature; they reuse this launcher through `triton_fa2_forward(..., kernel=...)`.
 """
 from __future__ import annotations
+
+import itertools
 
 import torch
 import triton
 import triton.language as tl
 
+from fuzzattn.contract import autotune
 from fuzzattn.contract import Capabilities, Implementation, refuse
 from fuzzattn.engine.triton_backend import ensure_backend, is_interpreted
 
@@ -36,16 +56,66 @@ from fuzzattn.engine.triton_backend import ensure_backend, is_interpreted
 # decorate the kernels below under the right backend.
 ensure_backend()
 
-BLOCK_M = 16           # query rows per program (the article's Q_TILE_SIZE)
-BLOCK_N = 16           # keys per inner-loop step (the article's K_TILE_SIZE)
 MAX_HEAD_DIM = 256     # largest D verified (interpreted and compiled on an H200)
+
+# Every axis a kernel engineer tunes. The FIRST choice of each axis is the simplest: together
+# they are the article's kernel (16x16 tiles, 4 warps, no software pipelining), which a
+# shrinking fuzzer reaches by shrinking each axis to its first choice.
+CONFIG_SPACE = {
+    "BLOCK_M": (16, 32, 64, 128),      # query rows per program
+    "BLOCK_N": (16, 32, 64, 128),      # keys per inner-loop step
+    "num_warps": (4, 1, 2, 8),
+    "num_stages": (1, 2, 3),           # K/V tiles in flight (software pipelining of the loops)
+}
+BASELINE_CONFIG = {axis: choices[0] for axis, choices in CONFIG_SPACE.items()}
+
+# Resource limits of the H200 (sm_90) that decide whether a configuration compiles and runs.
+SMEM_LIMIT_BYTES = 227 * 1024      # opt-in shared memory per block on sm_90
+REGISTER_BUDGET = 192              # fp32 tile values per thread we allow (of 255 registers)
+
+
+def config_invalid(config: dict, head_dim: int, *, dtype: torch.dtype | None = None) -> str | None:
+    """Why `config` cannot run `head_dim` on an H200, or None when it can.
+
+    Checks the keys and values against CONFIG_SPACE, then two conservative resource estimates.
+    `dtype` is the input dtype; None assumes the widest (fp32), so a configuration valid for
+    None is valid for every dtype (what a fuzzer drawing configurations before dtypes needs).
+    """
+    problem = _config_problem(config)
+    if problem:
+        return problem
+    if not 1 <= head_dim <= MAX_HEAD_DIM:
+        return f"head_dim={head_dim} is outside 1..{MAX_HEAD_DIM}"
+    block_m, block_n = config["BLOCK_M"], config["BLOCK_N"]
+    warps, stages = config["num_warps"], config["num_stages"]
+    block_d = _block_d(head_dim)
+    elem = 4 if dtype is None else torch.empty((), dtype=dtype).element_size()
+    # Shared memory: tl.dot reads its operands from shared memory, so Q (BLOCK_M x BLOCK_D) is
+    # staged once, K and V tiles (BLOCK_N x BLOCK_D each) once per pipeline stage, and P
+    # (BLOCK_M x BLOCK_N) is converted through it for the second dot. Triton reuses some of
+    # these buffers; counting all of them over-estimates, which is the safe side: a launch over
+    # the limit fails with OutOfResources.
+    smem = elem * (block_m * block_d + stages * 2 * block_n * block_d + block_m * block_n)
+    if smem > SMEM_LIMIT_BYTES:
+        return (f"needs ~{smem // 1024} KiB of shared memory (Q + {stages} stage(s) of K and V + P "
+                f"at BLOCK_D={block_d}, {elem}-byte elements) > {SMEM_LIMIT_BYTES // 1024} KiB")
+    # Registers: each thread holds its share of the fp32 accumulator (BLOCK_M x BLOCK_D), of the
+    # scores and probabilities (2 x BLOCK_M x BLOCK_N) and of Q as a dot operand. Past ~192 fp32
+    # values per thread (of 255 registers, the rest go to pointers and indices) ptxas spills the
+    # tiles to local memory: compiles take minutes and the kernel is useless, so refuse it.
+    per_thread = (block_m * block_d + 2 * block_m * block_n
+                  + block_m * block_d * elem // 4) // (32 * warps)
+    if per_thread > REGISTER_BUDGET:
+        return (f"needs ~{per_thread} fp32 registers per thread with {warps} warp(s) "
+                f"(BLOCK_M={block_m}, BLOCK_N={block_n}, BLOCK_D={block_d}) > {REGISTER_BUDGET}")
+    return None
 
 
 CAPS = Capabilities(
     dtypes={"float32", "bfloat16", "float16"},
     head_dims=None,                  # any D in 1..MAX_HEAD_DIM: padded to BLOCK_D with masks
     max_head_dim=MAX_HEAD_DIM,
-    causal=("top_left",),
+    causal=("top_left", "bottom_right"),
     gqa=True,
     strides="any",
     zero_length=False,
@@ -55,7 +125,98 @@ CAPS = Capabilities(
     fp32_matmul="ieee" if is_interpreted() else "tf32",
     deterministic=True,              # no atomics: every program owns its output rows
     out_buffer=True,
+    # The configuration is drawn per case like a size (first choices: the article's 16x16
+    # kernel), recorded in regression files and replayed pinned; invalid tiles are never drawn.
+    configs=CONFIG_SPACE,
+    config_rule=lambda config, case: config_invalid(config, case.head_dim),
 )
+
+
+def _config_problem(config) -> str | None:
+    """What is structurally wrong with `config` (keys, values), or None."""
+    if not isinstance(config, dict):
+        return f"config must be a dict with keys {sorted(CONFIG_SPACE)}, not {type(config).__name__}"
+    unknown = sorted(set(config) - set(CONFIG_SPACE), key=str)
+    if unknown:
+        return f"unknown key {unknown[0]!r} (keys: {sorted(CONFIG_SPACE)})"
+    missing = sorted(set(CONFIG_SPACE) - set(config))
+    if missing:
+        return f"missing key {missing[0]!r} (a configuration names all of {sorted(CONFIG_SPACE)})"
+    for axis, choices in CONFIG_SPACE.items():
+        value = config[axis]
+        if isinstance(value, bool) or value not in choices:
+            return f"{axis}={value!r} is outside {choices}"
+    return None
+
+
+def _block_d(head_dim: int) -> int:
+    return max(16, triton.next_power_of_2(head_dim))   # tl.dot wants K >= 16 and a power of two
+
+
+
+
+@triton.jit
+def _attend_key_blocks(
+    acc, l_i, m_i, q,
+    k_base, v_base, offs_m, offs_n, offs_d, mask_d,
+    start, stop, N_KEYS, CAUSAL_SHIFT, qk_scale,
+    stride_kn, stride_kd, stride_vn, stride_vd,
+    BLOCK_N: tl.constexpr,
+    CAUSAL_MASK: tl.constexpr,
+    BOUNDS_MASK: tl.constexpr,
+):
+    """Online softmax over the key blocks starting at start, start + BLOCK_N, ... < stop.
+
+    CAUSAL_MASK: hide key j from row i when j > i + CAUSAL_SHIFT (the diagonal blocks).
+    BOUNDS_MASK: the blocks may reach past N_KEYS (the ragged last block): mask loads and scores.
+    Without either, every key of every block is real and visible: no mask is computed at all.
+    Scores are in base-2 units (qk_scale includes log2 e), so m_i is too.
+    """
+    k_ptrs = k_base + (start + offs_n)[:, None] * stride_kn + offs_d[None, :] * stride_kd
+    v_ptrs = v_base + (start + offs_n)[:, None] * stride_vn + offs_d[None, :] * stride_vd
+    for start_n in range(start, stop, BLOCK_N):
+        offs_kn = start_n + offs_n
+        if BOUNDS_MASK:
+            # Masked loads read 0 past N_KEYS; v must be 0 there, since 0 * NaN garbage is NaN.
+            mask_n = offs_kn < N_KEYS
+            k = tl.load(k_ptrs, mask=mask_n[:, None] & mask_d[None, :], other=0.0)
+            v = tl.load(v_ptrs, mask=mask_n[:, None] & mask_d[None, :], other=0.0)
+        else:
+            # Fast path: the whole block is inside N_KEYS, only the head-dim padding is masked.
+            k = tl.load(k_ptrs, mask=mask_d[None, :], other=0.0)
+            v = tl.load(v_ptrs, mask=mask_d[None, :], other=0.0)
+
+        s = tl.dot(q, tl.trans(k)) * qk_scale          # (BLOCK_M, BLOCK_N), fp32, base 2
+
+        if CAUSAL_MASK or BOUNDS_MASK:
+            # Article fix 2: zero-padded keys past N_KEYS would score 0 and vote; mask them.
+            keep = offs_kn[None, :] < N_KEYS
+            if CAUSAL_MASK:
+                keep = keep & (offs_kn[None, :] <= offs_m[:, None] + CAUSAL_SHIFT)
+            s = tl.where(keep, s, float("-inf"))
+
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        if CAUSAL_MASK or BOUNDS_MASK:
+            # Safe max: a row with every key so far masked has m_new = -inf; subtracting 0
+            # instead gives p = exp2(-inf) = 0 and alpha = 0, never exp2(-inf + inf) = NaN.
+            # Unmasked blocks score every key finitely, so they skip this select.
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        else:
+            m_safe = m_new
+        p = tl.math.exp2(s - m_safe[:, None])
+        alpha = tl.math.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None]
+
+        # Article fix 1: the cast must be assigned; tl.dot needs both operands in v's dtype.
+        p = p.to(v.dtype)
+        acc = tl.dot(p, v, acc)
+        m_i = m_new
+
+        # One add per step instead of rebuilding offsets: the interpreter pays per integer op.
+        k_ptrs += BLOCK_N * stride_kn
+        v_ptrs += BLOCK_N * stride_vn
+    return acc, l_i, m_i
 
 
 @triton.jit
@@ -66,7 +227,7 @@ def fa2_fwd_kernel(
     stride_vb, stride_vh, stride_vn, stride_vd,
     stride_ob, stride_oh, stride_om, stride_od,
     stride_lb, stride_lh, stride_lm,
-    N_QUERIES, N_KEYS, HEAD_DIM, GROUP_SIZE,
+    N_QUERIES, N_KEYS, HEAD_DIM, GROUP_SIZE, CAUSAL_SHIFT,
     scale,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -85,7 +246,8 @@ def fa2_fwd_kernel(
     o_base = O + pid_b.to(tl.int64) * stride_ob + pid_h.to(tl.int64) * stride_oh
     l_base = L + pid_b.to(tl.int64) * stride_lb + pid_h.to(tl.int64) * stride_lh
 
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    start_m = pid_m * BLOCK_M       # first query row of this tile
+    offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     mask_m = offs_m < N_QUERIES
@@ -95,72 +257,135 @@ def fa2_fwd_kernel(
     q_ptrs = q_base + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd
     q = tl.load(q_ptrs, mask=mask_m[:, None] & mask_d[None, :], other=0.0)
 
-    # K and V tile pointers start at key 0 and advance by BLOCK_N rows per step (one add each,
-    # instead of rebuilding the offsets: the interpreter pays per integer op).
-    k_ptrs = k_base + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd
-    v_ptrs = v_base + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd
+    # exp(scale * x) = exp2(scale * log2(e) * x): one multiply folded into the scale, and exp2 is
+    # the hardware instruction (ex2.approx) that exp is built from.
+    qk_scale = scale * 1.4426950408889634
 
     # Running state in fp32 whatever the input dtype.
     m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
     l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
     acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
 
-    for start_n in range(0, N_KEYS, BLOCK_N):
-        offs_kn = start_n + offs_n
-        mask_n = offs_kn < N_KEYS
-        # Masked loads read 0 past N_KEYS; v must be 0 there, since 0 * NaN garbage is NaN.
-        k = tl.load(k_ptrs, mask=mask_n[:, None] & mask_d[None, :], other=0.0)
-        v = tl.load(v_ptrs, mask=mask_n[:, None] & mask_d[None, :], other=0.0)
-
-        s = tl.dot(q, tl.trans(k)) * scale          # (BLOCK_M, BLOCK_N), fp32
-
-        # Article fix 2: zero-padded keys past N_KEYS would score 0 and vote; mask them.
-        keep = mask_n[None, :]
-        if IS_CAUSAL:
-            keep = keep & (offs_kn[None, :] <= offs_m[:, None])   # top-left alignment
-        s = tl.where(keep, s, float("-inf"))
-
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        # Safe max: a row with every key so far masked has m_new = -inf; subtracting 0 instead
-        # gives p = exp(-inf) = 0 and alpha = exp(-inf) = 0, never exp(-inf + inf) = NaN.
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.exp(s - m_safe[:, None])
-        alpha = tl.exp(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None]
-
-        # Article fix 1: the cast must be assigned; tl.dot needs both operands in v's dtype.
-        p = p.to(v.dtype)
-        acc = tl.dot(p, v, acc)
-        m_i = m_new
-
-        k_ptrs += BLOCK_N * stride_kn
-        v_ptrs += BLOCK_N * stride_vn
+    # Keys [0, n_keys_even) come in whole BLOCK_N blocks: they load without bounds masks.
+    n_keys_even = N_KEYS // BLOCK_N * BLOCK_N
+    if IS_CAUSAL:
+        # Key j is visible to row i iff j <= i + CAUSAL_SHIFT (0 top-left, Nk - Nq bottom-right).
+        # Keys [0, start_m + CAUSAL_SHIFT + 1) are visible to every row of the tile; rounded
+        # DOWN to whole key blocks (BLOCK_N, not BLOCK_M: the stages step by key blocks) they
+        # need no causal mask. The diagonal stage starts there.
+        diag_start = tl.maximum(start_m + CAUSAL_SHIFT + 1, 0) // BLOCK_N * BLOCK_N
+        full_end = tl.minimum(diag_start, n_keys_even)
+        # The tile's last row sees keys up to start_m + BLOCK_M - 1 + CAUSAL_SHIFT: key blocks
+        # from the next whole block on are hidden from every row and never loaded (rounded UP,
+        # so the block holding that key is visited).
+        last_visible = tl.maximum(start_m + BLOCK_M + CAUSAL_SHIFT, 0)
+        stop = tl.minimum((last_visible + BLOCK_N - 1) // BLOCK_N * BLOCK_N, N_KEYS)
+        # Stage 1: whole blocks visible to every row: no mask at all.
+        acc, l_i, m_i = _attend_key_blocks(
+            acc, l_i, m_i, q, k_base, v_base, offs_m, offs_n, offs_d, mask_d,
+            0, full_end, N_KEYS, CAUSAL_SHIFT, qk_scale,
+            stride_kn, stride_kd, stride_vn, stride_vd,
+            BLOCK_N=BLOCK_N, CAUSAL_MASK=False, BOUNDS_MASK=False)
+        # Stage 2: the diagonal blocks inside n_keys_even: causal mask, no bounds mask.
+        acc, l_i, m_i = _attend_key_blocks(
+            acc, l_i, m_i, q, k_base, v_base, offs_m, offs_n, offs_d, mask_d,
+            full_end, tl.minimum(stop, n_keys_even), N_KEYS, CAUSAL_SHIFT, qk_scale,
+            stride_kn, stride_kd, stride_vn, stride_vd,
+            BLOCK_N=BLOCK_N, CAUSAL_MASK=True, BOUNDS_MASK=False)
+        # Stage 3: the ragged last block, when some row sees part of it: both masks.
+        acc, l_i, m_i = _attend_key_blocks(
+            acc, l_i, m_i, q, k_base, v_base, offs_m, offs_n, offs_d, mask_d,
+            n_keys_even, stop, N_KEYS, CAUSAL_SHIFT, qk_scale,
+            stride_kn, stride_kd, stride_vn, stride_vd,
+            BLOCK_N=BLOCK_N, CAUSAL_MASK=True, BOUNDS_MASK=True)
+    else:
+        # Whole blocks without any mask, then the ragged last block (if any) with bounds masks.
+        acc, l_i, m_i = _attend_key_blocks(
+            acc, l_i, m_i, q, k_base, v_base, offs_m, offs_n, offs_d, mask_d,
+            0, n_keys_even, N_KEYS, CAUSAL_SHIFT, qk_scale,
+            stride_kn, stride_kd, stride_vn, stride_vd,
+            BLOCK_N=BLOCK_N, CAUSAL_MASK=False, BOUNDS_MASK=False)
+        acc, l_i, m_i = _attend_key_blocks(
+            acc, l_i, m_i, q, k_base, v_base, offs_m, offs_n, offs_d, mask_d,
+            n_keys_even, N_KEYS, N_KEYS, CAUSAL_SHIFT, qk_scale,
+            stride_kn, stride_kd, stride_vn, stride_vd,
+            BLOCK_N=BLOCK_N, CAUSAL_MASK=False, BOUNDS_MASK=True)
 
     # Rows that saw no key (l == 0) end as out 0 and lse -inf, the project's convention.
+    # (l is replaced by 1 there before dividing and taking its log: no 0/0, no log(0).)
     empty = l_i == 0.0
-    out = acc / tl.where(empty, 1.0, l_i)[:, None]
-    lse = tl.where(empty, float("-inf"), m_i + tl.log(l_i))
+    l_safe = tl.where(empty, 1.0, l_i)
+    out = acc / l_safe[:, None]
+    # m_i and log2(l) are base 2; times ln 2 gives the natural-log lse the contract promises.
+    lse = tl.where(empty, float("-inf"), (m_i + tl.log2(l_safe)) * 0.6931471805599453)
 
     o_ptrs = o_base + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od
     tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=mask_m[:, None] & mask_d[None, :])
     tl.store(l_base + offs_m * stride_lm, lse, mask=mask_m)
 
 
-def triton_fa2_forward(q, k, v, *, causal, scale, out=None, lse=None, kernel=None):
+def _config_dicts_to_triton(configs) -> list[triton.Config]:
+    return [triton.Config({"BLOCK_M": c["BLOCK_M"], "BLOCK_N": c["BLOCK_N"]},
+                          num_warps=c["num_warps"], num_stages=c["num_stages"]) for c in configs]
+
+
+# The whole space, baseline first; which of them can run a head dim is decided per call below.
+ALL_CONFIGS = [dict(zip(CONFIG_SPACE, values)) for values in itertools.product(*CONFIG_SPACE.values())]
+
+
+def _prune_invalid(configs, named_args, **meta):
+    """The autotuner's early prune: keep the configurations that fit this head dim and dtype."""
+    head_dim, dtype = named_args["HEAD_DIM"], named_args["Q"].dtype
+    return [c for c in configs
+            if config_invalid(autotune.config_dict(c), head_dim, dtype=dtype) is None]
+
+
+def autotuned(kernel):
+    """`kernel` (fa2_fwd_kernel or a mutant of it) wrapped in @triton.autotune over ALL_CONFIGS.
+
+    Built once per kernel and kept: the autotuner's cache of winners lives on this object.
+    Tuned per (Nq, Nk, BLOCK_D, causal, dtype); compiled binaries are shared across keys.
+    """
+    tuner = _AUTOTUNERS.get(kernel)
+    if tuner is None:
+        tuner = triton.autotune(configs=_config_dicts_to_triton(ALL_CONFIGS),
+                                key=["N_QUERIES", "N_KEYS", "BLOCK_D", "IS_CAUSAL"],
+                                prune_configs_by={"early_config_prune": _prune_invalid})(kernel)
+        _AUTOTUNERS[kernel] = tuner
+    return tuner
+
+
+_AUTOTUNERS: dict = {}
+fa2_fwd_autotuned = autotuned(fa2_fwd_kernel)
+
+
+def triton_fa2_forward(q, k, v, *, causal, scale, out=None, lse=None, config=None, kernel=None):
     """softmax(scale * q k^T) v with its logsumexp: (out (B,Hq,Nq,D), lse (B,Hq,Nq) float32).
 
     q (B, Hq, Nq, D); k, v (B, Hkv, Nk, D) with Hq a multiple of Hkv; any strides. causal is
-    False, True or "top_left". `out` / `lse`, when given, are written in place (their strides
-    honoured) and returned. `kernel` swaps in a kernel with fa2_fwd_kernel's signature (mutants).
+    False, True (= "top_left"), "top_left" or "bottom_right". `out` / `lse`, when given, are
+    written in place (their strides honoured) and returned.
+
+    `config`: a dict with exactly the keys of CONFIG_SPACE pins that configuration; None lets
+    the autotuner choose among the valid ones when compiled, and runs BASELINE_CONFIG under the
+    interpreter (timing interpreted kernels would tune for the interpreter). `kernel` swaps in a
+    kernel with fa2_fwd_kernel's signature (mutants).
     """
     # -- validate: everything outside the declared capabilities is refused in one line ----------
     causal, scale = CAPS.check_inputs(q, k, v, causal=causal, scale=scale)
     if not is_interpreted() and q.device.type != "cuda":
         refuse("device", str(q.device), "cuda when compiled (set TRITON_INTERPRET=1 for CPU)")
-    is_causal = causal != "none"
     batch, heads, seq_q, head_dim = q.shape
     kv_heads, seq_k = k.shape[1], k.shape[2]
+    if config is None and is_interpreted():
+        config = BASELINE_CONFIG
+    if config is not None:
+        problem = _config_problem(config)
+        if problem:
+            refuse("config", config, f"dicts over CONFIG_SPACE; {problem}")
+        why = config_invalid(config, head_dim, dtype=q.dtype)
+        if why:
+            refuse("config", config, f"configurations that fit head_dim={head_dim}, {q.dtype}; {why}")
 
     # -- outputs: the caller's buffers (checked) or fresh ones -------------------------------------
     if out is None:
@@ -175,15 +400,21 @@ def triton_fa2_forward(q, k, v, *, causal, scale, out=None, lse=None, kernel=Non
         refuse("lse", _describe(lse), f"a non-overlapping {tuple(q.shape[:3])} float32 tensor on {q.device}")
 
     # -- launch: one program per (query tile, query head, batch element) -------------------------
-    block_d = max(16, triton.next_power_of_2(head_dim))   # tl.dot wants K >= 16 and a power of two
-    grid = (triton.cdiv(seq_q, BLOCK_M), heads, batch)
-    (kernel or fa2_fwd_kernel)[grid](
-        q, k, v, out, lse,
-        *q.stride(), *k.stride(), *v.stride(), *out.stride(), *lse.stride(),
-        seq_q, seq_k, head_dim, heads // kv_heads,
-        float(scale),
-        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_D=block_d, IS_CAUSAL=is_causal,
-    )
+    # The grid depends on BLOCK_M, which the autotuner picks: a callable of the launch's meta.
+    def grid(meta):
+        return (triton.cdiv(seq_q, meta["BLOCK_M"]), heads, batch)
+
+    args = (q, k, v, out, lse,
+            *q.stride(), *k.stride(), *v.stride(), *out.stride(), *lse.stride(),
+            seq_q, seq_k, head_dim, heads // kv_heads,
+            seq_k - seq_q if causal == "bottom_right" else 0,    # CAUSAL_SHIFT
+            float(scale))
+    meta = dict(BLOCK_D=_block_d(head_dim), IS_CAUSAL=causal != "none")
+    tuner = autotuned(kernel or fa2_fwd_kernel)
+    if config is None:
+        tuner[grid](*args, **meta)
+    else:
+        autotune.launch_pinned(tuner, grid, *args, config=config, **meta)
     return out, lse
 
 
@@ -202,8 +433,8 @@ IMPL = Implementation(
     name="triton_fa2",
     fn=triton_fa2_forward,
     caps=CAPS,
-    description="The article's FlashAttention-2 forward (16x16 tiles, online softmax, both fixes) "
-                "in Triton with pointer arithmetic; top-left causal, GQA, any strides.",
+    description="FlashAttention-2 forward in Triton: configurable tiles (article's 16x16 baseline), "
+                "autotuned when compiled, staged causal skipping (both alignments), exp2, GQA, any strides.",
     backend="triton",
     sources=(__file__,),
 )

@@ -203,8 +203,11 @@ def test_relations_skip_where_they_do_not_apply():
     assert RELATIONS["key_permutation"](sdpa, causal, DEVICE) is None
     assert RELATIONS["batch_independence"](sdpa, causal, DEVICE) is None      # batch 1
     assert RELATIONS["causal_prefix"](sdpa, causal.replace(causal="none"), DEVICE) is None
+    # An implementation that declares top-left causal only (triton_fa2 did, before it grew
+    # bottom-right): the relation skips the alignment it does not declare.
     triton = implementations()["triton_fa2"]
-    assert RELATIONS["causal_prefix"](triton, causal.replace(causal="bottom_right"), DEVICE) is None
+    top_left_only = dataclasses.replace(triton, caps=dataclasses.replace(triton.caps, causal=("top_left",)))
+    assert RELATIONS["causal_prefix"](top_left_only, causal.replace(causal="bottom_right"), DEVICE) is None
     names = [v.check for v in check_relations(sdpa, causal.replace(batch=2))]
     assert names == ["metamorphic:batch_independence", "metamorphic:value_shift",
                      "metamorphic:score_shift", "metamorphic:causal_prefix"]

@@ -130,10 +130,13 @@ class Capabilities:
         return None
 
     def why_not_config(self, case: AttentionCase) -> str | None:
-        """Whether the case's configuration is one this implementation declares (none for a
-        configless one), and valid for the case by its rule."""
+        """Whether the case's configuration is one this implementation declares, and valid for
+        the case by its rule. A case naming no configuration runs the implementation's default
+        (an autotuner's choice, say): regression files written without one replay everywhere."""
         config = case.config_dict
         declared = dict(self.configs)
+        if not config:
+            return None       # no configuration named: the implementation's own default
         if set(config) != set(declared):
             if not declared:
                 return f"config={config} (declares no configuration space)"

@@ -10,10 +10,24 @@ implementation through `call`, so an exception means the same thing everywhere:
 
 `one_line` is the single exception summary every report uses: the type and the first line of
 the message (a compiler's MLIR dump or a long traceback text never reaches the terminal).
+
+Compile errors (Triton's CompilationError, an MLIR pass failure) are crashes whose summary is the
+compiler's first error line and the configuration; the whole compiler output — the exception
+text and whatever the compiler printed to the process's stderr (MLIR dumps are written there by
+C++, below Python) — goes to a log file whose path the summary names. For that, stderr is
+captured at the file-descriptor level around every call and replayed unchanged when the call
+did not fail to compile.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import hashlib
+import os
+import re
+import sys
+import tempfile
+from pathlib import Path
 
 import torch
 
@@ -52,20 +66,84 @@ def is_declared_refusal(impl: Implementation, exc: BaseException) -> bool:
     return any(marker in message for marker in impl.caps.refusals)
 
 
+LOG_DIR = Path(tempfile.gettempdir()) / "fuzzattn-logs"
+# Exception types and texts that mean the kernel did not compile (not that it ran and failed).
+_COMPILE_TYPES = ("CompilationError", "CompileTimeAssertionFailure", "MLIRError")
+_COMPILE_TEXT = re.compile(r"PassManager::run failed|error: .*(mlir|ttg|ttir|llvm)|"
+                           r"out of resource: shared memory", re.IGNORECASE)
+
+
+def is_compile_error(exc: BaseException) -> bool:
+    return (any(name in type(exc).__name__ for name in _COMPILE_TYPES)
+            or bool(_COMPILE_TEXT.search(str(exc))))
+
+
+def _first_error_line(text: str) -> str:
+    """The compiler's first line that reads as an error, else the first non-empty line."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    for line in lines:
+        if re.search(r"\berror\b|assert|out of resource", line, re.IGNORECASE):
+            return line[:200]
+    return lines[0][:200] if lines else ""
+
+
+@contextlib.contextmanager
+def _captured_stderr():
+    """Route file descriptor 2 into a temporary file for the duration; yields a function that
+    returns what was written. Python's own sys.stderr is flushed first so nothing interleaves."""
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError):        # no real stderr (embedded interpreters): no capture
+        yield lambda: ""
+        return
+    with tempfile.TemporaryFile(mode="w+b") as sink:
+        os.dup2(sink.fileno(), 2)
+        try:
+            yield lambda: (sink.flush(), sink.seek(0), sink.read().decode(errors="replace"))[2]
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+
+
+def _compile_log(impl: Implementation, case: AttentionCase, exc: BaseException, stderr: str) -> Path:
+    """Write the whole compiler output for this (implementation, case) and return its path."""
+    LOG_DIR.mkdir(parents=True, exist_ok=True)
+    tag = hashlib.sha256(f"{impl.cli_name}|{case.key()}".encode()).hexdigest()[:12]
+    path = LOG_DIR / f"compile-{impl.name}-{tag}.log"
+    path.write_text(f"implementation: {impl.cli_name}\ncase: {case}\nconfig: {case.config_dict}\n"
+                    f"\n--- exception ---\n{type(exc).__name__}: {exc}\n"
+                    f"\n--- stderr during the call ---\n{stderr}")
+    return path
+
+
 def call(impl: Implementation, q, k, v, case: AttentionCase, *, out=None, lse=None,
          synchronize: bool = True) -> Call:
     """Call `impl` the contract's way on (q, k, v); never raises for what the kernel does.
 
     On CUDA the call is synchronised before returning, so an asynchronous kernel fault surfaces
     here, as this call's crash, not in whatever touches the device next."""
-    try:
-        got_out, got_lse = impl(q, k, v, case, out=out, lse=lse)
-        if synchronize and q.device.type == "cuda":
-            torch.cuda.synchronize(q.device)
-    except ContractError as exc:
-        return Call(CONTRACT, error=exc, summary=one_line(exc))
-    except Exception as exc:       # a kernel that raises is a verdict, not a harness error
-        declared = is_declared_refusal(impl, exc)
-        status = REFUSED if declared or isinstance(exc, UnsupportedCaseError) else CRASH
-        return Call(status, error=exc, summary=one_line(exc), declared_refusal=declared)
-    return Call(OK, out=got_out, lse=got_lse)
+    with _captured_stderr() as stderr_text:
+        try:
+            got_out, got_lse = impl(q, k, v, case, out=out, lse=lse)
+            if synchronize and q.device.type == "cuda":
+                torch.cuda.synchronize(q.device)
+        except ContractError as exc:
+            result = Call(CONTRACT, error=exc, summary=one_line(exc))
+        except Exception as exc:       # a kernel that raises is a verdict, not a harness error
+            declared = is_declared_refusal(impl, exc)
+            status = REFUSED if declared or isinstance(exc, UnsupportedCaseError) else CRASH
+            result = Call(status, error=exc, summary=one_line(exc), declared_refusal=declared)
+        else:
+            result = Call(OK, out=got_out, lse=got_lse)
+        printed = stderr_text()
+    if result.status == CRASH and is_compile_error(result.error):
+        log = _compile_log(impl, case, result.error, printed)
+        config = f" config={case.config_dict}" if case.config else ""
+        first = _first_error_line(str(result.error)) or _first_error_line(printed)
+        result.summary = (f"compile error: {type(result.error).__name__}: {first}{config} "
+                          f"(compiler output: {log})")
+    elif printed:
+        sys.stderr.write(printed)      # not a compile failure: what the kernel printed, as printed
+    return result

@@ -1,22 +1,32 @@
 """Seeded bugs in the Triton FlashAttention-2 forward (kernels/triton_fa2.py).
 
 Two kinds, both launched through the real launcher `triton_fa2_forward(..., kernel=...)`, so
-validation, allocation and the launch arguments are the real kernel's:
+validation, allocation, configuration handling (pinned or autotuned) and the launch arguments
+are the real kernel's:
 
-* kernel bugs: `fa2_fwd_kernel` with one source edit (see edit.py), e.g. the article's phantom
-  padded keys and no-op cast of P, a causal off-by-one, a finite mask sentinel;
+* kernel bugs: `fa2_fwd_kernel` (or its key-block helper `_attend_key_blocks`) with one source
+  edit (see edit.py), e.g. the article's phantom padded keys and no-op cast of P, a causal
+  off-by-one, a finite mask sentinel;
 * launch bugs: the real kernel launched with one thing wrong on the host side (the grid or an
   argument), through a stand-in object in the `kernel=` slot that alters the launch.
+
+Some bugs show only in some configurations: the stage bounds of causal block skipping and the
+mask-free fast path are exact for the article's 16x16 tiles on most shapes and wrong for other
+tile shapes (see each description). Every wrapper takes the launcher's `config=` (None: the
+baseline under the interpreter, the autotuner's choice compiled) and passes it through.
 
 Memory safety of the harness is a design constraint here: under Triton's interpreter a kernel's
 loads and stores touch this process's memory directly, so a mutant must not write outside memory
 the harness owns (a write past a buffer corrupts the heap of the fuzzing process itself).
 Mutants whose natural form writes far out of bounds are planted in a bounded form: the missing
-store mask is on the lse store (at most BLOCK_M - 1 elements past the end, inside the judge's
-256-element canary), and that mutant pads the lse it allocates itself when the caller passes
-none. A missing mask on the out store would write up to (BLOCK_M - 1) * D elements past the out
-buffer, beyond the canary for D > 16, so it is not planted. Mutants that only read out of bounds
-(the V load without its key bound) stay within a few rows of the tensor's guard region.
+store mask is on the lse store (at most BLOCK_M - 1 <= 127 elements past the end, inside the
+judge's 4096-element canary), and that mutant pads the lse it allocates itself when the caller
+passes none. A missing mask on the out store would write up to (BLOCK_M - 1) * D elements past
+the out buffer, beyond the canary, so it is not planted. Mutants that only read out of bounds
+(rows past Nk: V without its key bound, the mask-free path on a ragged block, a diagonal stage
+that starts mid-block) read at most BLOCK_N - 1 rows past the end: inside the inputs' NaN guard
+(16 rows or more) for BLOCK_N = 16, and for wider key blocks from a NaN-padded copy of k and v
+that the mutant makes itself, so the rows it reads are memory it owns.
 """
 from __future__ import annotations
 
@@ -27,8 +37,10 @@ from pathlib import Path
 import torch
 
 from fuzzattn.contract import Implementation
+from fuzzattn.engine.inputs import GUARD_ROWS
+from fuzzattn.engine.triton_backend import is_interpreted
 from kernels import triton_fa2
-from kernels.triton_fa2 import BLOCK_M, fa2_fwd_kernel, triton_fa2_forward
+from kernels.triton_fa2 import CONFIG_SPACE, _attend_key_blocks, fa2_fwd_kernel, triton_fa2_forward
 
 from .edit import mutate
 
@@ -37,20 +49,49 @@ _ARG_NAMES = [name for name, p in inspect.signature(fa2_fwd_kernel.fn).parameter
               if p.annotation is inspect.Parameter.empty or "constexpr" not in str(p.annotation)]
 
 
-def _forward(kernel, name: str, pad_lse: bool = False):
+_MAX_BLOCK_M = max(CONFIG_SPACE["BLOCK_M"])
+_MAX_BLOCK_N = max(CONFIG_SPACE["BLOCK_N"])
+
+
+def _forward(kernel, name: str, pad_lse: bool = False, pad_kv: bool = False):
     """The real launcher with `kernel` in place of fa2_fwd_kernel, named after the mutant."""
 
-    def forward(q, k, v, *, causal, scale, out=None, lse=None):
+    def forward(q, k, v, *, causal, scale, out=None, lse=None, config=None):
         if pad_lse and lse is None:
             # The planted bug stores lse rows past Nq; give it room inside memory we own.
             rows = math.prod(q.shape[:3])
-            lse = torch.empty(rows + BLOCK_M, dtype=torch.float32, device=q.device)[:rows]
+            lse = torch.empty(rows + _MAX_BLOCK_M, dtype=torch.float32, device=q.device)[:rows]
             lse = lse.view(q.shape[:3])
+        if pad_kv and _may_read_past_guard(config) and _is_kv(k) and _is_kv(v):
+            # The planted bug reads up to BLOCK_N - 1 rows past Nk, more than the inputs' guard
+            # holds for BLOCK_N > 16: read them from NaN rows of a copy we own instead.
+            k, v = _nan_rows_after(k), _nan_rows_after(v)
         return triton_fa2_forward(q, k, v, causal=causal, scale=scale, out=out, lse=lse,
-                                  kernel=kernel)
+                                  config=config, kernel=kernel)
 
     forward.__name__ = forward.__qualname__ = name
     return forward
+
+
+def _may_read_past_guard(config) -> bool:
+    """Whether the launch may use key blocks wider than the inputs' guard covers."""
+    if config is None:
+        return not is_interpreted()        # compiled, the autotuner may pick any BLOCK_N
+    block_n = config.get("BLOCK_N") if isinstance(config, dict) else None
+    return not (isinstance(block_n, int) and block_n <= GUARD_ROWS)
+
+
+def _is_kv(t) -> bool:
+    return isinstance(t, torch.Tensor) and t.dim() == 4     # anything else: the launcher refuses
+
+
+def _nan_rows_after(t: torch.Tensor) -> torch.Tensor:
+    """`t` (B, H, N, D) copied into storage with _MAX_BLOCK_N NaN rows after its last row."""
+    batch, heads, seq, dim = t.shape
+    padded = torch.full((batch, heads, seq + _MAX_BLOCK_N, dim), float("nan"), dtype=t.dtype,
+                        device=t.device)
+    padded[:, :, :seq] = t
+    return padded[:, :, :seq]
 
 
 def _implementation(name: str, description: str, kernel, **forward_options) -> Implementation:
@@ -62,32 +103,39 @@ def _implementation(name: str, description: str, kernel, **forward_options) -> I
 
 class _AlteredLaunch:
     """Stands in for fa2_fwd_kernel in the launcher's `kernel=` slot: `alter(grid, args)`
-    returns the grid and the named arguments the real kernel is then launched with."""
+    returns the grid and the named arguments the real kernel is then launched with.
+
+    It quacks like a JITFunction (`[grid](...)`, `run`, `arg_names`, `fn`), so the launcher
+    wraps it in @triton.autotune like any kernel: pinned and autotuned launches both reach it.
+    """
 
     def __init__(self, alter):
         self.alter = alter
+        self.fn = fa2_fwd_kernel                # the autotuner follows .fn to the Python source
+        self.arg_names = fa2_fwd_kernel.arg_names
+
+    def run(self, *args, grid, **meta):
+        named = dict(zip(_ARG_NAMES, args))
+        if len(named) != len(args):
+            raise TypeError(f"expected {len(_ARG_NAMES)} launch arguments, got {len(args)}")
+        new_grid, named = self.alter(grid, dict(named))
+        return fa2_fwd_kernel.run(*named.values(), grid=new_grid, **meta)
 
     def __getitem__(self, grid):
-        def launch(*args, **meta):
-            named = dict(zip(_ARG_NAMES, args))
-            if len(named) != len(args):
-                raise TypeError(f"expected {len(_ARG_NAMES)} launch arguments, got {len(args)}")
-            new_grid, named = self.alter(tuple(grid), dict(named))
-            return fa2_fwd_kernel[new_grid](*named.values(), **meta)
-        return launch
+        return lambda *args, **meta: self.run(*args, grid=grid, warmup=False, **meta)
 
 
-# -- kernel bugs: (name, what is planted, edits to fa2_fwd_kernel's source) ----------------------
+# -- kernel bugs: (name, what is planted, edits to fa2_fwd_kernel or _attend_key_blocks) ----------
 KERNEL_BUGS = (
     ("mutant_phantom_keys",
      "the article's bug 2: no `k_pos < N_KEYS` mask, so zero-padded keys past Nk score 0 and vote",
-     [("keep = mask_n[None, :]", "keep = offs_kn[None, :] >= 0")]),
+     [("keep = offs_kn[None, :] < N_KEYS", "keep = offs_kn[None, :] >= 0")]),
     ("mutant_noop_p_cast",
      "the article's bug 1: `p.to(v.dtype)` result discarded, so bf16/fp16 P @ V mixes dtypes",
      [("p = p.to(v.dtype)", "p.to(v.dtype)")]),
     ("mutant_tile_index_as_row",
      "query tile start is program_id instead of program_id * BLOCK_M (offsets in tiles, not rows)",
-     [("offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)", "offs_m = pid_m + tl.arange(0, BLOCK_M)")]),
+     [("start_m = pid_m * BLOCK_M", "start_m = pid_m")]),
     ("mutant_lse_store_unmasked",
      "last query tile's boundary check left out of the lse store: writes lse rows past Nq",
      [("tl.store(l_base + offs_m * stride_lm, lse, mask=mask_m)",
@@ -101,14 +149,15 @@ KERNEL_BUGS = (
      [("q = tl.load(q_ptrs, mask=mask_m[:, None] & mask_d[None, :], other=0.0)",
        "q = tl.load(q_ptrs, mask=mask_m[:, None], other=0.0)")]),
     ("mutant_causal_off_by_one",
-     "causal mask j < i instead of j <= i: the diagonal key is hidden",
-     [("offs_kn[None, :] <= offs_m[:, None]", "offs_kn[None, :] < offs_m[:, None]")]),
+     "causal mask j < i + shift instead of j <= i + shift: the diagonal key is hidden",
+     [("offs_kn[None, :] <= offs_m[:, None] + CAUSAL_SHIFT",
+       "offs_kn[None, :] < offs_m[:, None] + CAUSAL_SHIFT")]),
     ("mutant_finite_sentinel",
      "masked scores set to -1e6 instead of -inf: masked keys out-vote real scores below -1e6",
      [('s = tl.where(keep, s, float("-inf"))', "s = tl.where(keep, s, -1.0e6)")]),
     ("mutant_lse_base2",
-     "lse stored in base 2 (log2-sum-exp2, as exp2-based kernels keep it) instead of natural log",
-     [("m_i + tl.log(l_i))", "(m_i + tl.log(l_i)) * 1.4426950408889634)")]),
+     "lse left in base 2 (m + log2 l of the exp2 kernel's scores) without the final ln 2 factor",
+     [("(m_i + tl.log2(l_safe)) * 0.6931471805599453)", "(m_i + tl.log2(l_safe)))")]),
     ("mutant_head_dim_truncated",
      "scores use only the first 32 head dims of q (as triton #621 used 64 of 128)",
      [("q = tl.load(q_ptrs, mask=mask_m[:, None] & mask_d[None, :], other=0.0)",
@@ -119,19 +168,40 @@ KERNEL_BUGS = (
     ("mutant_row_sum_low_precision",
      "running row sum l rounded to the input dtype (bf16/fp16) after every key tile",
      [("l_i = l_i * alpha + tl.sum(p, axis=1)",
-       "l_i = (l_i * alpha + tl.sum(p, axis=1)).to(Q.dtype.element_ty).to(tl.float32)")]),
+       "l_i = (l_i * alpha + tl.sum(p, axis=1)).to(q.dtype).to(tl.float32)")]),
     ("mutant_no_running_max",
      "no running maximum: p = exp(s) without subtracting m, which overflows for large scores",
      [("m_new = tl.maximum(m_i, tl.max(s, axis=1))", "m_new = tl.zeros_like(m_i)")]),
     ("mutant_row_sum_not_rescaled",
      "online softmax forgets to rescale the row sum l by alpha when the running max grows",
      [("l_i = l_i * alpha + tl.sum(p, axis=1)", "l_i = l_i + tl.sum(p, axis=1)")]),
+    # -- bugs of the configurable kernel: they show only for some tile shapes or sizes ---------
+    ("mutant_diagonal_bounds_block_m_lt_n",
+     "causal diagonal stage starts at the tile's own diagonal key, not rounded down to a key "
+     "block: wrong when BLOCK_M < BLOCK_N, or bottom-right with Nk - Nq not a multiple of BLOCK_N",
+     [("diag_start = tl.maximum(start_m + CAUSAL_SHIFT + 1, 0) // BLOCK_N * BLOCK_N",
+       "diag_start = tl.maximum(start_m + CAUSAL_SHIFT, 0)")]),
+    ("mutant_maskfree_ragged_tail",
+     "whole-block count rounds Nk up, so the ragged last key block takes the mask-free path: "
+     "wrong whenever Nk is not a multiple of BLOCK_N (which BLOCK_N decides)",
+     [("n_keys_even = N_KEYS // BLOCK_N * BLOCK_N",
+       "n_keys_even = (N_KEYS + BLOCK_N - 1) // BLOCK_N * BLOCK_N")]),
+    ("mutant_skip_off_by_one_block",
+     "causal skip bound rounds the tile's last visible key down to a key block, skipping the "
+     "block that holds it: wrong when BLOCK_M < BLOCK_N or Nk - Nq is not a multiple of BLOCK_N",
+     [("stop = tl.minimum((last_visible + BLOCK_N - 1) // BLOCK_N * BLOCK_N, N_KEYS)",
+       "stop = tl.minimum(last_visible // BLOCK_N * BLOCK_N, N_KEYS)")]),
 )
+# Kernel bugs that may read rows past Nk (more than the inputs' guard holds for wide key blocks).
+_READS_PAST_NK = {"mutant_v_load_unmasked", "mutant_maskfree_ragged_tail",
+                  "mutant_diagonal_bounds_block_m_lt_n"}
 
 
 # -- launch bugs: (name, what is planted, alter(grid, args) -> (grid, args)) ----------------------
 def _grid_floor(grid, args):
-    return (args["N_QUERIES"] // BLOCK_M,) + grid[1:], args
+    def floored(meta):
+        return (args["N_QUERIES"] // meta["BLOCK_M"],) + tuple(grid(meta))[1:]
+    return floored, args
 
 
 def _packed_kv_rows(grid, args):
@@ -162,9 +232,10 @@ LAUNCH_BUGS = (
 def _build() -> tuple[Implementation, ...]:
     built = []
     for name, description, edits in KERNEL_BUGS:
-        kernel = mutate(fa2_fwd_kernel, edits, name=name)
+        kernel = mutate(fa2_fwd_kernel, edits, name=name, helpers=(_attend_key_blocks,))
         built.append(_implementation(name, description, kernel,
-                                     pad_lse=name == "mutant_lse_store_unmasked"))
+                                     pad_lse=name == "mutant_lse_store_unmasked",
+                                     pad_kv=name in _READS_PAST_NK))
     for name, description, alter in LAUNCH_BUGS:
         built.append(_implementation(name, description, _AlteredLaunch(alter)))
     return tuple(built)

@@ -1,0 +1,92 @@
+"""What a kernel engineer touches: the public API in their own test, and a plugin that stays out
+of test runs that did not ask for it."""
+from __future__ import annotations
+
+import textwrap
+
+import fuzzattn
+
+# The README's "your own kernel" example, verbatim in spirit: a user's Hypothesis test.
+USER_TEST = textwrap.dedent('''
+    import torch
+    from hypothesis import given, settings
+    from fuzzattn import Capabilities, Implementation, attention_cases, check_case, refuse
+
+    def my_attention(q, k, v, *, causal, scale):
+        if q.dtype != torch.float32:
+            refuse("dtype", q.dtype, "float32")
+        s = (q @ k.transpose(-1, -2)) * scale
+        if causal:
+            s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool).triu(1), float("-inf"))
+        return torch.softmax(s, -1) @ v, torch.logsumexp(s, -1)
+
+    MINE = Implementation("mine", my_attention, Capabilities(dtypes={"float32"}, head_dims={16, 32}))
+
+    @settings(max_examples=25, derandomize=True, database=None, deadline=None)
+    @given(attention_cases(MINE.caps))
+    def test_mine(case):
+        check_case(MINE, case, save_to_file=False)
+''')
+
+
+def test_the_public_api_is_what_a_user_test_needs():
+    for name in ("attention_cases", "check_case", "Capabilities", "Implementation",
+                 "AttentionCase", "refuse"):
+        assert name in fuzzattn.__all__ and hasattr(fuzzattn, name)
+
+
+def test_a_user_written_test_passes_on_a_correct_kernel_and_fails_on_a_bug(pytester):
+    pytester.makepyfile(test_user=USER_TEST)
+    pytester.runpytest_subprocess("-p", "no:cacheprovider").assert_outcomes(passed=1)
+    pytester.makepyfile(test_user=USER_TEST.replace("* scale", "* scale * 1.01"))
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*[[]FAIL[]] mine *error=*allowed=*"])
+
+
+UNRELATED = textwrap.dedent('''
+    import os
+    from hypothesis import given, settings, strategies as st
+
+    settings.register_profile("theirs", max_examples=7)
+    settings.load_profile("theirs")
+    SEEN = []
+
+    @given(st.integers())
+    def test_their_own_settings_hold(x):
+        SEEN.append(x)
+
+    def test_after():
+        assert len(SEEN) == 7                                  # their profile, not fuzzattn's
+        assert settings().max_examples == 7
+        assert "FUZZATTN_PROFILE" not in os.environ
+        assert "TRITON_INTERPRET" not in os.environ
+''')
+
+
+def test_an_unrelated_project_is_untouched_by_an_installed_fuzzattn(pytester, monkeypatch):
+    for name in ("FUZZATTN_PROFILE", "TRITON_INTERPRET", "CI"):
+        monkeypatch.delenv(name, raising=False)
+    pytester.makepyfile(test_theirs=UNRELATED)
+    (pytester.path / "regressions").mkdir()
+    (pytester.path / "regressions" / "x.json").write_text("{not a regression file")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:randomly")
+    result.assert_outcomes(passed=2)                  # regressions/x.json was not collected
+    assert "fuzzattn:" not in result.stdout.str()     # no header line either
+
+
+def test_an_opted_in_run_says_what_it_set_up(pytester):
+    pytester.makepyfile(test_ok="def test_ok():\n    pass\n")
+    result = pytester.runpytest_subprocess("-p", "fuzzattn.pytest_plugin", "-p", "no:cacheprovider",
+                                           "--fuzzattn-profile", "dev")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["fuzzattn: profile=dev * hypothesis_seed=* device=*",
+                                 "fuzzattn: triton *"])
+
+
+def test_a_bad_profile_name_is_one_line(pytester):
+    pytester.makepyfile(test_ok="def test_ok():\n    pass\n")
+    result = pytester.runpytest_subprocess("-p", "fuzzattn.pytest_plugin", "--fuzzattn-profile", "nope")
+    assert result.ret == 4                            # pytest's usage error
+    errors = [line for line in result.stderr.str().splitlines() if "nope" in line]
+    assert errors and all("INTERNALERROR" not in line for line in result.stderr.str().splitlines())
