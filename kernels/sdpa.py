@@ -40,9 +40,10 @@ implementation declares the forms it runs as `Capabilities(configs={"mask_form":
 strategies draw one per case, shrink toward "bool", and the case records it. Top-left is always
 SDPA's own `is_causal`, for which no mask is built, so the form only matters for bottom-right.
 
+A case that names no configuration runs an implementation's default (the contract's rule), here
+the first declared form, "bool": so the configless regression files replay on every backend too.
 The default `sdpa` declares no configuration: it always passes a boolean mask (what a user calling
-SDPA with a keep-mask gets), so it stays configless like the regression files written for it, and
-its mutants keep its calling convention.
+SDPA with a keep-mask gets), and its mutants keep its calling convention.
 """
 from __future__ import annotations
 
@@ -93,7 +94,7 @@ def sdpa_forward(q, k, v, *, causal, scale, config=None, backend=None, caps=CAPS
     this module's per-backend implementations (functools.partial): the SDPBackend that dispatch is
     restricted to (None: default dispatch) and the declaration its inputs are checked against."""
     causal, scale = caps.check_inputs(q, k, v, causal=causal, scale=scale)
-    mask_form = _mask_form(config)
+    mask_form = _mask_form(config, caps)
     heads, seq_q = q.shape[1], q.shape[2]
     kv_heads, seq_k = k.shape[1], k.shape[2]
 
@@ -134,10 +135,12 @@ def sdpa_forward(q, k, v, *, causal, scale, config=None, backend=None, caps=CAPS
     return out, lse
 
 
-def _mask_form(config) -> str:
-    """The mask form a config asks for; anything outside CONFIG_SPACE is refused in one line."""
+def _mask_form(config, caps: Capabilities) -> str:
+    """The mask form a config asks for; anything outside CONFIG_SPACE is refused in one line.
+    No config (a case naming none runs the implementation's default, by the contract): the first
+    form `caps` declares, which is the boolean one wherever it runs, else DEFAULT_MASK_FORM."""
     if config is None:
-        return DEFAULT_MASK_FORM
+        return dict(caps.configs).get("mask_form", (DEFAULT_MASK_FORM,))[0]
     if not isinstance(config, dict):
         refuse("config", config, "None or a dict over CONFIG_SPACE")
     unknown = sorted(set(config) - set(CONFIG_SPACE))

@@ -146,6 +146,7 @@ LEAK_FILES = [p for p in sorted((HERE.parent / "regressions").glob("*.json"))
 
 def test_the_leak_is_recorded_for_both_dtypes_and_both_ways_of_reaching_cudnn():
     seen = set()
+    assert len(LEAK_FILES) == 2
     for path in LEAK_FILES:
         record = load(path)
         case = record.case
@@ -153,18 +154,17 @@ def test_the_leak_is_recorded_for_both_dtypes_and_both_ways_of_reaching_cudnn():
                 case.scale, case.values) == (1, 1, 2, 5, 128, "bottom_right", 1.0, "large")
         assert record.inputs_sha256 == inputs_sha256(materialize(case))
         assert record.covers and path.name == f"{case.key()}.json"
-        (name,) = record.expected_failures
-        entry = record.expected_failures[name]
-        assert "CUDNN_ATTENTION" in entry.reason and "2.11.0+cu130" in entry.reason
-        # The case carries the mask form only where the implementation it names declares it:
-        # sdpa_cudnn does (a per-backend one), the default sdpa does not (always a bool mask),
-        # and the default one fails only where it dispatches to cuDNN.
-        if name == "sdpa_cudnn":
-            assert case.config_dict == {"mask_form": "bool"} and entry.device == ""
-        else:
-            assert name == "sdpa" and case.config == () and entry.device == "cuda"
-        seen.add((case.dtype, name))
-    assert seen == {(d, n) for d in ("bfloat16", "float16") for n in ("sdpa", "sdpa_cudnn")}
+        assert set(record.expected_failures) == {"sdpa", "sdpa_cudnn"}
+        for entry in record.expected_failures.values():
+            assert "CUDNN_ATTENTION" in entry.reason and "2.11.0+cu130" in entry.reason
+        # No configuration in the case: the default sdpa declares none (always a boolean mask),
+        # and sdpa_cudnn runs a case naming none at its default, the boolean mask. The default
+        # sdpa fails only where it dispatches to cuDNN; sdpa_cudnn exists only there.
+        assert case.config == ()
+        assert record.expected_failures["sdpa"].device == "cuda"
+        assert record.expected_failures["sdpa_cudnn"].device == ""
+        seen.add(case.dtype)
+    assert seen == {"bfloat16", "float16"}
 
 
 @pytest.mark.parametrize("path", LEAK_FILES, ids=lambda p: p.name)

@@ -223,8 +223,25 @@ def test_the_mask_form_reaches_sdpa_as_declared(monkeypatch):
         math_impl(*materialize(case).tensors(), case.replace(config=(("mask_form", form),)))
         assert seen == [dtype]
     seen.clear()
+    math_impl(*materialize(case).tensors(), case)      # no configuration named: the first form
+    assert seen == [torch.bool]
+    seen.clear()
     sdpa.IMPL(*materialize(case).tensors(), case)      # the default sdpa: a boolean mask
     assert seen == [torch.bool]
+
+
+def test_a_configless_case_runs_the_first_declared_form():
+    only_float = Capabilities(causal=("top_left", "bottom_right"), configs={"mask_form": ("float",)})
+    case = AttentionCase(1, 1, 1, 2, 5, 16, causal="bottom_right")
+    q, k, v = materialize(case).tensors()
+    seen = []
+    real = sdpa._attn_mask
+    sdpa._attn_mask = lambda visible, form, dtype: seen.append(form) or real(visible, form, dtype)
+    try:
+        sdpa.sdpa_forward(q, k, v, causal="bottom_right", scale=0.25, caps=only_float)
+    finally:
+        sdpa._attn_mask = real
+    assert seen == ["float"]
 
 
 def test_a_config_outside_the_space_is_refused_in_one_line():

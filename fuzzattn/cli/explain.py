@@ -48,9 +48,12 @@ class Variant:
 
 
 def _config_for(impl, case) -> tuple:
-    """The case's configuration carried over to `impl`: the axes it declares keep the case's value
-    where that is one of its choices, else take the first choice; axes it lacks are dropped."""
+    """The case's configuration carried over to `impl`: none when the case names none (it then
+    runs each implementation's default); else the axes `impl` declares keep the case's value
+    where that is one of its choices, or take the first choice; axes it lacks are dropped."""
     given = case.config_dict
+    if not given:
+        return ()
     return tuple(sorted((name, given[name] if given.get(name) in choices else choices[0])
                         for name, choices in impl.caps.configs))
 
