@@ -7,3 +7,14 @@ Choose with --fuzzattn-profile NAME (or FUZZATTN_PROFILE=NAME); default: ci when
 when CUDA is available, dev otherwise.
 """
 pytest_plugins = ["pytester", "fuzzattn.pytest_plugin"]
+
+import os
+from pathlib import Path
+
+# Subprocesses the suite starts (pytester's runpytest_subprocess, `python -m fuzzattn.cli`) must
+# import this checkout, not whichever fuzzattn is installed in the environment (an editable
+# install of another worktree): they run from temporary directories, where the current directory
+# no longer puts this checkout first on sys.path.
+_ROOT = str(Path(__file__).resolve().parent)
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    [_ROOT] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != _ROOT])

@@ -15,10 +15,17 @@ name), pins one torch thread per CPU-only xdist worker, sets up the Triton backe
 its case (`regressions/<key>.json::sdpa`). A regression file that cannot be used is one failing
 item naming the file and the field; collection itself never errors. Everything it changes is
 put back at unconfigure, so a pytest run inside a test (pytester) leaves its host unchanged.
+
+`--fuzzattn-isolate` / `--fuzzattn-timeout S` judge the run's implementations (registered and
+--fuzzattn-impl ones) in supervised worker processes, one per implementation per xdist worker,
+reused across tests: a hang, a dead process or a CUDA fault fails that test with its verdict and
+the run goes on. A regression file recording hang/segfault/device_fault replays in a worker
+whether or not isolation was asked for.
 """
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -36,6 +43,14 @@ def pytest_addoption(parser):
     group.addoption("--fuzzattn-impl", action="append", default=[], metavar="FILE.py:NAME",
                     help="also fuzz and replay an implementation defined outside the repo "
                          "(a module path or file, then ':' and the object's name); repeatable")
+    group.addoption("--fuzzattn-shards", type=int, default=1, metavar="N",
+                    help="split each differential campaign into N tests with distinct Hypothesis "
+                         "seeds and 1/N of the budget each, so pytest-xdist workers share it")
+    group.addoption("--fuzzattn-isolate", action="store_true",
+                    help="judge the run's implementations in supervised worker processes: a hang, a "
+                         "dead process or a CUDA fault fails the test instead of ending the run")
+    group.addoption("--fuzzattn-timeout", type=float, default=None, metavar="S",
+                    help="per-case limit for --fuzzattn-isolate (implies it; default 60)")
     parser.addini(REGRESSIONS_INI, default="regressions",
                   help="directory (relative to the rootdir) whose *.json regression files are replayed")
 
@@ -51,6 +66,16 @@ class _State:
         self.threads = None
         self.outside_specs = None
         self.regressions_dir = None
+        self.shards = None
+        self.timeout = None                 # per case, when isolating
+        self.pool = None                    # WorkerPool, started on first use
+        self.workers = False                # campaign.use_workers' previous setting, if we set it
+
+    def worker_pool(self):
+        if self.pool is None:
+            from fuzzattn.engine.isolation import DEFAULT_TIMEOUT, WorkerPool
+            self.pool = WorkerPool(self.timeout or DEFAULT_TIMEOUT)
+        return self.pool
 
     def restore(self):
         import torch
@@ -67,8 +92,15 @@ class _State:
             torch.set_num_threads(self.threads)
         if self.outside_specs is not None:
             settings.set_outside_specs(self.outside_specs)
+        if self.shards is not None:
+            settings.set_shards(self.shards)
         from fuzzattn.campaigns import regression_file
         regression_file.set_default_dir(self.regressions_dir)
+        if self.workers is not False:
+            from fuzzattn.campaigns import campaign
+            campaign.use_workers(*(self.workers or (None, ())))
+        if self.pool is not None:
+            self.pool.close()
 
 
 _STATE_KEY = pytest.StashKey[_State]()
@@ -109,15 +141,56 @@ def pytest_configure(config):
         import torch
         state.threads = torch.get_num_threads()
         torch.set_num_threads(1)
+    timeout = config.getoption("fuzzattn_timeout")
+    if timeout is not None and not timeout > 0:
+        raise pytest.UsageError(f"--fuzzattn-timeout={timeout:g} must be a positive number of seconds")
+    state.timeout = timeout
+    isolate = config.getoption("fuzzattn_isolate") or timeout is not None
     specs = config.getoption("fuzzattn_impl")
     if specs:
-        from fuzzattn.engine.loader import ImplementationLoadError, load_implementation
+        from fuzzattn.engine.loader import ImplementationLoadError
         for spec in specs:          # a bad spec is a one-line usage error, before any test runs
-            try:
-                load_implementation(spec)
+            try:                    # (isolated, the probe call runs in a worker: it may hang or die)
+                settings.load_outside(spec, isolated=isolate, timeout=timeout)
             except ImplementationLoadError as exc:
                 raise pytest.UsageError(str(exc)) from None
     state.outside_specs = settings.set_outside_specs(specs)
+    shards = config.getoption("fuzzattn_shards")
+    if shards < 1:
+        raise pytest.UsageError(f"--fuzzattn-shards={shards} must be at least 1")
+    state.shards = settings.set_shards(shards)
+    config.stash[_START_KEY] = time.perf_counter()
+    if isolate:
+        from fuzzattn.campaigns import campaign
+        covered = {impl.cli_name for impl in settings.implementations()}
+        state.workers = campaign.use_workers(state.worker_pool(), covered)
+
+
+# -- how many cases this run judged (summed over pytest-xdist workers) --------------------------
+_START_KEY = pytest.StashKey[float]()
+_JUDGED_KEY = pytest.StashKey[int]()
+
+
+def pytest_sessionfinish(session):
+    from fuzzattn.campaigns import campaign
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:            # an xdist worker: hand the count to the controller
+        workeroutput["fuzzattn_judged"] = campaign.judged_total
+
+
+def pytest_testnodedown(node, error):
+    """xdist controller: add up the workers' counts (xdist calls this per finished worker)."""
+    judged = getattr(node, "workeroutput", {}).get("fuzzattn_judged", 0)
+    node.config.stash[_JUDGED_KEY] = node.config.stash.get(_JUDGED_KEY, 0) + judged
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    from fuzzattn.campaigns import campaign
+    judged = config.stash.get(_JUDGED_KEY, 0) + campaign.judged_total
+    if judged:
+        seconds = time.perf_counter() - config.stash.get(_START_KEY, time.perf_counter())
+        terminalreporter.write_line(f"fuzzattn: {judged} cases judged in {seconds:.1f} s "
+                                    f"({judged / max(seconds, 1e-9):.1f} cases/s)")
 
 
 def pytest_unconfigure(config):
@@ -154,6 +227,10 @@ def pytest_report_header(config):
              "fuzzattn: " + " ".join(f"{k}={v}" for k, v in versions().items())]
     if settings.outside_specs():
         lines.append(f"fuzzattn: outside implementations: {', '.join(settings.outside_specs())}")
+    state = config.stash.get(_STATE_KEY, None)
+    if state is not None and state.workers is not False:
+        lines.append(f"fuzzattn: isolated: one worker process per implementation, "
+                     f"timeout {state.timeout or 60:g} s per case")
     return lines
 
 
@@ -200,8 +277,12 @@ class RegressionItem(pytest.Item):
 
     def runtest(self):
         from fuzzattn.campaigns.outcome import SKIP, XFAIL
-        from fuzzattn.campaigns.replay import replay_one
-        outcome = replay_one(self.record, self.impl)
+        from fuzzattn.campaigns.replay import needs_isolation, replay_one
+        state = self.config.stash[_STATE_KEY]
+        judge_fn = None
+        if state.workers is not False or needs_isolation(self.record):
+            judge_fn = state.worker_pool().get(self.impl).judge
+        outcome = replay_one(self.record, self.impl, judge_fn=judge_fn)
         if outcome.verdict == SKIP:
             pytest.skip(outcome.message)
         if outcome.verdict == XFAIL:

@@ -23,6 +23,10 @@ from fuzzattn.contract.profiles import PROFILES, Profile, ProfileError, active_n
 # Outside implementations this run was given (--fuzzattn-impl): set by the pytest plugin in
 # every process (pytest-xdist workers get the same options), read by test modules at import.
 _outside_specs: list[str] = []
+# Shards per differential test (--fuzzattn-shards): each (implementation, dtype) campaign splits
+# into this many tests with distinct Hypothesis seeds and an equal share of the budget, so that
+# pytest-xdist workers share one implementation's campaign.
+_shards = 1
 
 
 # -- profile ------------------------------------------------------------------------------------
@@ -118,6 +122,17 @@ def bf16_unavailable(impl: Implementation) -> str | None:
 
 
 # -- implementations ----------------------------------------------------------------------------
+def shards() -> int:
+    return _shards
+
+
+def set_shards(n: int) -> int:
+    """Set the run's shard count; returns the previous one (to restore it)."""
+    global _shards
+    previous, _shards = _shards, n
+    return previous
+
+
 def outside_specs() -> list[str]:
     """The outside implementation specs this run was given."""
     return list(_outside_specs)
@@ -132,7 +147,7 @@ def set_outside_specs(specs: list[str]) -> list[str]:
 
 def outside_implementations() -> list[Implementation]:
     """The implementations named by the run's outside specs, each loaded once per process."""
-    return [_load_once(spec) for spec in outside_specs()]
+    return [load_outside(spec) for spec in outside_specs()]
 
 
 def implementations() -> list[Implementation]:
@@ -144,8 +159,15 @@ def implementations() -> list[Implementation]:
 _LOADED: dict[str, Implementation] = {}
 
 
-def _load_once(spec: str) -> Implementation:
-    from fuzzattn.engine.loader import load_implementation
+def load_outside(spec: str, *, isolated: bool = False, timeout: float | None = None) -> Implementation:
+    """Load an outside implementation once per process; `isolated` runs its probe call in a
+    worker process (engine.isolation.load_isolated), so one that hangs or dies there is loaded
+    anyway and its failure left to the isolated tests to find."""
     if spec not in _LOADED:
-        _LOADED[spec] = load_implementation(spec)
+        if isolated:
+            from fuzzattn.engine.isolation import DEFAULT_TIMEOUT, load_isolated
+            _LOADED[spec] = load_isolated(spec, timeout=timeout or DEFAULT_TIMEOUT)
+        else:
+            from fuzzattn.engine.loader import load_implementation
+            _LOADED[spec] = load_implementation(spec)
     return _LOADED[spec]

@@ -7,6 +7,7 @@ points there for the whole module, so nothing can land in regressions/.
 from __future__ import annotations
 
 import io
+import re
 from contextlib import redirect_stdout
 import os
 import shutil
@@ -198,6 +199,22 @@ def test_gate_fails_when_an_outside_implementation_breaks(capsys, found, broken,
     failures = ET.parse(junit).getroot().findall(".//failure")
     assert failures and all(f.get("message") for f in failures)
     assert any("drop_last_key" in (f.text or "") for f in failures)
+    # The printed hint works verbatim: the replay command fails the same way (exit 1, same check).
+    argv = re.search(r"replay:\s+(fuzzattn replay .*)$", out, re.M).group(1).split()
+    assert f"{broken}:drop_last_key" in argv
+    written = load(argv[2])
+    status, replayed, _ = run(capsys, *argv[1:])
+    assert status == 1 and f"FAIL     {written.check}" in replayed, replayed
+
+
+def test_fuzz_found_by_command_finds_it_again(capsys, found, broken, tmp_path):
+    """The "found by" line is a working command for an outside kernel: same failure, same file."""
+    argv = re.search(r"found by:\s+(fuzzattn fuzz .*)$", found[1], re.M).group(1).split()
+    assert f"{broken}:drop_last_key" in argv
+    status, again, _ = run(capsys, *argv[1:], "--regressions-dir", tmp_path)
+    assert status == 1, again
+    (written,) = tmp_path.glob("*.json")
+    assert written.name == found[2][0].name and load(written).check == load(found[2][0]).check
 
 
 def test_gate_changed_since_fuzzes_only_what_changed(capsys, monkeypatch, tmp_path):

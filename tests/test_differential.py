@@ -1,26 +1,42 @@
 """The differential property: every registered implementation agrees with the float64 oracle.
 
 One Hypothesis test per (implementation, dtype) it declares, drawing only what it declares.
-A failure is shrunk, written to regressions/ as a fixture, and reported with its replay command.
+A failure is shrunk, written to regressions/ as a regression file, and reported with its replay
+command. With `--fuzzattn-shards N` each campaign is N tests (`test_matches_oracle_shard<i>`),
+each with its own Hypothesis seed and 1/N of the budget, so `pytest -n N` spreads one
+implementation's campaign over N workers instead of running it on one.
 """
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given, seed, settings, strategies as st
 
+from fuzzattn import settings as run_settings
 from fuzzattn.campaigns.campaign import check_case
 from fuzzattn.contract.case import DTYPES
 from fuzzattn.engine.judge import skip_reason
-from fuzzattn.settings import implementations as all_implementations
 from strategies import attention_cases
 
 PARAMS = [pytest.param(impl, dtype, id=f"{impl.name}-{dtype}")
-          for impl in all_implementations() for dtype in DTYPES if dtype in impl.caps.dtypes]
+          for impl in run_settings.implementations() for dtype in DTYPES if dtype in impl.caps.dtypes]
 
 
-@pytest.mark.parametrize("impl,dtype", PARAMS)
-@given(data=st.data())
-def test_matches_oracle(impl, dtype, data):
-    case = data.draw(attention_cases(impl.caps, dtype=dtype), label="case")
-    reason = skip_reason(impl, case)
-    if reason is not None:
-        pytest.skip(reason)   # e.g. bf16 under an interpreter whose dot cannot be repaired
-    check_case(impl, case)
+def _campaign(shard: int, shards: int):
+    @pytest.mark.parametrize("impl,dtype", PARAMS)
+    @given(data=st.data())
+    def test(impl, dtype, data):
+        case = data.draw(attention_cases(impl.caps, dtype=dtype), label="case")
+        reason = skip_reason(impl, case)
+        if reason is not None:
+            pytest.skip(reason)   # e.g. bf16 under an interpreter whose dot cannot be repaired
+        check_case(impl, case)
+
+    if shards > 1:
+        test = seed(shard)(settings(max_examples=-(-settings().max_examples // shards))(test))
+    return test
+
+
+SHARDS = run_settings.shards()
+if SHARDS == 1:
+    test_matches_oracle = _campaign(0, 1)
+else:
+    for _shard in range(SHARDS):
+        globals()[f"test_matches_oracle_shard{_shard}"] = _campaign(_shard, SHARDS)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 import multiprocessing
 import textwrap
 
@@ -204,7 +205,8 @@ def test_every_mutant_has_a_shipped_fixture():
     assert not missing, f"mutants without a fixture in regressions/: {missing}"
 
 
-def test_pytest_option_fuzzes_an_implementation_outside_the_repo(pytester, tmp_path, monkeypatch):
+def test_pytest_option_fuzzes_an_implementation_outside_the_repo(pytester, tmp_path, monkeypatch,
+                                                                capsys):
     """--fuzzattn-impl brings an outside kernel into the differential tests and fixture replay."""
     outside = tmp_path / "elsewhere"
     outside.mkdir()
@@ -242,3 +244,11 @@ def test_pytest_option_fuzzes_an_implementation_outside_the_repo(pytester, tmp_p
                                  "*replay:  fuzzattn replay*"])
     (written,) = fixtures.iterdir()
     assert load(written).impl == "attention" and load(written).case.seq_q > 16
+    # The printed hint works verbatim: it names the outside kernel's --impl, and replaying with
+    # it fails the same way.
+    argv = re.search(r"replay:\s+(fuzzattn replay .*)$", result.stdout.str(), re.M).group(1).split()
+    assert argv[:2] == ["fuzzattn", "replay"]
+    assert f"{outside / 'my_attention.py'}:attention" in argv
+    from fuzzattn.cli import main
+    assert main(argv[1:]) == 1
+    assert load(written).check in capsys.readouterr().out.split("FAIL", 2)[-1]

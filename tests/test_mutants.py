@@ -60,9 +60,9 @@ CAUGHT_BY = {
     # torch_tiled edits
     "mutant_bottom_right_as_top_left": (case(seq_k=2, causal="bottom_right"), "out"),
     "mutant_bottom_right_offset_sign": (case(seq_q=3, causal="bottom_right"), "empty_rows"),
-    # Never-written memory shows as the allocator's NaN poison when malloc reuses the block, as
-    # garbage otherwise: either way a wrong answer, under whichever check sees it first.
-    "mutant_tail_rows_unwritten": (case(seq_q=3), {"unwritten_output", "nonfinite", "out", "lse"}),
+    # Never-written memory: NaN in the first run (torch fills uninitialised memory), zeros in the
+    # attribution re-runs (judge zeroes every empty tensor), whatever the heap held before.
+    "mutant_tail_rows_unwritten": (case(seq_q=3), "unwritten_output"),
     "mutant_scales_q_in_place": (case(), "inputs_mutated"),
     "mutant_empty_rows_nan": (case(seq_q=2, causal="bottom_right"), "nonfinite"),
     "mutant_mqa_squeeze": (case(batch=2, heads=2, kv_heads=1), "out"),

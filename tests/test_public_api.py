@@ -90,3 +90,23 @@ def test_a_bad_profile_name_is_one_line(pytester):
     assert result.ret == 4                            # pytest's usage error
     errors = [line for line in result.stderr.str().splitlines() if "nope" in line]
     assert errors and all("INTERNALERROR" not in line for line in result.stderr.str().splitlines())
+
+
+def test_shards_split_one_campaign_over_xdist_workers(pytester):
+    from pathlib import Path
+    suite = Path(__file__).resolve().parent / "test_differential.py"
+    result = pytester.runpytest_subprocess("--co", "-q", "-p", "no:cacheprovider", str(suite),
+                                           "--fuzzattn-shards", "3", "-k", "sdpa-float32")
+    names = [line for line in result.stdout.lines if "::test_matches_oracle" in line]
+    assert sorted(n.split("::")[1] for n in names) == [
+        f"test_matches_oracle_shard{i}[sdpa-float32]" for i in range(3)]
+
+
+def test_the_summary_counts_judged_cases_across_workers(pytester):
+    from pathlib import Path
+    suite = Path(__file__).resolve().parent / "test_differential.py"
+    result = pytester.runpytest_subprocess("-q", "-p", "no:cacheprovider", str(suite), "-n", "2",
+                                           "--fuzzattn-shards", "2", "--fuzzattn-max-examples", "10",
+                                           "--fuzzattn-profile", "dev", "-k", "sdpa-float32")
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(["fuzzattn: 10 cases judged in * s (* cases/s)"])

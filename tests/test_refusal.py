@@ -3,7 +3,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from fuzzattn import AttentionCase, Capabilities, Implementation
-from fuzzattn.engine.judge import check_refusal
+from fuzzattn.engine.judge import check_refusal, refusal_not_applicable
 from fuzzattn.settings import implementations as all_implementations
 from kernels.sdpa import sdpa_forward
 from strategies import undeclared_cases
@@ -13,6 +13,8 @@ from strategies import undeclared_cases
 @settings(max_examples=40)
 @given(data=st.data())
 def test_undeclared_inputs_are_refused_in_one_line(impl, data):
+    if refusal_not_applicable(impl):
+        pytest.skip(refusal_not_applicable(impl))
     what, case = data.draw(undeclared_cases(impl.caps), label="undeclared")
     verdict = check_refusal(impl, case)
     assert verdict.passed, verdict.headline()
@@ -37,3 +39,31 @@ def test_a_silent_refusal_is_not_clear_enough():
     verdict = check_refusal(Implementation("silent", silent, Capabilities(dtypes={"float32"})),
                             AttentionCase(1, 1, 1, 4, 4, 16, dtype="bfloat16"))
     assert not verdict.passed and "empty ValueError" in verdict.detail
+
+
+PLAIN_KERNEL = '''
+import torch.nn.functional as F
+
+
+def attention(q, k, v, *, causal, scale):
+    # treats any causal value as top-left: answers bottom_right instead of refusing it
+    return F.scaled_dot_product_attention(q, k, v, is_causal=bool(causal), scale=scale)
+'''
+
+
+def test_the_refusal_rule_for_plain_callables(tmp_path):
+    """A plain callable declared nothing, so the refusal property does not apply to it; the same
+    callable wrapped in an Implementation that declares top-left only must refuse."""
+    from fuzzattn.engine.loader import load_implementation
+    path = tmp_path / "plain_kernel.py"
+    path.write_text(PLAIN_KERNEL)
+    plain = load_implementation(f"{path}:attention")
+    assert not plain.declares
+    case = AttentionCase(1, 1, 1, 4, 2, 16, causal="bottom_right")
+    assert "plain callable" in refusal_not_applicable(plain)
+    with pytest.raises(ValueError, match="declared no capabilities"):
+        check_refusal(plain, case)
+    declared = Implementation("declared", plain.fn, Capabilities())
+    assert refusal_not_applicable(declared) is None
+    verdict = check_refusal(declared, case)
+    assert not verdict.passed and "instead of refusing" in verdict.detail

@@ -15,10 +15,17 @@ counted per campaign and rejected (Hypothesis draws another), never counted as p
 
 `fuzz` runs a campaign outside pytest (the CLI's `fuzz`, `gate` and `mutants`), with a case
 and/or time budget, and returns a `Campaign`.
+
+Isolation (fuzzattn.engine.isolation): `fuzz(isolate=True)` judges through one worker process per
+campaign; `use_workers(pool)` makes `check_case` judge the run's implementations in a WorkerPool
+(the pytest plugin's --fuzzattn-isolate). Either way the memo is keyed as in-process judging is,
+and hang/segfault/device_fault verdicts are not rerun for flakiness: each rerun would cost a
+worker restart (and a hang its whole timeout), and the memo already keeps Hypothesis consistent.
 """
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import time
 from pathlib import Path
@@ -31,7 +38,7 @@ from fuzzattn.campaigns import regression_file
 from fuzzattn.contract.case import AttentionCase
 from fuzzattn.contract.implementation import Implementation
 from fuzzattn.engine.judge import JudgedCase, judge
-from fuzzattn.engine.verdict import Verdict
+from fuzzattn.engine.verdict import PROCESS_CHECKS, Verdict
 
 FLAKY_RERUNS = 2          # extra judgements of a failing case; any pass makes it flaky
 _MEMO_SIZE = 20_000       # remembered verdicts per process (a few hundred bytes each)
@@ -72,25 +79,53 @@ def save(judged: JudgedCase, directory=None) -> regression_file.Written:
 
 _memo: collections.OrderedDict[tuple[str, str], JudgedCase] = collections.OrderedDict()
 refusal_counts: collections.Counter[tuple[str, str]] = collections.Counter()  # (impl, summary)
+judged_total = 0      # cases judged by this process (reruns for flakiness not counted)
 
 
-def judge_once(impl: Implementation, case: AttentionCase, device=None) -> JudgedCase:
-    """judge(), remembered per (implementation, case), with failures rerun for flakiness."""
+# The run's worker pool (fuzzattn.engine.isolation.WorkerPool) and the implementations it
+# covers (by cli_name), or None: set by use_workers, read by check_case.
+_workers: tuple | None = None
+
+
+def use_workers(pool, covers) -> tuple | None:
+    """Judge `check_case` calls for implementations named in `covers` (cli names) through `pool`
+    (None: in-process again); returns the previous setting, to restore it. Implementations a test
+    builds for itself stay in-process: a worker could not import them by name."""
+    global _workers
+    previous, _workers = _workers, (pool, frozenset(covers)) if pool is not None else None
+    return previous
+
+
+def _run_judge(impl: Implementation, device):
+    """How check_case judges `impl` in this run: a pooled worker's judge, or None (in-process)."""
+    if _workers is None or impl.cli_name not in _workers[1]:
+        return None
+    return _workers[0].get(impl).judge
+
+
+def judge_once(impl: Implementation, case: AttentionCase, device=None, *,
+               judge_fn=None) -> JudgedCase:
+    """judge(), remembered per (implementation, case), with failures rerun for flakiness.
+    `judge_fn(case) -> JudgedCase` judges instead of judge() in this process (an isolated
+    worker's); the memo key is the same either way."""
     key = (impl.cli_name, case.key())
     if key in _memo:
         _memo.move_to_end(key)
         return _memo[key]
-    judged = judge(impl, case, device=device)
-    if judged.failures and judged.first_failure.check != "inputs_drifted":
-        judged = _flaky_or_consistent(impl, case, device, judged)
+    global judged_total
+    run = judge_fn or (lambda c: judge(impl, c, device=device))
+    judged = run(case)
+    judged_total += 1
+    if judged.failures and judged.first_failure.check not in ("inputs_drifted",) + PROCESS_CHECKS:
+        judged = _flaky_or_consistent(impl, case, run, judged)
     _memo[key] = judged
     if len(_memo) > _MEMO_SIZE:
         _memo.popitem(last=False)
     return judged
 
 
-def _flaky_or_consistent(impl, case, device, judged: JudgedCase) -> JudgedCase:
-    reruns = [judge(impl, case, device=device) for _ in range(FLAKY_RERUNS)]
+def _flaky_or_consistent(impl, case, run, judged: JudgedCase) -> JudgedCase:
+    reruns = [run(case) for _ in range(FLAKY_RERUNS)]
     if all(not r.passed for r in reruns):
         return judged
     runs = 1 + len(reruns)
@@ -106,9 +141,11 @@ def _flaky_or_consistent(impl, case, device, judged: JudgedCase) -> JudgedCase:
 
 
 def check_case(impl: Implementation, case: AttentionCase, *, save_to_file: bool = True,
-               regressions_dir=None, device=None) -> JudgedCase:
-    """Judge one case; raise Counterexample on failure (writing a file on the final run)."""
-    judged = judge_once(impl, case, device=device)
+               regressions_dir=None, device=None, judge_fn=None) -> JudgedCase:
+    """Judge one case; raise Counterexample on failure (writing a file on the final run).
+    `judge_fn` as in judge_once; by default the run's worker pool if it covers `impl`."""
+    judged = judge_once(impl, case, device=device,
+                        judge_fn=judge_fn or _run_judge(impl, device))
     if judged.skipped is not None:
         raise RuntimeError(f"{case} was drawn but cannot run: {judged.skipped}")
     if judged.refused is not None:
@@ -160,11 +197,34 @@ class Campaign:
 def fuzz(impl: Implementation, strategy: st.SearchStrategy[AttentionCase], *, max_examples: int,
          seconds: float | None = None, hypothesis_seed_value: int | None = 0,
          save_to_file: bool = True, regressions_dir=None, device=None,
-         shrink: bool = True) -> Campaign:
+         shrink: bool = True, isolate: bool = False, timeout: float | None = None,
+         judge_fn=None) -> Campaign:
     """Judge up to `max_examples` drawn cases, or until `seconds` pass, and shrink the first
     failure. Once the time cap is spent, draws are no longer judged: before a failure that ends
     the search; during shrinking it ends the shrink, and Hypothesis's final replay of the smallest
-    failure found so far is still judged, reported and saved."""
+    failure found so far is still judged, reported and saved.
+
+    `isolate`: judge every case in one supervised worker process, reused across the campaign's
+    cases, so a hang (no result within `timeout` s, default isolation.DEFAULT_TIMEOUT), a dead
+    process or a CUDA fault is a verdict that is shrunk and saved like any other. In-process (the
+    default) a hanging kernel cannot be interrupted, so `timeout` without `isolate` is refused.
+    The worker's start-up precedes the campaign's clock. `judge_fn(case)` judges through a
+    caller's own (e.g. shared) IsolatedJudge instead."""
+    if timeout is not None and not isolate:
+        raise ValueError("timeout needs isolate=True: a call in this process cannot be interrupted")
+    with contextlib.ExitStack() as stack:
+        if isolate and judge_fn is None:
+            from fuzzattn.engine.isolation import DEFAULT_TIMEOUT, IsolatedJudge
+            judge_fn = stack.enter_context(IsolatedJudge(
+                impl, timeout=timeout or DEFAULT_TIMEOUT, device=device)).judge
+        return _fuzz(impl, strategy, max_examples=max_examples, seconds=seconds,
+                     hypothesis_seed_value=hypothesis_seed_value, save_to_file=save_to_file,
+                     regressions_dir=regressions_dir, device=device, shrink=shrink,
+                     judge_fn=judge_fn)
+
+
+def _fuzz(impl, strategy, *, max_examples, seconds, hypothesis_seed_value, save_to_file,
+          regressions_dir, device, shrink, judge_fn) -> Campaign:
     state = {"judged": 0, "first": None, "over": False}
     refused: collections.Counter[str] = collections.Counter()
     start = time.perf_counter()
@@ -185,14 +245,14 @@ def fuzz(impl: Implementation, strategy: st.SearchStrategy[AttentionCase], *, ma
             # Unjudged draws pass: before a failure this ends the search; while shrinking, no
             # candidate can improve on the smallest failure so far, so the shrink winds down.
             return
-        judged = judge_once(impl, case, device=device)
+        judged = judge_once(impl, case, device=device, judge_fn=judge_fn)
         if judged.refused is not None:
             refused[judged.refused] += 1
             reject()
         state["judged"] += 1
         try:
             check_case(impl, case, save_to_file=save_to_file, regressions_dir=regressions_dir,
-                       device=device)
+                       device=device, judge_fn=judge_fn)
         except Counterexample:
             if state["first"] is None:
                 state["first"] = state["judged"]

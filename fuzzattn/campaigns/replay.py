@@ -14,6 +14,10 @@ A replay is one judged case, read against what the file expects of that implemen
                     expected failure either, since nothing was computed
 
 A file recorded as `flaky` is judged FLAKY_REPLAYS times and says how many runs failed.
+
+A file recorded as hang, segfault or device_fault (PROCESS_CHECKS) would take an in-process replay
+down with it: `needs_isolation` says so, and the callers (replay, gate, the pytest plugin) judge
+it through an isolated worker's `judge_fn`.
 """
 from __future__ import annotations
 
@@ -25,14 +29,24 @@ from fuzzattn.campaigns.outcome import DRIFTED, FAIL, OK, SKIP, XFAIL, XPASS, Ou
 from fuzzattn.campaigns.regression_file import RegressionFile, display_path, replay_command
 from fuzzattn.contract.implementation import Implementation
 from fuzzattn.engine.judge import JudgedCase, default_device, judge
-from fuzzattn.engine.verdict import Verdict
+from fuzzattn.engine.verdict import PROCESS_CHECKS, Verdict
 
 FLAKY_REPLAYS = 5
 
 
-def replay_one(record: RegressionFile, impl: Implementation, device=None) -> Outcome:
-    """Judge `impl` on the file's case and read the result against the file's expectations."""
+def needs_isolation(record: RegressionFile) -> bool:
+    """The file records a failure that ends the process judging it in-process."""
+    return record.check in PROCESS_CHECKS
+
+
+def replay_one(record: RegressionFile, impl: Implementation, device=None, *,
+               judge_fn=None) -> Outcome:
+    """Judge `impl` on the file's case and read the result against the file's expectations.
+    `judge_fn(case, expected_sha256=...)` judges instead of judge() here (an IsolatedJudge's)."""
     subject = f"{record.name} on {impl.name}"
+    if judge_fn is None:
+        def judge_fn(case, expected_sha256=None):
+            return judge(impl, case, device=device, expected_sha256=expected_sha256)
 
     def outcome(status: str, message: str) -> Outcome:
         failure = judged.first_failure
@@ -48,9 +62,9 @@ def replay_one(record: RegressionFile, impl: Implementation, device=None) -> Out
     header = f"regression file {display_path(record.path) if record.path else record.name}"
     if record.covers:
         header += f" (covers: {record.covers})"
-    judged = judge(impl, record.case, device=device, expected_sha256=record.inputs_sha256)
+    judged = judge_fn(record.case, expected_sha256=record.inputs_sha256)
     if record.check == "flaky" and judged.skipped is None:
-        judged = _rerun_flaky(impl, record, device, judged)
+        judged = _rerun_flaky(impl, record, judge_fn, judged)
     hint = f"  replay:  {replay_command(record.path or record.name, impl.cli_name)}"
     if judged.skipped:
         return outcome(SKIP, f"{header}: {judged.skipped}")
@@ -78,8 +92,8 @@ def replay_one(record: RegressionFile, impl: Implementation, device=None) -> Out
     return outcome(FAIL, f"{header}\n{judged.describe()}\n{hint}")
 
 
-def _rerun_flaky(impl, record, device, judged: JudgedCase) -> JudgedCase:
-    runs = [judged] + [judge(impl, record.case, device=device) for _ in range(FLAKY_REPLAYS - 1)]
+def _rerun_flaky(impl, record, judge_fn, judged: JudgedCase) -> JudgedCase:
+    runs = [judged] + [judge_fn(record.case) for _ in range(FLAKY_REPLAYS - 1)]
     failed = [r for r in runs if not r.passed]
     if not failed or any(r.skipped for r in runs):
         return judged

@@ -64,6 +64,27 @@ def budget_options(p: argparse.ArgumentParser, examples_help: str, seconds_help:
                         "FUZZATTN_PROFILE, else ci under CI, gpu with CUDA, dev otherwise)")
 
 
+def isolation_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--isolate", action="store_true",
+                   help="judge cases in a supervised worker process (one per implementation, reused): "
+                        "a hang, a dead process or a CUDA fault becomes a verdict (hang, segfault, "
+                        "device_fault) instead of ending the run")
+    p.add_argument("--timeout", type=seconds, metavar="S",
+                   help="per-case limit in seconds for --isolate (implies it; default 60); "
+                        "in-process, a hanging kernel cannot be stopped")
+
+
+def isolation(args) -> tuple[bool, float | None]:
+    """(isolate, timeout) from --isolate / --timeout: a timeout implies isolation."""
+    timeout = getattr(args, "timeout", None)
+    return bool(getattr(args, "isolate", False) or timeout is not None), timeout
+
+
+def isolation_flags(isolate: bool, timeout: float | None) -> str:
+    """The options that repeat this run's isolation in a printed command."""
+    return f" --timeout {timeout:g}" if timeout else " --isolate" if isolate else ""
+
+
 # -- set-up ---------------------------------------------------------------------------------------
 def load_profile(name):
     from fuzzattn import settings
@@ -73,11 +94,15 @@ def load_profile(name):
         raise CLIError(str(exc)) from None
 
 
-def resolve(spec: str):
-    """A registered implementation or mutant by name, or an outside one by FILE.py:NAME."""
+def resolve(spec: str, isolate: bool = False, timeout: float | None = None):
+    """A registered implementation or mutant by name, or an outside one by FILE.py:NAME (its probe
+    call in a worker process with `isolate`: a kernel that hangs or dies on it must not end us)."""
     from fuzzattn.engine.loader import ImplementationLoadError, load_implementation
     from fuzzattn.engine.registry import UnknownImplementationError, get
     try:
+        if ":" in spec and isolate:
+            from fuzzattn.engine.isolation import DEFAULT_TIMEOUT, load_isolated
+            return load_isolated(spec, timeout=timeout or DEFAULT_TIMEOUT)
         if ":" in spec:
             return load_implementation(spec)
         return get(spec)
@@ -126,7 +151,7 @@ def _failure_text(found, rerun: str) -> str:
 
 def run_campaign(impl, dtype: str | None, *, profile, max_examples: int, seconds: float | None,
                  hypothesis_seed: int, save: bool, regressions_dir, progress, stage: str = "fuzz",
-                 shrink: bool = True) -> Outcome:
+                 shrink: bool = True, isolate: bool = False, timeout: float | None = None) -> Outcome:
     """Fuzz one implementation (one dtype) and describe it as an Outcome (its Campaign attached)."""
     from hypothesis.errors import HypothesisException
     from fuzzattn import settings
@@ -145,15 +170,22 @@ def run_campaign(impl, dtype: str | None, *, profile, max_examples: int, seconds
     except HypothesisException as exc:
         return Outcome(stage, label, ERROR, False, detail=one_line(exc), message=one_line(exc))
     strategy = progress.track(strategy, f"{stage} {label}", max_examples)
-    rerun = (f"fuzzattn {'mutants --only ' + impl.name if stage == 'mutant' else 'fuzz --impl ' + impl.cli_name}"
-             f"{' --dtype ' + dtype if dtype else ''} --hypothesis-seed {hypothesis_seed} "
-             f"--max-examples {max_examples}{' --seconds %g' % seconds if seconds else ''} "
-             f"--profile {profile.name}")
+    # A command that works as printed: an outside mutant is named by its spec (--only knows
+    # registered mutants only), and the run's isolation is repeated.
+    if stage == "mutant":
+        command = f"mutants --impl {impl.spec}" if impl.spec else f"mutants --only {impl.name}"
+    else:
+        command = f"fuzz --impl {impl.cli_name}"
+    rerun = (f"fuzzattn {command}{' --dtype ' + dtype if dtype else ''} --hypothesis-seed "
+             f"{hypothesis_seed} --max-examples {max_examples}"
+             f"{' --seconds %g' % seconds if seconds else ''} --profile {profile.name}"
+             f"{isolation_flags(isolate, timeout)}")
     start = time.perf_counter()
     try:
         result = fuzz(impl, strategy, max_examples=max_examples, seconds=seconds,
                       hypothesis_seed_value=hypothesis_seed, save_to_file=save,
-                      regressions_dir=regressions_dir, shrink=shrink)
+                      regressions_dir=regressions_dir, shrink=shrink, isolate=isolate,
+                      timeout=timeout)
     except Exception as exc:   # e.g. a drawn case the harness cannot judge here: report, go on
         progress.clear()
         text = f"{type(exc).__name__}: {one_line(exc)}"

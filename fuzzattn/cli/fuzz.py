@@ -20,13 +20,15 @@ def add_parser(commands) -> None:
     p.add_argument("--regressions-dir", type=Path, metavar="DIR",
                    help="where counterexamples are saved (default: FUZZATTN_REGRESSIONS_DIR, else ./regressions)")
     p.add_argument("--no-save", action="store_true", help="do not write counterexamples as regression files")
+    common.isolation_options(p)
     p.set_defaults(run=run)
 
 
 def run(args) -> int:
     from fuzzattn.campaigns.regression_file import default_dir
     profile = common.load_profile(args.profile)
-    subjects = [common.resolve(spec) for spec in args.impl]
+    isolate, timeout = common.isolation(args)
+    subjects = [common.resolve(spec, isolate, timeout) for spec in args.impl]
     plan = [(impl, dtype) for impl in subjects for dtype in common.dtypes_of(impl, args.dtype)]
     max_examples = args.max_examples or profile.max_examples
     regressions_dir = args.regressions_dir or default_dir()
@@ -34,11 +36,12 @@ def run(args) -> int:
     outcomes = [common.run_campaign(impl, dtype, profile=profile, max_examples=max_examples,
                                     seconds=args.seconds, hypothesis_seed=args.hypothesis_seed,
                                     save=not args.no_save, regressions_dir=regressions_dir,
-                                    progress=progress)
+                                    progress=progress, isolate=isolate, timeout=timeout)
                 for impl, dtype in plan]
 
     print(f"fuzzattn fuzz: profile={profile.name} hypothesis_seed={args.hypothesis_seed} "
-          f"max_examples={max_examples}{' seconds=%g' % args.seconds if args.seconds else ''}")
+          f"max_examples={max_examples}{' seconds=%g' % args.seconds if args.seconds else ''}"
+          f"{' isolated' if isolate else ''}{' timeout=%g' % timeout if timeout else ''}")
     rows = []
     for (impl, dtype), o in zip(plan, outcomes):
         campaign = o.campaign

@@ -48,6 +48,7 @@ def add_parser(commands) -> None:
                    help="pass even when there is no regression file to replay")
     p.add_argument("--impl", action="append", default=[], metavar="FILE.py:NAME",
                    help="also replay and fuzz an implementation defined outside the repo; repeatable")
+    common.isolation_options(p)
     p.set_defaults(run=run)
 
 
@@ -55,20 +56,25 @@ def run(args) -> int:
     from fuzzattn.campaigns.regression_file import default_dir, discover, display_path
     started = time.perf_counter()
     profile = common.load_profile(args.profile)
-    subjects = common.registered() + [common.resolve(spec) for spec in args.impl]
+    isolate, timeout = common.isolation(args)
+    regressions_dir = args.regressions_dir or default_dir()
+    paths = discover(regressions_dir)
+    probe_isolated = isolate or replay.any_needs_isolation(paths)
+    subjects = common.registered() + [common.resolve(spec, probe_isolated, timeout)
+                                      for spec in args.impl]
     to_fuzz, notes = changes.plan(args.changed_since, subjects)   # a bad REV stops here
     interpreted = common.triton_interpreted()
     max_examples = args.max_examples or (GATE_INTERPRETED_EXAMPLES if interpreted else profile.max_examples)
     seconds = args.seconds or (GATE_INTERPRETED_SECONDS if interpreted else GATE_COMPILED_SECONDS)
-    regressions_dir = args.regressions_dir or default_dir()
     progress = tables.Progress()
     header = (f"fuzzattn gate: profile={profile.name} hypothesis_seed={args.hypothesis_seed} "
               f"budget={max_examples} cases / {seconds:g} s per campaign; triton "
-              f"{'interpreted' if interpreted else 'compiled'}; regressions {display_path(regressions_dir)}")
+              f"{'interpreted' if interpreted else 'compiled'}; regressions {display_path(regressions_dir)}"
+              f"{'; isolated' if isolate else ''}{' timeout=%g s' % timeout if timeout else ''}")
 
     # (1) every known bug stays fixed, on every implementation that can run its case
-    paths = discover(regressions_dir)
-    outcomes = replay.replay_all(paths, subjects, only_given=False, progress=progress)
+    outcomes = replay.replay_all(paths, subjects, only_given=False, progress=progress,
+                                 isolate=isolate, timeout=timeout)
     if not paths and not args.allow_empty:
         outcomes.append(Outcome("replay", display_path(regressions_dir), FAIL, False,
                                 detail="no regression files to replay (wrong directory? "
@@ -87,14 +93,14 @@ def run(args) -> int:
             outcomes.append(common.run_campaign(impl, dtype, profile=profile, max_examples=max_examples,
                                                 seconds=seconds, hypothesis_seed=args.hypothesis_seed,
                                                 save=True, regressions_dir=regressions_dir,
-                                                progress=progress))
+                                                progress=progress, isolate=isolate, timeout=timeout))
 
     # (3) the fuzzer still catches every seeded bug
     if args.mutants:
         selected = mutants.select([])
         runs = mutants.run_mutants(selected, profile=profile, max_examples=max_examples,
                                    seconds=seconds, hypothesis_seed=args.hypothesis_seed,
-                                   progress=progress)
+                                   progress=progress, isolate=isolate, timeout=timeout)
         outcomes += runs
         notes.append(mutants.mutation_score(runs) if runs else "no mutants registered")
 

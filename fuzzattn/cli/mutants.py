@@ -20,6 +20,7 @@ def add_parser(commands) -> None:
                    help="shrink each mutant's first failing case (minutes per mutant under the interpreter)")
     common.budget_options(p, "cases per mutant (default: the profile's max_examples)",
                           "wall-time cap per mutant (default: none)")
+    common.isolation_options(p)
     p.set_defaults(run=run)
 
 
@@ -33,7 +34,7 @@ def select(only) -> list:
 
 
 def run_mutants(selected, *, profile, max_examples, seconds, hypothesis_seed, progress,
-                shrink: bool = False) -> list:
+                shrink: bool = False, isolate: bool = False, timeout: float | None = None) -> list:
     # save=False already keeps files out of regressions/; the temporary directory makes sure a
     # seeded bug can never leave a file behind even if saving were switched on.
     # Without --shrink the first failing case is reported: a mutant only has to be caught, and
@@ -45,7 +46,7 @@ def run_mutants(selected, *, profile, max_examples, seconds, hypothesis_seed, pr
             o = common.run_campaign(mutant, None, profile=profile, max_examples=max_examples,
                                     seconds=seconds, hypothesis_seed=hypothesis_seed, save=False,
                                     regressions_dir=scratch, progress=progress, stage="mutant",
-                                    shrink=shrink)
+                                    shrink=shrink, isolate=isolate, timeout=timeout)
             o.subject = mutant.name
             if o.verdict == FAIL:           # a counterexample: the mutant is caught
                 o.verdict, o.passed = KILLED, True
@@ -87,7 +88,8 @@ def kill_speed(outcomes) -> str:
 
 
 def run(args) -> int:
-    outside = [common.resolve(spec) for spec in args.impl]
+    isolate, timeout = common.isolation(args)
+    outside = [common.resolve(spec, isolate, timeout) for spec in args.impl]
     selected = (select(args.only) if args.only or not outside else []) + outside
     if args.list:
         if not selected:
@@ -103,9 +105,11 @@ def run(args) -> int:
     max_examples = args.max_examples or profile.max_examples
     outcomes = run_mutants(selected, profile=profile, max_examples=max_examples,
                            seconds=args.seconds, hypothesis_seed=args.hypothesis_seed,
-                           progress=tables.Progress(), shrink=args.shrink)
+                           progress=tables.Progress(), shrink=args.shrink, isolate=isolate,
+                           timeout=timeout)
     print(f"fuzzattn mutants: profile={profile.name} hypothesis_seed={args.hypothesis_seed} "
-          f"max_examples={max_examples}{' seconds=%g' % args.seconds if args.seconds else ''}")
+          f"max_examples={max_examples}{' seconds=%g' % args.seconds if args.seconds else ''}"
+          f"{' isolated' if isolate else ''}{' timeout=%g' % timeout if timeout else ''}")
     rows = []
     for o in outcomes:
         campaign = o.campaign

@@ -17,6 +17,7 @@ def add_parser(commands) -> None:
                    help="regression files or directories of *.json")
     p.add_argument("--impl", action="append", default=[], metavar=common.IMPL_METAVAR,
                    help="replay only against these implementations; repeatable")
+    common.isolation_options(p)
     p.set_defaults(run=run)
 
 
@@ -38,10 +39,35 @@ def file_paths(paths) -> list[Path]:
     return unique
 
 
-def replay_all(paths, subjects, *, only_given: bool, progress) -> list[Outcome]:
-    """Replay each file on each supporting subject; a file that cannot be read is one failing row."""
+def any_needs_isolation(paths) -> bool:
+    """Some file records a hang, segfault or device_fault: an outside implementation must then
+    be probed in a worker too (the probe call could be the one that dies). Unreadable files are
+    left for replay_all to report."""
     from fuzzattn.campaigns.regression_file import RegressionFileError, load
-    from fuzzattn.campaigns.replay import replay_one
+    from fuzzattn.campaigns.replay import needs_isolation
+    for path in paths:
+        try:
+            if needs_isolation(load(path)):
+                return True
+        except RegressionFileError:
+            continue
+    return False
+
+
+def replay_all(paths, subjects, *, only_given: bool, progress, isolate: bool = False,
+               timeout: float | None = None) -> list[Outcome]:
+    """Replay each file on each supporting subject; a file that cannot be read is one failing row.
+    With `isolate`, and always for a file recording hang/segfault/device_fault, a file is judged
+    in a worker process (one per implementation, reused across files)."""
+    from fuzzattn.engine.isolation import DEFAULT_TIMEOUT, WorkerPool
+    with WorkerPool(timeout or DEFAULT_TIMEOUT) as pool:
+        return _replay_all(paths, subjects, only_given=only_given, progress=progress,
+                           pool=pool, isolate=isolate)
+
+
+def _replay_all(paths, subjects, *, only_given, progress, pool, isolate) -> list[Outcome]:
+    from fuzzattn.campaigns.regression_file import RegressionFileError, load
+    from fuzzattn.campaigns.replay import needs_isolation, replay_one
     from fuzzattn.engine.execute import one_line
     outcomes = []
     for n, path in enumerate(paths, 1):
@@ -66,7 +92,8 @@ def replay_all(paths, subjects, *, only_given: bool, progress) -> list[Outcome]:
                 continue
             start = time.perf_counter()
             try:
-                outcome = replay_one(record, impl)
+                judge_fn = pool.get(impl).judge if isolate or needs_isolation(record) else None
+                outcome = replay_one(record, impl, judge_fn=judge_fn)
             except Exception as exc:   # e.g. a case over the memory budget: this file fails, the rest run
                 text = f"{name}: {one_line(exc)}"
                 outcome = Outcome("replay", f"{name} on {impl.name}", FAIL, False, detail=text, message=text)
@@ -78,11 +105,15 @@ def replay_all(paths, subjects, *, only_given: bool, progress) -> list[Outcome]:
 
 def run(args) -> int:
     paths = file_paths(args.paths)
-    subjects = [common.resolve(spec) for spec in args.impl] or common.registered()
+    isolate, timeout = common.isolation(args)
+    probe_isolated = isolate or any_needs_isolation(paths)
+    subjects = ([common.resolve(spec, probe_isolated, timeout) for spec in args.impl]
+                or common.registered())
     if not paths:
         print(f"no regression files under {', '.join(str(p) for p in args.paths)}")
         return 0
-    outcomes = replay_all(paths, subjects, only_given=bool(args.impl), progress=tables.Progress())
+    outcomes = replay_all(paths, subjects, only_given=bool(args.impl), progress=tables.Progress(),
+                          isolate=isolate, timeout=timeout)
     rows = []
     for o in outcomes:
         file, _, impl = o.subject.partition(" on ")

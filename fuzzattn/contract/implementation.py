@@ -44,6 +44,10 @@ class Implementation:
     # How a user names it on the command line when it is not registered (`path/file.py:NAME`):
     # every printed replay command carries it, so the command works as printed.
     spec: str | None = None
+    # False for a plain callable (loaded without an Implementation around it): its `caps` are
+    # the contract's base, assumed for it, not something it stated. What it never declared it
+    # cannot be expected to refuse, so the refusal property does not apply to it.
+    declares: bool = True
 
     @property
     def cli_name(self) -> str:

@@ -48,7 +48,7 @@ def check_budget(case: AttentionCase) -> None:
     if need > budget:
         raise CaseTooLargeError(
             f"case B={case.batch} H={case.heads} Nq={case.seq_q} Nk={case.seq_k} D={case.head_dim} "
-            f"needs about {need / 2**30:.1f} GiB, over the {budget / 2**30:.1f} GiB budget "
+            f"needs about {need / 2**30:.3g} GiB, over the {budget / 2**30:.3g} GiB budget "
             "(FUZZATTN_MEMORY_BUDGET_GB)")
 # NaN padding before and after each tensor inside its storage: a tile load without its row mask
 # reads up to (tile - 1) rows past the end, so the guard spans 16 rows of the widest row stride
@@ -72,6 +72,15 @@ class Inputs:
 
     def snapshot(self) -> dict[str, torch.Tensor]:
         return {name: buf.clone() for name, buf in self.storages.items()}
+
+    def copy(self) -> "Inputs":
+        """Fresh storages with the same bits and the same views (strides, offsets, padding),
+        cloned on the device: what a new materialisation would give, without generating the
+        values on the CPU and moving them again (the larger part of a GPU case's set-up)."""
+        storages = {name: buf.clone() for name, buf in self.storages.items()}
+        views = {name: storages[name].as_strided(t.shape, t.stride(), t.storage_offset())
+                 for name, t in zip("qkv", self.tensors())}
+        return Inputs(views["q"], views["k"], views["v"], storages)
 
     def changed_since(self, snapshot: dict[str, torch.Tensor]) -> list[str]:
         """Names of storages whose bytes differ from the snapshot (NaN-safe: compares bits)."""

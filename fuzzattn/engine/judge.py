@@ -18,6 +18,7 @@ import math
 import warnings
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from fuzzattn.contract.case import AttentionCase
 from fuzzattn.contract.dtypes import BY_NAME
@@ -125,6 +126,37 @@ def _prime_allocator(case: AttentionCase, device, byte: int) -> None:
     del blocks
 
 
+class _UninitializedMemoryIsZero(TorchDispatchMode):
+    """Zero every tensor a kernel gets from torch.empty & co. for the duration.
+
+    The attribution re-runs need output memory that is reliably *not* NaN. Handing the
+    allocator zeroed blocks first (`_prime_allocator(..., 0x00)`) is not enough on the CPU:
+    whether malloc gives those blocks back depends on the process's whole heap history (which
+    tests ran before in this xdist worker), so a kernel that never writes its output sometimes
+    got a freed NaN block and was judged `out_of_bounds_read` (measured: 8 of 40 judgements
+    after freeing NaN blocks of assorted sizes). Intercepting the allocation ops themselves is
+    independent of the heap: their results are zeroed whatever memory backs them."""
+
+    EMPTY = frozenset({torch.ops.aten.empty.memory_format, torch.ops.aten.empty_like.default,
+                       torch.ops.aten.empty_strided.default, torch.ops.aten.new_empty.default,
+                       torch.ops.aten.new_empty_strided.default})
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        result = func(*args, **(kwargs or {}))
+        if func in self.EMPTY and isinstance(result, torch.Tensor):
+            result.zero_()          # this mode is not active inside its own handler
+        return result
+
+
+# torch.use_deterministic_algorithms imports torch._dynamo (~900 modules) on its first call. Done
+# lazily, inside a judge, those imports can land inside an in-process pytest run (pytester), which
+# unloads them afterwards; their re-import then fails ("Only a single TORCH_LIBRARY can be used to
+# register the namespace _inductor_test") and every later judge in the process crashes. Setting
+# the current value again here pays the same imports once, when the judge itself is imported.
+torch.use_deterministic_algorithms(torch.are_deterministic_algorithms_enabled(),
+                                   warn_only=torch.is_deterministic_algorithms_warn_only_enabled())
+
+
 @contextlib.contextmanager
 def _uninitialized_memory_is_nan():
     """Make torch.empty & co. return NaN-filled memory (CPU and CUDA) for the duration: torch
@@ -180,8 +212,11 @@ def _run(impl: Implementation, case: AttentionCase, device, *, adversarial: bool
     elif adversarial:
         _prime_allocator(case, device, 0xFF if poison else 0x00)
     verdict = dict(impl=impl.name, case=case)
-    poisoned = _uninitialized_memory_is_nan() if adversarial and poison else contextlib.nullcontext()
-    with poisoned:
+    if adversarial:
+        memory = _uninitialized_memory_is_nan() if poison else _UninitializedMemoryIsZero()
+    else:
+        memory = contextlib.nullcontext()
+    with memory:
         call = execute.call(impl, *inputs.tensors(), case, **buffers)
     run = _Run(call, inputs)
     if call.status == execute.REFUSED and not call.declared_refusal:
@@ -218,8 +253,9 @@ def _nonfinite_rows(run: _Run, ref: Reference) -> torch.Tensor:
 
 def _attribute_nonfinite(impl, case, device, ref: Reference) -> tuple[str, str]:
     """Re-run with clean output memory, then also with zero padding, to name the NaN's source.
-    Both re-runs hand the allocator zeroed blocks (or zeroed buffers) where the first run had NaN
-    ones, so NaN left in freed memory by earlier runs cannot masquerade as a kernel's read."""
+    Both re-runs zero every tensor the kernel allocates (and hand the allocator zeroed blocks,
+    or zeroed buffers) where the first run had NaN ones, so NaN left in freed memory by earlier
+    runs cannot masquerade as a kernel's read."""
     def finite(run: _Run) -> bool:
         return run.failure is None and run.call.answered and not bool(_nonfinite_rows(run, ref).any())
 
@@ -276,34 +312,36 @@ def judge(impl: Implementation, case: AttentionCase, device=None, *,
         judged.skipped = reason
         return judged
     check_budget(case)
-    inputs = materialize(case, device)
+    # Materialised once; every run of this judgement gets its own copy of these bits.
+    pristine = materialize(case, device)
     if expected_sha256 is not None:
-        judged.inputs_sha256 = inputs_sha256(inputs)
+        judged.inputs_sha256 = inputs_sha256(pristine)
         if judged.inputs_sha256 != expected_sha256:
             judged.verdicts.append(Verdict(
                 impl=impl.name, case=case, check="inputs_drifted", passed=False,
                 detail=f"the case now materialises sha256 {judged.inputs_sha256[:16]}..., the "
                        f"file pins {expected_sha256[:16]}...; not running on different inputs"))
             return judged
-    first = _run(impl, case, device, adversarial=True, inputs=inputs)
+    first = _run(impl, case, device, adversarial=True, inputs=pristine.copy())
     if first.call.declared_refusal:
         judged.refused = first.call.summary
         return judged
-    judged.verdicts = _judge_runs(impl, case, device, first)
+    judged.verdicts = _judge_runs(impl, case, device, first, pristine)
     if not judged.passed:
-        judged.inputs_sha256 = judged.inputs_sha256 or inputs_sha256(inputs)
+        judged.inputs_sha256 = judged.inputs_sha256 or inputs_sha256(pristine)
         judged.versions = versions()
     return judged
 
 
-def _judge_runs(impl: Implementation, case: AttentionCase, device, first: _Run) -> list[Verdict]:
+def _judge_runs(impl: Implementation, case: AttentionCase, device, first: _Run,
+                pristine: Inputs) -> list[Verdict]:
     if first.failure is not None:
         return [first.failure]
     verdicts = list(first.side_effects)
 
-    fresh = materialize(case, device)
-    ref = oracle(*fresh.tensors(), case)
-    spr = same_precision_reference(*fresh.tensors(), case, impl.caps.fp32_matmul)
+    # The references only read their inputs, and no implementation run ever sees `pristine`.
+    ref = oracle(*pristine.tensors(), case)
+    spr = same_precision_reference(*pristine.tensors(), case, impl.caps.fp32_matmul)
 
     nonfinite = _nonfinite_rows(first, ref)
     if bool(nonfinite.any()):
@@ -312,7 +350,7 @@ def _judge_runs(impl: Implementation, case: AttentionCase, device, first: _Run) 
                                 where=locate(nonfinite), heatmap=heatmap(nonfinite), detail=detail))
     verdicts += _value_verdicts(impl, case, first, ref, spr)
 
-    second = _run(impl, case, device, adversarial=False)
+    second = _run(impl, case, device, adversarial=False, inputs=pristine.copy())
     if second.failure is not None or not second.call.answered:
         failure = second.failure or Verdict(impl=impl.name, case=case, check="crash", passed=False,
                                             detail=second.call.summary)
@@ -333,8 +371,22 @@ def _judge_runs(impl: Implementation, case: AttentionCase, device, first: _Run) 
     return verdicts
 
 
+def refusal_not_applicable(impl: Implementation) -> str | None:
+    """Why the refusal property does not apply to `impl`, or None. A plain callable declared
+    nothing: its capabilities are the contract's base, assumed for it, so answering outside them
+    (say causal="bottom_right" treated as a truthy flag) breaks no statement it made. fuzz, gate
+    and the pytest plugin never draw outside the declaration, so they judge it the same way."""
+    if not impl.declares:
+        return (f"{impl.name} is a plain callable: it declared no capabilities, so there is "
+                "nothing it must refuse (wrap it in an Implementation to declare them)")
+    return None
+
+
 def check_refusal(impl: Implementation, case: AttentionCase, device=None) -> Verdict:
     """An input outside the declaration must raise with a message, not return an answer."""
+    not_applicable = refusal_not_applicable(impl)
+    if not_applicable is not None:
+        raise ValueError(not_applicable)
     why = impl.caps.why_not(case)
     if why is None:
         raise ValueError(f"{case} is inside {impl.name}'s declaration: nothing to refuse")

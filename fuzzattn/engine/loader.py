@@ -67,7 +67,7 @@ def load_implementation(spec: str, *, probe: bool = True) -> Implementation:
     elif callable(obj):
         impl = Implementation(name=name, fn=obj, caps=Capabilities(),
                               description=f"plain callable from {target}", sources=(source,),
-                              spec=spec)
+                              spec=spec, declares=False)
     else:
         raise ImplementationLoadError(f"--impl {spec!r}: {name!r} is a {type(obj).__name__}, "
                                       "not callable and not an Implementation")
@@ -89,7 +89,7 @@ def _probe(impl: Implementation, spec: str) -> Implementation:
         raise ImplementationLoadError(f"--impl {spec!r}: {call.summary.split(': ', 1)[-1]}")
     if not call.answered:
         raise ImplementationLoadError(f"--impl {spec!r}: probe call on {case} raised {call.summary}")
-    if impl.description.startswith("plain callable"):
+    if not impl.declares:
         impl = dataclasses.replace(impl, caps=dataclasses.replace(impl.caps,
                                                                   returns_lse=call.lse is not None))
     return impl

@@ -12,6 +12,9 @@ CHECKS = (
     "inputs_drifted",        # a regression file's case no longer materialises the bits it pins
     "flaky",                 # the same case failed in some runs and passed in others
     "crash",                 # the implementation raised on a case it declares
+    "device_fault",          # it raised a CUDA error (illegal access, device assert): context poisoned
+    "segfault",              # the isolated worker process died (a signal or an exit) mid-case
+    "hang",                  # the isolated worker gave no result within the per-case timeout
     "contract",              # wrong output shape or dtype, lse missing though declared
     "inputs_mutated",        # q, k or v (or their storage around them) changed by the call
     "out_of_bounds_write",   # a canary around a caller-provided output changed
@@ -25,6 +28,10 @@ CHECKS = (
     "nondeterministic",      # a second run on fresh copies differs bitwise
     "refusal",               # an undeclared input was answered instead of refused
 )
+
+# Verdicts only an isolated judge (fuzzattn.engine.isolation) can return: the process it judged in
+# hung, died or faulted the device. A regression file recording one replays isolated.
+PROCESS_CHECKS = ("device_fault", "segfault", "hang")
 
 
 @dataclasses.dataclass(frozen=True)
