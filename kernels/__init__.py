@@ -9,4 +9,6 @@ ensure_backend()
 
 from . import sdpa, torch_tiled, triton_fa2  # noqa: E402  (must follow ensure_backend)
 
-IMPLEMENTATIONS = (triton_fa2.IMPL, torch_tiled.IMPL, sdpa.IMPL)
+# sdpa.BACKEND_IMPLS: one SDPA backend each, those that can run on this torch and device
+# (sdpa.UNAVAILABLE says why the others are absent).
+IMPLEMENTATIONS = (triton_fa2.IMPL, torch_tiled.IMPL, sdpa.IMPL) + sdpa.BACKEND_IMPLS

@@ -14,10 +14,14 @@ Format (schema 2), one object per file, named `<case key>.json` (the case's shor
     inputs_sha256      sha256 of the materialised q, k, v bits: replay refuses to run on drifted inputs
     versions           torch, triton, hypothesis, fuzzattn at the time of finding
     found              the date (YYYY-MM-DD)
-    expected_failures  {impl name: {"reason": ..., "upstream": ...}}: implementations known to fail
-                       this case (an upstream defect, say). Replays report them as expected
-                       failures, strictly: one that starts passing fails the run, so the entry
-                       gets removed once the defect is fixed.
+    expected_failures  {impl name: {"reason": ..., "upstream": ..., "device": ...}}: implementations
+                       known to fail this case (an upstream defect, say). Replays report them as
+                       expected failures, strictly: one that starts passing fails the run, so the
+                       entry gets removed once the defect is fixed. "device" (optional: "cpu" or
+                       "cuda") limits the expectation to runs on that device type: the default
+                       `sdpa` dispatches to cuDNN on CUDA and fails there, while on the CPU the
+                       same name must pass like any regression. An entry for an implementation
+                       not registered here (sdpa_cudnn on a CPU machine) is not replayed.
 
 Only `schema` and `case` are required, so a file can be written by hand from a bug report.
 Reading never takes a run down: whatever a file holds (not UTF-8, not JSON, nested a hundred
@@ -94,10 +98,23 @@ def replay_command(path, cli_name: str | None) -> str:
     return f"fuzzattn replay {display_path(path)}" + (f" --impl {cli_name}" if cli_name else "")
 
 
+EXPECTATION_DEVICES = ("cpu", "cuda")
+
+
 @dataclasses.dataclass(frozen=True)
 class ExpectedFailure:
     reason: str
     upstream: str = ""
+    device: str = ""            # "" on every device, else only on this device type
+
+    def applies_on(self, device_type: str) -> bool:
+        return not self.device or self.device == device_type
+
+    def to_dict(self) -> dict:
+        data = dataclasses.asdict(self)
+        if not self.device:
+            del data["device"]      # files without device-limited entries read as before
+        return data
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,13 +133,18 @@ class RegressionFile:
     expected_failures: dict[str, ExpectedFailure] = dataclasses.field(default_factory=dict)
     path: Path | None = None
 
+    def expected_failure(self, impl: str, device_type: str) -> ExpectedFailure | None:
+        """The entry expecting `impl` to fail on this device type, or None."""
+        entry = self.expected_failures.get(impl)
+        return entry if entry is not None and entry.applies_on(device_type) else None
+
     def to_json(self) -> str:
         data = {"schema": SCHEMA_VERSION, "covers": self.covers, "case": self.case.to_dict(),
                 "impl": self.impl, "impl_spec": self.impl_spec, "check": self.check,
                 "observed_error": self.observed_error, "allowed_error": self.allowed_error,
                 "where": self.where, "inputs_sha256": self.inputs_sha256,
                 "versions": self.versions, "found": self.found,
-                "expected_failures": {name: dataclasses.asdict(x) for name, x in
+                "expected_failures": {name: x.to_dict() for name, x in
                                       self.expected_failures.items()} or None}
         return json.dumps({k: v for k, v in data.items() if v is not None}, indent=2) + "\n"
 
@@ -158,9 +180,13 @@ def parse(data: Any, path: Path | None = None) -> RegressionFile:
     expected = {}
     for impl, entry in data.get("expected_failures", {}).items():
         if not isinstance(entry, dict) or not isinstance(entry.get("reason"), str) or \
-                set(entry) - {"reason", "upstream"} or not isinstance(entry.get("upstream", ""), str):
+                set(entry) - {"reason", "upstream", "device"} or \
+                not isinstance(entry.get("upstream", ""), str):
             raise RegressionFileError(f"{where}field 'expected_failures.{impl}' should be "
-                                      "{\"reason\": str, \"upstream\": str}")
+                                      "{\"reason\": str, \"upstream\": str, \"device\": str}")
+        if entry.get("device", "") not in ("",) + EXPECTATION_DEVICES:
+            raise RegressionFileError(f"{where}field 'expected_failures.{impl}.device' should be "
+                                      f"one of {EXPECTATION_DEVICES}, got {_short(entry['device'])}")
         expected[impl] = ExpectedFailure(**entry)
     fields = {k: v for k, v in data.items() if k not in ("schema", "case", "expected_failures")}
     return RegressionFile(case=case, path=path, expected_failures=expected, **fields)

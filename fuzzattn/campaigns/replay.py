@@ -8,7 +8,10 @@ A replay is one judged case, read against what the file expects of that implemen
     xfail           failed, and the file lists this implementation as known to fail it
     XPASS(strict)   passed although the file expects it to fail: fails the run (the defect is
                     fixed upstream, or the case stopped showing it: update the file)
-    skip            the implementation cannot run the case here (the reason is given)
+    skip            the implementation cannot run the case here (the reason is given), or it
+                    refused it with an error it declares (`Capabilities.refusals`: an SDPA
+                    backend's "No available kernel"): neither a pass nor a failure, and not an
+                    expected failure either, since nothing was computed
 
 A file recorded as `flaky` is judged FLAKY_REPLAYS times and says how many runs failed.
 
@@ -20,10 +23,12 @@ from __future__ import annotations
 
 import dataclasses
 
+import torch
+
 from fuzzattn.campaigns.outcome import DRIFTED, FAIL, OK, SKIP, XFAIL, XPASS, Outcome
 from fuzzattn.campaigns.regression_file import RegressionFile, display_path, replay_command
 from fuzzattn.contract.implementation import Implementation
-from fuzzattn.engine.judge import JudgedCase, judge
+from fuzzattn.engine.judge import JudgedCase, default_device, judge
 from fuzzattn.engine.verdict import PROCESS_CHECKS, Verdict
 
 FLAKY_REPLAYS = 5
@@ -45,7 +50,7 @@ def replay_one(record: RegressionFile, impl: Implementation, device=None, *,
 
     def outcome(status: str, message: str) -> Outcome:
         failure = judged.first_failure
-        detail = judged.skipped or ""
+        detail = judged.skipped or (f"refused: {judged.refused}" if judged.refused else "")
         if status in (FAIL, XFAIL, XPASS) and failure is not None:
             detail = failure.check + (f" {failure.error:.3g} / {failure.allowed:.3g}"
                                       if failure.error is not None and failure.allowed is not None else "")
@@ -63,16 +68,21 @@ def replay_one(record: RegressionFile, impl: Implementation, device=None, *,
     hint = f"  replay:  {replay_command(record.path or record.name, impl.cli_name)}"
     if judged.skipped:
         return outcome(SKIP, f"{header}: {judged.skipped}")
+    if judged.refused:
+        # A declared refusal on replay: the backend cannot run this case on this machine (e.g.
+        # FLASH with an explicit mask on CUDA). Reported FAIL before, which made a file written
+        # on one machine fail on another whose backend refuses the case.
+        return outcome(SKIP, f"{header}: {impl.name} refused it (declared): {judged.refused}")
     failure = judged.first_failure
     if failure is not None and failure.check == "inputs_drifted":
         recorded = (record.versions or {}).get("torch", "unknown")
         return outcome(DRIFTED, f"{header}: inputs drifted: {failure.detail} "
                                          f"(recorded with torch {recorded})")
-    expected = record.expected_failures.get(impl.name)
+    expected = record.expected_failure(impl.name, torch.device(device or default_device()).type)
     if expected is not None:
         upstream = f" ({expected.upstream})" if expected.upstream else ""
         if judged.passed:
-            return outcome(XPASS, f"{header}: {impl.name} passed, but the file expects it "
+            return outcome(XPASS, f"{XPASS}: {header}: {impl.name} passed, but the file expects it "
                                            f"to fail: {expected.reason}{upstream}; remove the entry "
                                            f"from expected_failures if the defect is fixed\n{hint}")
         return outcome(XFAIL, f"{header}: {impl.name} fails as expected "

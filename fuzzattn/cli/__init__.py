@@ -5,6 +5,7 @@ and gate CI. One module per command; `common` holds what they share.
     fuzzattn replay regressions/                     # or single regression files
     fuzzattn mutants [--list]
     fuzzattn gate [--mutants] [--changed-since origin/main] [--junit-xml gate.xml] [--markdown gate.md]
+    fuzzattn explain regressions/abc123.json --impl sdpa_cudnn   # which factor the failure needs
 
 Exit status: 0 when everything passed; 1 when something failed (a counterexample, a failing or
 unreadable regression file, a surviving mutant); 2 when the command could not run as asked (a
@@ -24,10 +25,10 @@ import os
 import sys
 import warnings
 
-from fuzzattn.cli import fuzz, gate, mutants, replay
+from fuzzattn.cli import explain, fuzz, gate, mutants, replay
 from fuzzattn.cli.common import CLIError, one_line
 
-COMMANDS = (fuzz, replay, mutants, gate)
+COMMANDS = (fuzz, replay, mutants, gate, explain)
 
 
 class _Parser(argparse.ArgumentParser):

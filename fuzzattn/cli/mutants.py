@@ -91,6 +91,17 @@ def _mutant_outcome(mutant, runs):
     return o
 
 
+def margin(verdict) -> str:
+    """How far past its bound the catching check was: error / allowed (e.g. '3.1e+04x'), so a
+    mutant caught by a hair (a ratio near 1, one tolerance change from surviving) stands out.
+    Checks without a bound (crash, nonfinite, a canary ...) are not a matter of degree: '-'."""
+    if verdict is None or verdict.error is None or verdict.allowed is None:
+        return "-"
+    if verdict.allowed == 0:
+        return "inf"
+    return f"{verdict.error / verdict.allowed:.3g}x"
+
+
 def mutation_score(outcomes) -> str:
     killed = sum(o.verdict == KILLED for o in outcomes)
     pct = f" ({100 * killed / len(outcomes):.0f}%)" if outcomes else ""
@@ -144,9 +155,11 @@ def run(args) -> int:
                      getattr(o, "total_cases", o.cases),
                      tables.seconds(o.seconds),
                      found.judged.first_failure.check if found else "",
+                     margin(found.judged.first_failure) if found else "",
                      str(found.judged.case) if found else o.detail])
     print(tables.table(("mutant", "killed", "dtype", "cases to kill", "cases judged", "seconds",
-                        "caught by", f"{'shrunk' if args.shrink else 'first failing'} case / detail"),
+                        "caught by", "margin (error / allowed)",
+                        f"{'shrunk' if args.shrink else 'first failing'} case / detail"),
                        rows, max_width=90))
     speed = kill_speed(outcomes)
     return common.finish(outcomes, mutation_score(outcomes) + (f"; {speed}" if speed else ""))

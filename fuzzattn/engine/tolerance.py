@@ -33,6 +33,8 @@ score sums (oracle.Reference.score_magnitude).
   fp16 case whose reference happened to be nearly exact).
 - FLOOR = 1: the magnitude below which absolute, not relative, rounding noise is the right
   scale (outputs are convex combinations of V rows drawn from N(0, 1)).
+- NORM_ULPS (see "What correct GPU kernels legitimately do" below): fp32 ulps of |out| for
+  the final normalisation, added to out's relative noise: + NORM_ULPS ULP32.
 Errors are compared as float64 maxima over the whole tensor; the rows over the bound are
 reported as the failure's location.
 
@@ -85,6 +87,45 @@ K_GRAD = 2.0
 GRAD_EPS_ULPS = 4.0
 GRAD_EXTRA_OPS = 8
 
+# -- What correct GPU kernels legitimately do -----------------------------------------------------
+# The same-precision reference divides correctly rounded, exponentiates with torch.exp and sums in
+# one order. Fused kernels do each differently, correctly; each difference is bounded here, or
+# shown to be bounded by a term above, so that none of them can fail a correct kernel.
+#
+# An fp32 ulp relative to the value it sits on: ulp(x) = 2^(e-23) for |x| in [2^e, 2^(e+1)), so
+# ulp(x) / |x| lies in (2^-24, 2^-23]: at most 2 units of roundoff.
+ULP32 = 2.0 * U32
+#
+# Final normalisation, NORM_ULPS = 2. Kernels end with out = acc * rcp(l), one approximate
+# reciprocal (PTX rcp.approx.f32 / MUFU.RCP: within 1 ulp of 1/l) and a correctly rounded
+# multiply (1/2 ulp), or with a fast division built the same way, instead of the reference's
+# correctly rounded acc / l (1/2 ulp). So the kernel's quotient lies within 1 + 1/2 + O(u) ulps of
+# the exact one; rounded to fp32 it is a whole number of ulps away from it, at most 2: the
+# relative error is at most 2 ULP32 = 4 u32 of |out| <= max(|oracle out|, FLOOR).
+# Measured on the H200 (torch 2.11): SDPA fp32 with one key (default dispatch = EFFICIENT) returns
+# v off by 2 ulps, where MATH is exact. There l = 1 and acc = v exactly, so the reference error is
+# 0, the score term is 0 for zero query rows, and EPS_ULPS u(fp32) (at most 1 ulp at the
+# largest |out|) was all the bound allowed: a false positive of the judge
+# (B=1 H=2 Nq=1 Nk=1 D=96 fp32 values=zero_query_rows).
+# The normalisation runs in the fp32 accumulator whatever the output dtype, so the term is in fp32
+# ulps for every dtype. For bf16/fp16 outputs it is 2^-22 relative before the final rounding,
+# which EPS_ULPS u(dtype) >= 2^-10 already covered; added anyway, it costs them nothing.
+NORM_ULPS = 2.0
+#
+# exp2 with the scale folded in (p = exp2(s * scale * log2 e - m')): the folded constant and the
+# score are rounded once more than the reference's, an absolute error of a few ulps of the score's
+# terms on the exponent: that is SCORE_ULPS u32 S above, not a new term. ex2.approx's own error
+# enters only through weights p != 1; where the reference is exact because every weight is exactly
+# 1 (one visible key, equal scores, zero query rows), the exponent is exactly 0 and ex2(0) = 1
+# exactly, so the kernel's weights are exact too. Elsewhere the reference's own exp rounding is of
+# the same size and K_OUT = 2 allows twice it.
+#
+# Other summation orders (split-K over key blocks, tree reductions in P @ V and in l): any order
+# of n fp32 additions, the reference's included, is within (n - 1) u32 sum|terms| of the exact
+# sum, and the reference's actual error is the measure K_OUT, K_LSE scale. No order-specific term:
+# where the reference is exact for lack of rounding (one key: nothing to reorder), so is every
+# order.
+
 
 @dataclasses.dataclass(frozen=True)
 class Bound:
@@ -119,7 +160,8 @@ def bound(got: torch.Tensor, reference: torch.Tensor, oracle: torch.Tensor, *, k
 
 
 def out_bound(got, reference, oracle, score_magnitude: float = 0.0) -> Bound:
-    relative = EPS_ULPS * unit_roundoff(got.dtype) + SCORE_ULPS * U32 * score_magnitude
+    relative = (EPS_ULPS * unit_roundoff(got.dtype) + NORM_ULPS * ULP32
+                + SCORE_ULPS * U32 * score_magnitude)
     return bound(got, reference, oracle, k=K_OUT, relative_noise=relative)
 
 

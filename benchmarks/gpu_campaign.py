@@ -1,0 +1,182 @@
+"""A time-boxed fuzzing campaign over every registered implementation and declared dtype, written
+as one JSON result per run, so that runs on a GPU machine add up (benchmarks/gpu_report.py sums
+them into benchmarks/GPU_REPORT.md).
+
+    python benchmarks/gpu_campaign.py --seconds 400 --out gpu_results/
+    python benchmarks/gpu_campaign.py --seconds 400 --out gpu_results/     # the next shard
+
+Each run is one *shard*: its Hypothesis seeds are 1000 * shard + 0, 1, 2 ... (one per sub-run), so
+a second run draws other cases than the first instead of repeating them. The shard is the next
+unused one in --out unless given. The budget is split evenly over the (implementation, dtype)
+campaigns; inside its slot a campaign fuzzes, and after a counterexample (shrunk, written as a
+regression file under --regressions-dir) goes on with the next seed until the slot is spent or
+MAX_FAILURES_PER_CAMPAIGN were found (a kernel that fails everywhere would otherwise spend its
+slot shrinking the same bug again).
+
+A failure is reported "covered" when a known regression file (--known-regressions, default
+regressions/) lists the implementation in expected_failures for this device type and its case
+has the same dtype, causal alignment and configuration: a fuzzed case rarely equals a file's case,
+and those three are what the known upstream defects depend on. It is a hint for the report's
+classification, not a verdict.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:           # run as a script from anywhere: this checkout's fuzzattn
+    sys.path.insert(0, str(ROOT))
+
+MAX_FAILURES_PER_CAMPAIGN = 3
+SEEDS_PER_SHARD = 1000
+# A sub-run draws the profile's max_examples cases (1000 for gpu), then the next seed starts.
+# Not one huge sub-run: once the time cap is hit, campaign.fuzz lets the remaining draws pass
+# unjudged, and Hypothesis still draws every one of them up to max_examples.
+RESULT_GLOB = "gpu_campaign_*.json"
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--seconds", type=float, required=True, help="wall-clock budget for the whole run")
+    p.add_argument("--out", type=Path, required=True, help="directory for the JSON result")
+    p.add_argument("--profile", default="gpu", help="size profile (default gpu; ci for a CPU check)")
+    p.add_argument("--shard", type=int, default=None,
+                   help="shard number (distinct Hypothesis seeds); default: the next unused in --out")
+    p.add_argument("--impl", action="append", default=[],
+                   help="only these implementations (name or FILE.py:NAME); default: every registered one")
+    p.add_argument("--dtype", action="append", default=[],
+                   help="only these dtypes (of those each implementation declares); default: all")
+    p.add_argument("--regressions-dir", type=Path, default=None,
+                   help="where counterexamples are written (default: OUT/regressions, to review "
+                        "before copying into regressions/)")
+    p.add_argument("--known-regressions", type=Path, default=ROOT / "regressions",
+                   help="regression files whose expected failures may cover a finding")
+    args = p.parse_args(argv)
+    if not args.seconds > 0:
+        p.error("--seconds must be positive")
+    return args
+
+
+def next_shard(out: Path) -> int:
+    shards = []
+    for path in out.glob(RESULT_GLOB):
+        try:
+            shards.append(int(json.loads(path.read_text())["shard"]))
+        except (ValueError, KeyError, TypeError, OSError):
+            continue                    # not one of ours: ignore it
+    return max(shards, default=-1) + 1
+
+
+def known_expectations(directory: Path, device_type: str) -> list[tuple[str, object]]:
+    """(file name, RegressionFile) of every readable file with an expected failure."""
+    from fuzzattn.campaigns.regression_file import RegressionFileError, discover, load
+    found = []
+    for path in discover(directory):
+        try:
+            record = load(path)
+        except RegressionFileError:
+            continue
+        if record.expected_failures:
+            found.append((path.name, record))
+    return found
+
+
+def covered_by(impl: str, case, known, device_type: str) -> list[str]:
+    return [name for name, record in known
+            if record.expected_failure(impl, device_type) is not None
+            and (record.case.dtype, record.case.causal, record.case.config)
+            == (case.dtype, case.causal, case.config)]
+
+
+def run_campaign(impl, dtype, *, profile, seconds, shard, regressions_dir, known, device_type):
+    """Fuzz one (implementation, dtype) for `seconds`: a dict for the JSON result."""
+    from fuzzattn.campaigns.campaign import fuzz
+    from strategies.cases import attention_cases
+    strategy = attention_cases(impl.caps, dtype=dtype, profile=profile)
+    entry = dict(impl=impl.name, dtype=dtype, cases=0, seconds=0.0, refused={}, failures=[],
+                 errors=[], hypothesis_seeds=[])
+    start = time.perf_counter()
+    for run in range(SEEDS_PER_SHARD):
+        left = seconds - (time.perf_counter() - start)
+        if left <= 0 or len(entry["failures"]) >= MAX_FAILURES_PER_CAMPAIGN:
+            break
+        seed = SEEDS_PER_SHARD * shard + run
+        entry["hypothesis_seeds"].append(seed)
+        result = fuzz(impl, strategy, max_examples=profile.max_examples, seconds=left,
+                      hypothesis_seed_value=seed, save_to_file=True, regressions_dir=regressions_dir)
+        entry["cases"] += result.cases
+        for summary, n in result.refused.items():
+            entry["refused"][summary] = entry["refused"].get(summary, 0) + n
+        if result.error is not None:
+            entry["errors"].append(result.error)
+            break                       # the strategy or harness cannot go on: say so, move on
+        found = result.counterexample
+        if found is None:
+            if result.budget_hit:
+                break                   # the slot ran out
+            continue                    # max_examples judged: the next seed draws other cases
+        failure = found.judged.first_failure
+        entry["failures"].append(dict(
+            case=found.judged.case.to_dict(), case_text=str(found.judged.case),
+            check=failure.check, error=failure.error, allowed=failure.allowed,
+            ratio=(failure.error / failure.allowed if failure.error is not None
+                   and failure.allowed else None),
+            where=failure.where, detail=failure.detail,
+            file=str(found.path) if found.path is not None else None,
+            covered_by=covered_by(impl.name, found.judged.case, known, device_type),
+            hypothesis_seed=seed, cases_to_first_failure=result.cases_to_first_failure))
+    entry["seconds"] = round(time.perf_counter() - start, 3)
+    entry["cases_per_s"] = round(entry["cases"] / entry["seconds"], 3) if entry["seconds"] else None
+    return entry
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    import torch
+    from fuzzattn import settings
+    from fuzzattn.cli import common
+    from fuzzattn.engine.judge import default_device
+    from fuzzattn.engine.versions import versions
+    profile = settings.load_profile(args.profile)
+    settings.choose_backend()
+    subjects = [common.resolve(s) for s in args.impl] if args.impl else common.registered()
+    plan = [(impl, dtype) for impl in subjects for dtype in common.dtypes_of(impl, None)
+            if not args.dtype or dtype in args.dtype]
+    args.out.mkdir(parents=True, exist_ok=True)
+    shard = args.shard if args.shard is not None else next_shard(args.out)
+    regressions_dir = args.regressions_dir or args.out / "regressions"
+    device_type = default_device()
+    known = known_expectations(args.known_regressions, device_type)
+    per_campaign = args.seconds / max(1, len(plan))
+    started = datetime.datetime.now(datetime.timezone.utc)
+    print(f"gpu_campaign: shard {shard}, {len(plan)} campaigns x {per_campaign:.1f} s, profile "
+          f"{profile.name}, device {settings.device_description()}", flush=True)
+    campaigns = []
+    with settings.one_cpu_thread():
+        for impl, dtype in plan:
+            entry = run_campaign(impl, dtype, profile=profile, seconds=per_campaign, shard=shard,
+                                 regressions_dir=regressions_dir, known=known,
+                                 device_type=device_type)
+            campaigns.append(entry)
+            note = "; ".join(f"{f['check']} {f['case_text']}" for f in entry["failures"])
+            print(f"  {impl.name:16} {dtype:9} {entry['cases']:6} cases {entry['seconds']:7.1f} s"
+                  f"  refused {sum(entry['refused'].values()):4}  failures {len(entry['failures'])}"
+                  + (f": {note}" if note else ""), flush=True)
+    result = dict(schema=1, date=started.isoformat(timespec="seconds"), shard=shard,
+                  profile=profile.name, seconds_budget=args.seconds,
+                  versions=dict(versions(), cuda=torch.version.cuda),
+                  device=settings.device_description(), device_type=device_type,
+                  backend=settings.backend_description(), campaigns=campaigns)
+    path = args.out / f"gpu_campaign_{started:%Y%m%dT%H%M%S}_shard{shard}.json"
+    path.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

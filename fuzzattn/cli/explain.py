@@ -1,0 +1,185 @@
+"""`fuzzattn explain FILE --impl NAME`: triage of one failure, one factor at a time.
+
+The file's case is judged as recorded, then again with exactly one factor changed toward the
+simple side: each other SDPA backend (for an sdpa* implementation), each other choice of every
+declared configuration axis (the mask form among them), values -> normal, layout -> contiguous,
+scale -> the default 1/sqrt(D), causal off, each other declared dtype, and the whole
+configuration at each axis's first choice. Each variant is a new case with the same data seed, so
+only the changed factor differs (for values, layout and dtype the tensors change with it, which
+is the point). One table, then one line reading it: the factors whose change makes the failure go
+away are the ones the bug depends on.
+
+A variant the implementation does not declare is shown as such and not run; a variant it refuses
+with a declared error (an SDPA backend's "No available kernel") is shown as refused. Neither
+counts as passing. Exit status 0 once the table is printed (it is a diagnosis, not a check);
+2 for a file or implementation that cannot be used, as one line.
+"""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from fuzzattn.cli import common, tables
+
+PASS, FAIL, REFUSED, UNDECLARED, SKIPPED = "pass", "FAIL", "refused", "not declared", "skipped"
+
+
+def add_parser(commands) -> None:
+    p = commands.add_parser("explain", help="triage one failure: rerun its case one factor at a time",
+                            description="Rerun a regression file's case on one implementation with "
+                                        "one factor changed at a time (backend, configuration, "
+                                        "values, layout, scale, causal, dtype) and say which "
+                                        "changes make the failure go away.")
+    p.add_argument("path", type=Path, metavar="FILE", help="a regression file")
+    p.add_argument("--impl", required=True, metavar=common.IMPL_METAVAR,
+                   help="the implementation to explain the failure of")
+    p.set_defaults(run=run)
+
+
+@dataclasses.dataclass
+class Variant:
+    factor: str                 # what was changed ("as recorded" for the baseline)
+    changed_to: str             # its new value, as a reader would write it
+    impl: object                # the implementation run (another backend for "backend")
+    case: object
+    verdict: str = ""
+    check: str = ""
+    numbers: str = ""
+
+
+def _config_for(impl, case) -> tuple:
+    """The case's configuration carried over to `impl`: none when the case names none (it then
+    runs each implementation's default); else the axes `impl` declares keep the case's value
+    where that is one of its choices, or take the first choice; axes it lacks are dropped."""
+    given = case.config_dict
+    if not given:
+        return ()
+    return tuple(sorted((name, given[name] if given.get(name) in choices else choices[0])
+                        for name, choices in impl.caps.configs))
+
+
+def _sdpa_backends(impl) -> list[tuple[str, object, str]]:
+    """(name, implementation or None, why not here) of the other SDPA implementations."""
+    if not (impl.name == "sdpa" or impl.name.startswith("sdpa_")):
+        return []
+    registered = {i.name: i for i in common.registered()
+                  if i.name == "sdpa" or i.name.startswith("sdpa_")}
+    try:        # this repository's kernels say why a backend is absent on this machine
+        from kernels.sdpa import UNAVAILABLE
+    except ImportError:
+        UNAVAILABLE = {}
+    names = sorted(set(registered) | set(UNAVAILABLE), key=lambda n: (n != "sdpa", n))
+    return [(n, registered.get(n), UNAVAILABLE.get(n, "not registered here"))
+            for n in names if n != impl.name]
+
+
+def variants(impl, case) -> list[Variant]:
+    """The baseline, then one variant per factor that can change (in the order of the table)."""
+    from fuzzattn.contract.dtypes import DTYPES
+    rows = [Variant("as recorded", "-", impl, case)]
+    for name, other, why in _sdpa_backends(impl):
+        if other is None:
+            rows.append(Variant("backend", name, None, case, verdict=UNDECLARED,
+                                check=f"absent here: {why}"))
+            continue
+        moved = case.replace(config=_config_for(other, case))
+        note = "" if moved.config == case.config else \
+            " (" + (",".join(f"{k}={v}" for k, v in moved.config) or "no config") + ")"
+        rows.append(Variant("backend", name + note, other, moved))
+    first = {}
+    for axis, choices in impl.caps.configs:
+        first[axis] = choices[0]
+        current = case.config_dict.get(axis)
+        for choice in choices:
+            if choice != current:
+                config = dict(case.config_dict, **{axis: choice})
+                rows.append(Variant(axis, f"{axis}={choice}", impl,
+                                    case.replace(config=tuple(sorted(config.items())))))
+    simplest = tuple(sorted(first.items()))
+    differing = [a for a, v in first.items() if case.config_dict.get(a) != v]
+    if len(differing) > 1:      # one axis at its first choice is already a row above
+        rows.append(Variant("config", "each axis's first choice", impl, case.replace(config=simplest)))
+    if case.values != "normal":
+        rows.append(Variant("values", "values=normal", impl, case.replace(values="normal")))
+    if set(case.layout) != {"contiguous"}:
+        rows.append(Variant("layout", "layout=contiguous", impl,
+                            case.replace(layout=("contiguous",) * 3)))
+    if case.scale is not None:
+        rows.append(Variant("scale", "scale=default", impl, case.replace(scale=None)))
+    if case.causal != "none":
+        rows.append(Variant("causal", "causal=none", impl, case.replace(causal="none")))
+    for dtype in DTYPES:
+        if dtype != case.dtype and dtype in impl.caps.dtypes:
+            rows.append(Variant("dtype", f"dtype={dtype}", impl, case.replace(dtype=dtype)))
+    return rows
+
+
+def _worst(judged):
+    """The numeric verdict closest to (or furthest past) its bound: the failure's, or on a pass
+    the tightest one, so a pass shows how much margin it had."""
+    numeric = [v for v in judged.verdicts if v.error is not None and v.allowed is not None]
+    if judged.first_failure is not None:
+        return judged.first_failure
+    return max(numeric, key=lambda v: v.error / v.allowed if v.allowed else float("inf"),
+               default=None)
+
+
+def judge_variant(row: Variant) -> Variant:
+    from fuzzattn.engine.judge import judge
+    if row.verdict:             # decided without running (a backend absent here)
+        return row
+    why = row.impl.caps.why_not(row.case)
+    if why is not None:
+        row.verdict, row.check = UNDECLARED, why
+        return row
+    judged = judge(row.impl, row.case)
+    if judged.skipped:
+        row.verdict, row.check = SKIPPED, judged.skipped
+    elif judged.refused:
+        row.verdict, row.check = REFUSED, judged.refused
+    else:
+        row.verdict = PASS if judged.passed else FAIL
+        worst = _worst(judged)
+        if worst is not None:
+            row.check = worst.check if not judged.passed else f"({worst.check})"
+            if worst.error is not None and worst.allowed is not None:
+                row.numbers = f"{worst.error:.3g} / {worst.allowed:.3g}"
+    return row
+
+
+def reading(rows: list[Variant]) -> str:
+    """One line: what the baseline did, which changes make it pass, which still fail."""
+    base, rest = rows[0], rows[1:]
+    passes = [r.changed_to for r in rest if r.verdict == PASS]
+    fails = [r.changed_to for r in rest if r.verdict == FAIL]
+    if base.verdict == PASS:
+        head = "the recorded case passes here: nothing to explain"
+        return head + (f"; fails when: {', '.join(fails)}" if fails else "")
+    if base.verdict != FAIL:
+        return f"the recorded case was not judged ({base.verdict}: {base.check})"
+    parts = [f"passes when: {', '.join(passes) if passes else 'no single change'}"]
+    if fails:
+        parts.append(f"still fails when: {', '.join(fails)}")
+    return "; ".join(parts)
+
+
+def run(args) -> int:
+    from fuzzattn.campaigns.regression_file import RegressionFileError, load
+    if not args.path.is_file():
+        raise common.CLIError(f"{args.path}: no such regression file")
+    try:
+        record = load(args.path)
+    except RegressionFileError as exc:
+        raise common.CLIError(str(exc)) from None
+    impl = common.resolve(args.impl)
+    why = impl.caps.why_not(record.case)
+    if why is not None:
+        raise common.CLIError(f"--impl {args.impl}: {impl.name} does not declare the file's case "
+                              f"({why}); nothing to explain")
+    rows = [judge_variant(r) for r in variants(impl, record.case)]
+    print(f"fuzzattn explain: {args.path.name} on {impl.name}\n  case: {record.case}")
+    print(tables.table(("factor", "changed to", "verdict", "check", "error / allowed"),
+                       [[r.factor, r.changed_to, r.verdict, r.check, r.numbers] for r in rows],
+                       max_width=70))
+    print(reading(rows))
+    return 0

@@ -1,0 +1,182 @@
+"""Strict expected failures: a regression file listing an implementation in `expected_failures`
+is reported xfail by `replay`, by `gate` (which passes and lists it) and by the pytest item; one
+that starts passing fails all three as XPASS(strict). Also: entries limited to a device type, and
+the repository's own cuDNN boolean-mask leak files."""
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from fuzzattn import cli
+from fuzzattn.campaigns.outcome import OK, XFAIL, XPASS
+from fuzzattn.campaigns.regression_file import (ExpectedFailure, RegressionFile, RegressionFileError,
+                                                load, parse, write)
+from fuzzattn.campaigns.replay import replay_one
+from fuzzattn.contract.case import AttentionCase
+from fuzzattn.engine.inputs import inputs_sha256, materialize
+from fuzzattn.engine.judge import default_device
+from fuzzattn.engine.loader import load_implementation
+from fuzzattn.engine.registry import implementations
+
+HERE = Path(__file__).resolve().parent
+BUILT = HERE / "purpose_built.py"
+LEAKY_SPEC = f"{BUILT}:BOTTOM_RIGHT_AS_TOP_LEFT"     # wrong on every bottom-right case, Nq != Nk
+EXACT_SPEC = f"{BUILT}:EXACT"                          # right on everything
+LEAKY, EXACT = load_implementation(LEAKY_SPEC), load_implementation(EXACT_SPEC)
+CASE = AttentionCase(1, 1, 1, 2, 5, 16, causal="bottom_right", values="large", scale=1.0)
+REASON = {"reason": "drops the bottom-right offset (planted)", "upstream": "purpose_built.py"}
+
+
+@pytest.fixture(autouse=True)
+def _isolated(tmp_path, monkeypatch):
+    monkeypatch.setenv("FUZZATTN_REGRESSIONS_DIR", str(tmp_path / "default-fixtures"))
+    monkeypatch.delenv("CI", raising=False)
+
+
+def _file(directory: Path, expected: dict, case: AttentionCase = CASE) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    record = RegressionFile(case=case, covers="bottom-right offset",
+                            inputs_sha256=inputs_sha256(materialize(case)),
+                            expected_failures={n: ExpectedFailure(**e) for n, e in expected.items()})
+    return write(record, directory).path
+
+
+def run(capsys, *argv):
+    status = cli.main([str(a) for a in argv])
+    captured = capsys.readouterr()
+    return status, captured.out, captured.err
+
+
+# -- replay -------------------------------------------------------------------------------------
+def test_replay_reports_an_expected_failure_as_xfail(capsys, tmp_path):
+    path = _file(tmp_path, {"bottom_right_as_top_left": REASON})
+    assert replay_one(load(path), LEAKY).verdict == XFAIL
+    status, out, err = run(capsys, "replay", path, "--impl", LEAKY_SPEC)
+    assert status == 0, out + err
+    assert "xfail" in out and "1 expected failure(s)" in out
+
+
+def test_replay_fails_an_expected_failure_that_passes_as_xpass_strict(capsys, tmp_path):
+    path = _file(tmp_path, {"exact": REASON})
+    outcome = replay_one(load(path), EXACT)
+    assert outcome.verdict == XPASS and not outcome.passed
+    assert outcome.message.startswith("XPASS(strict):") and "remove the entry" in outcome.message
+    status, out, _ = run(capsys, "replay", path, "--impl", EXACT_SPEC)
+    assert status == 1
+    assert "XPASS(strict)" in out
+
+
+# -- gate ---------------------------------------------------------------------------------------
+@pytest.fixture
+def replay_only(monkeypatch):
+    """The gate with no registered implementation and nothing to fuzz: only the outside ones,
+    replayed (as `--changed-since` does for unchanged kernels), so the test runs in seconds."""
+    from fuzzattn.cli import changes, common
+    monkeypatch.setattr(common, "registered", lambda: [])
+    monkeypatch.setattr(changes, "plan", lambda rev, subjects: (set(), []))
+
+
+def test_gate_passes_and_lists_an_expected_failure(capsys, tmp_path, replay_only):
+    directory = tmp_path / "regs"
+    _file(directory, {"bottom_right_as_top_left": REASON})
+    status, out, err = run(capsys, "gate", "--regressions-dir", directory, "--impl", LEAKY_SPEC,
+                           "--markdown", tmp_path / "gate.md")
+    assert status == 0, out + err
+    assert "gate passed" in out and "1 expected failure(s)" in out
+    (row,) = [line for line in out.splitlines() if line.startswith("replay") and "on bottom_right" in line]
+    assert "xfail" in row
+    assert "| xfail |" in (tmp_path / "gate.md").read_text()
+
+
+def test_gate_fails_on_xpass_strict(capsys, tmp_path, replay_only):
+    directory = tmp_path / "regs"
+    _file(directory, {"exact": REASON})
+    status, out, _ = run(capsys, "gate", "--regressions-dir", directory, "--impl", EXACT_SPEC)
+    assert status == 1
+    assert "gate FAILED" in out and "XPASS(strict)" in out
+
+
+# -- the pytest item ------------------------------------------------------------------------------
+def test_pytest_item_is_xfail_and_an_unexpected_pass_fails_strictly(pytester, monkeypatch):
+    regressions = pytester.mkdir("regressions")
+    _file(regressions, {"bottom_right_as_top_left": REASON, "exact": REASON})
+    monkeypatch.delenv("FUZZATTN_REGRESSIONS_DIR", raising=False)
+    # the subprocess imports this checkout's fuzzattn, whatever the environment has installed
+    monkeypatch.setenv("PYTHONPATH", str(HERE.parent))
+    result = pytester.runpytest_subprocess(
+        "regressions", "-v", "-p", "no:cacheprovider", "-p", "fuzzattn.pytest_plugin",
+        f"--fuzzattn-impl={LEAKY_SPEC}", f"--fuzzattn-impl={EXACT_SPEC}",
+        "-k", "bottom_right_as_top_left or exact")
+    result.assert_outcomes(xfailed=1, failed=1)
+    result.stdout.fnmatch_lines(["*::bottom_right_as_top_left XFAIL*", "*::exact FAILED*",
+                                 "*XPASS(strict): regression file*"])
+
+
+# -- device-limited entries -------------------------------------------------------------------------
+def test_an_entry_for_another_device_is_not_an_expectation_here(tmp_path):
+    other = "cpu" if default_device() == "cuda" else "cuda"
+    path = _file(tmp_path, {name: dict(REASON, device=other) for name in ("bottom_right_as_top_left", "exact")})
+    record = load(path)
+    assert record.expected_failures["exact"].device == other
+    assert replay_one(record, EXACT).verdict == OK            # must pass, like any regression
+    assert replay_one(record, LEAKY).verdict == "FAIL"        # and a failure is a failure
+    here = _file(tmp_path / "here", {"bottom_right_as_top_left": dict(REASON, device=default_device())})
+    assert replay_one(load(here), LEAKY).verdict == XFAIL
+
+
+def test_a_bad_device_is_one_line_naming_the_field():
+    data = {"schema": 2, "case": CASE.to_dict(),
+            "expected_failures": {"sdpa": {"reason": "r", "device": "tpu"}}}
+    with pytest.raises(RegressionFileError, match=r"expected_failures.sdpa.device.*'tpu'"):
+        parse(data)
+
+
+def test_entries_without_a_device_are_written_as_before(tmp_path):
+    text = _file(tmp_path, {"exact": REASON}).read_text()
+    assert json.loads(text)["expected_failures"] == {"exact": REASON}
+
+
+# -- the repository's cuDNN boolean-mask leak ----------------------------------------------------------
+LEAK_FILES = [p for p in sorted((HERE.parent / "regressions").glob("*.json"))
+              if load(p).expected_failures]
+
+
+def test_the_leak_is_recorded_for_both_dtypes_and_both_ways_of_reaching_cudnn():
+    seen = set()
+    assert len(LEAK_FILES) == 2
+    for path in LEAK_FILES:
+        record = load(path)
+        case = record.case
+        assert (case.batch, case.heads, case.seq_q, case.seq_k, case.head_dim, case.causal,
+                case.scale, case.values) == (1, 1, 2, 5, 128, "bottom_right", 1.0, "large")
+        assert record.inputs_sha256 == inputs_sha256(materialize(case))
+        assert record.covers and path.name == f"{case.key()}.json"
+        assert set(record.expected_failures) == {"sdpa", "sdpa_cudnn"}
+        for entry in record.expected_failures.values():
+            assert "CUDNN_ATTENTION" in entry.reason and "2.11.0+cu130" in entry.reason
+        # No configuration in the case: the default sdpa declares none (always a boolean mask),
+        # and sdpa_cudnn runs a case naming none at its default, the boolean mask. The default
+        # sdpa fails only where it dispatches to cuDNN; sdpa_cudnn exists only there.
+        assert case.config == ()
+        assert record.expected_failures["sdpa"].device == "cuda"
+        assert record.expected_failures["sdpa_cudnn"].device == ""
+        seen.add(case.dtype)
+    assert seen == {"bfloat16", "float16"}
+
+
+@pytest.mark.parametrize("path", LEAK_FILES, ids=lambda p: p.name)
+def test_the_leak_files_replay_here(path):
+    """On the CPU: every implementation that runs the case passes (sdpa_cudnn is not registered,
+    so its entry is not replayed; sdpa's entry is for CUDA). On CUDA: the named one is xfail."""
+    record = load(path)
+    registered = implementations()
+    runs = [impl for impl in registered.values() if impl.supports(record.case)]
+    assert runs, "some implementation here must run the case"
+    for impl in runs:
+        outcome = replay_one(record, impl)
+        assert outcome.passed, outcome.message
+        expected = record.expected_failure(impl.name, default_device())
+        assert outcome.verdict in ((XFAIL,) if expected else (OK, "skip")), outcome.message
