@@ -45,3 +45,5 @@ timeout $(( $(left) > 100 ? 80 : 30 )) python3 benchmarks/bench_forward.py 2>&1 
 step "backward speed (TFLOP/s): triton_fa2_backward vs SDPA flash"
 timeout $(( $(left) > 40 ? $(left) - 20 : 20 )) python3 benchmarks/bench_backward.py 2>&1 | tee "$OUT/bench_backward.txt" | tail -30
 echo; echo "session done in $(( $(date +%s) - START )) s"
+# The device tool brings back at most 8 files: everything in one archive.
+tar czf /tmp/fuzzattn-gpu.tgz -C "$OUT" . && find "$OUT" -mindepth 1 -delete && mv /tmp/fuzzattn-gpu.tgz "$OUT/results.tgz"
