@@ -147,9 +147,12 @@ class Capabilities:
         declared = dict(self.configs)
         if not config:
             return None       # no configuration named: the implementation's own default
+        # The forward's axes and the backward's (bwd_ prefix) are named all or not at all, each
+        # group apart: a group the case leaves out runs that pass's own default.
         backward_keys = {n for n in declared if n.startswith(BACKWARD_CONFIG_PREFIX)}
-        if not backward_keys & set(config):
-            declared = {n: c for n, c in declared.items() if n not in backward_keys}
+        for group in (backward_keys, set(declared) - backward_keys):
+            if group and not group & set(config):
+                declared = {n: c for n, c in declared.items() if n not in group}
         if set(config) != set(declared):
             if not declared:
                 return f"config={config} (declares no configuration space)"
