@@ -10,10 +10,10 @@ export PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1 \
     || { echo "editable install failed"; tail -5 "$OUT/install.log"; }
 echo "== throughput, gpu sizes ($(date +%T))"
-for spec in "sdpa-float32 16" "sdpa-bfloat16 16" "triton_fa2-float32 8" "torch_tiled-float32 16"; do
+for spec in "sdpa-float32 16" "triton_fa2-float32 8"; do
     set -- $spec
     for n in 1 "$2"; do
-        OMP_NUM_THREADS=$(( 16 / n )) timeout 50 python3 -m pytest -q -p no:cacheprovider \
+        OMP_NUM_THREADS=$(( 16 / n )) timeout 32 python3 -m pytest -q -p no:cacheprovider \
             tests/test_differential.py -k "$1" -n "$n" --fuzzattn-shards "$n" \
             --fuzzattn-profile gpu --fuzzattn-max-examples $(( n * 200 )) 2>&1 \
             | grep -E "cases judged|passed|failed" | tr '\n' ' ' | sed "s/^/$1 workers=$n: /"
@@ -25,6 +25,6 @@ for m in mutant_diagonal_bounds_block_m_lt_n mutant_maskfree_ragged_tail mutant_
          mutant_lse_base2 mutant_bwd_dkdv_ignores_causal mutant_bwd_delta_from_dout mutant_bwd_ds_unscaled \
          mutant_bwd_lse_base2 mutant_bwd_gqa_first_head_only mutant_bwd_dq_skips_key_block \
          mutant_bwd_dq_grid_floor; do
-    timeout 35 python3 -m fuzzattn.cli mutants --only "$m" --profile gpu --max-examples 60 --seconds 8 2>&1 \
+    timeout 22 python3 -m fuzzattn.cli mutants --only "$m" --profile gpu --max-examples 60 --seconds 5 2>&1 \
         | grep -E "^mutant_" | cut -c1-200
 done | tee "$OUT/mutants_compiled.txt"
