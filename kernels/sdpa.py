@@ -78,13 +78,11 @@ CAPS = Capabilities(
     strides="any",
     zero_length=True,
     returns_lse=True,
-    # Gradients by autograd of the forward, on CUDA. Not on the CPU: there the default dispatch
-    # runs the FLASH_ATTENTION backward, which this fuzzer found returning dv off by ~1e11 (dq by
-    # ~5e7) when scores reach ~-4e6 (values=below_sentinel: B=1 H=1 Nq=36 Nk=33 D=32 fp32), with
-    # or without rows that see no key, while MATH's backward is exact on the same inputs
-    # (torch 2.13.0+cpu). A defect of that backend, not of the judge; sdpa_math declares the
-    # CPU gradients instead.
-    backward=torch.cuda.is_available(),
+    # Gradients by autograd of the forward. (The CPU FLASH backward once looked broken here, dv
+    # off by ~8e10 on values=below_sentinel: that was the gradient rule, which allowed linear
+    # rather than exponential error for P recomputed from an lse at scores ~3e8; see
+    # tolerance.grad_noise.)
+    backward=True,
     fp32_matmul="ieee",
     # CPU SDPA reruns are bitwise identical; CUDA flash/cuDNN forwards are too (no atomics in
     # the forward pass).
@@ -366,8 +364,8 @@ def probe_backend(backend, device: str | None = None) -> ProbeResult:
         strides=strides,
         zero_length=zero_length,
         returns_lse=True,
-        # Gradients by autograd for MATH, exact wherever measured. Not (yet) for the others: on
-        # the CPU the FLASH backward is the defect `sdpa`'s declaration describes.
+        # Gradients by autograd for MATH, exact wherever measured; the other backends' gradients
+        # are judged through `sdpa`'s default dispatch.
         backward=backend == SDPBackend.MATH,
         # ieee: no backend is known to round fp32 operands to TF32 (measured on the H200: fp32
         # EFFICIENT off by 2 ulps with one key, MATH exact; TF32 would be ~2^-11 relative).

@@ -42,7 +42,7 @@ Gradients (dq, dk, dv; `grad_bound`), the same kind of rule against the gradient
 same-precision reference backward (engine/grad_oracle.py):
 
     allowed = K_GRAD * max|ref - oracle| + GRAD_EPS_ULPS u_op T + u_op T_delta
-              + (SCORE_ULPS u(fp32) S + (n + GRAD_EXTRA_OPS) u(fp32)) T_mag
+              + (expm1(2 SCORE_ULPS u(fp32) S) + (n + GRAD_EXTRA_OPS) u(fp32)) T_mag
 
 with T, T_delta, T_mag the largest over the gradient's entries of grad_oracle.term_magnitudes:
 T the sum of the entry's |terms| (e.g. |scale| sum_j |dS_ij| |k_j| for dq_i), T_delta the part
@@ -58,8 +58,9 @@ for each term:
   reference, whose error K_GRAD already counts only once.
 - u_op T_delta: Delta uses the forward's O rounded to the input dtype; the kernel's and the
   reference's O may round apart by one unit, moving Delta by u |dO|.|O|.
-- SCORE_ULPS u(fp32) S T_mag: the recomputed scores differ by a few units of roundoff of S (as
-  for out), moving every P relatively by that much, and with it dP - Delta.
+- expm1(2 SCORE_ULPS u(fp32) S) T_mag: the recomputed scores and the forward's lse each differ by
+  a few units of roundoff of S (as for out), so P = exp(s - lse) moves by a factor e^(+-2d):
+  about 2d relatively for normal values, unbounded once u(fp32) S nears 1 (grad_noise).
 - (n + GRAD_EXTRA_OPS) u(fp32) T_mag: fp32 sums over n terms (n = Nk for dq, Nq times the GQA
   group for dk and dv) in another order (tiles, a second pass), worst case n units of roundoff
   of their magnitudes, plus the dot products forming dP and Delta, the exp and the scale
@@ -72,6 +73,7 @@ bug survived 60 fuzzed cases.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import torch
 
@@ -174,8 +176,16 @@ def grad_noise(dtype: torch.dtype, fp32_matmul: str, score_magnitude: float, ter
     """The gradient rule's coefficients of (T, T_delta, T_mag) (module docstring)."""
     u_mm = TF32_ROUNDOFF if (fp32_matmul == "tf32" and dtype == torch.float32) else 0.0
     u_op = max(unit_roundoff(dtype), u_mm)
-    return (GRAD_EPS_ULPS * u_op, u_op,
-            SCORE_ULPS * U32 * score_magnitude + (terms + GRAD_EXTRA_OPS) * U32)
+    # A backward recomputes P = exp(s - lse) from scores and an lse computed apart (the forward's):
+    # each is off by up to SCORE_ULPS u32 S, so P is off by a factor of up to e^(+-2 d), d that
+    # bound, not by 1 + 2d. Linear while d is small (normal values: d ~ 1e-5); past u32 S ~ 1/8
+    # (scores beyond ~1e7, values=below_sentinel reaches 3e8) no fp32 recomputation can say
+    # anything about its P, and the allowance grows without bound accordingly. Seen before this:
+    # triton_fa2 (interpreted and compiled) and SDPA's CPU FLASH backward failing grad_dv on
+    # values=below_sentinel by factors up to 1e10 ~ e^23, while MATH (saved probabilities, no
+    # recomputation) and the float64 oracle agree.
+    recompute = math.expm1(min(2 * SCORE_ULPS * U32 * score_magnitude, 700.0))
+    return (GRAD_EPS_ULPS * u_op, u_op, recompute + (terms + GRAD_EXTRA_OPS) * U32)
 
 
 def grad_bound(got, reference, oracle, terms, *, fp32_matmul: str = "ieee",
