@@ -42,10 +42,15 @@ def configs(caps: Capabilities, case: AttentionCase) -> st.SearchStrategy[tuple]
     """A valid configuration for `case` (the empty one for configless implementations)."""
     if not caps.configs:
         return st.just(())
-    combos = valid_configs(caps, case)
-    if not combos:
-        return st.nothing()
-    return st.sampled_from(combos)
+    key = (id(caps), case.head_dim, case.dtype, case.causal)
+    strategy = _STRATEGIES.get(key)
+    if strategy is None:
+        combos = valid_configs(caps, case)
+        strategy = _STRATEGIES[key] = st.sampled_from(combos) if combos else st.nothing()
+    return strategy
+
+
+_STRATEGIES: dict = {}      # keyed as _VALID (whose entries keep each caps alive)
 
 
 def constrained_length(caps: Capabilities, length: st.SearchStrategy[int],

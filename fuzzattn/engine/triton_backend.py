@@ -77,6 +77,8 @@ def ensure_backend() -> None:
     _check_numpy_compatible()
     _install_bf16_dot_repair()
     _install_bf16_cast_repair()
+    from fuzzattn.engine import interpreter_speed
+    interpreter_speed.install()
 
 
 def _check_numpy_compatible() -> None:
