@@ -35,9 +35,12 @@ def register_hypothesis_profiles() -> None:
     from hypothesis import HealthCheck, settings
     # Slow interpreted kernels and float64 oracles: deadlines would only flake; shapes, not
     # data volume, are what we draw, so the too_slow/data_too_large checks do not apply.
-    common = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow,
-                                                        HealthCheck.data_too_large,
-                                                        HealthCheck.filter_too_much])
+    # report_multiple_bugs off: every failure of a fuzzattn test is one Counterexample raised
+    # from one line, so Hypothesis's search for a second distinct bug after the first (up to
+    # twice the calls the first took) could only find the same one again; it shrinks at once.
+    common = dict(deadline=None, report_multiple_bugs=False,
+                  suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                         HealthCheck.filter_too_much])
     builtin_ci = settings.get_profile("ci")
     for p in PROFILES.values():
         parent = builtin_ci if p.name == "ci" else None

@@ -13,11 +13,15 @@ from fuzzattn import AttentionCase
 from fuzzattn.contract import autotune
 from fuzzattn.contract import UnsupportedCaseError
 from fuzzattn.engine.inputs import materialize
-from fuzzattn.engine.judge import judge
+from fuzzattn.engine.judge import default_device, judge
+from fuzzattn.engine.triton_backend import is_interpreted
 from fuzzattn.engine.registry import implementations, mutants
 from kernels import triton_fa2
 from kernels.triton_fa2 import (ALL_CONFIGS, AUTOTUNE_CONFIGS, BASELINE_CONFIG, CONFIG_SPACE, config_invalid,
                                 fa2_fwd_autotuned, triton_fa2_forward)
+
+
+DEVICE = default_device()     # compiled on a GPU, interpreted on the CPU
 
 
 def cfg(block_m=16, block_n=16, num_warps=4, num_stages=1) -> dict:
@@ -77,9 +81,10 @@ def test_every_sampled_configuration_matches_the_oracle(config, the_case):
     assert report.passed, report.describe()
 
 
+@pytest.mark.skipif(not is_interpreted(), reason="compiled, no configuration means the autotuner")
 def test_no_config_runs_the_baseline_under_the_interpreter():
     the_case = case(37, 53, 24, causal="bottom_right")
-    inputs = materialize(the_case, "cpu")
+    inputs = materialize(the_case, DEVICE)
     args = dict(causal="bottom_right", scale=the_case.softmax_scale)
     default = triton_fa2_forward(inputs.q, inputs.k, inputs.v, **args)
     baseline = triton_fa2_forward(inputs.q, inputs.k, inputs.v, **args, config=BASELINE_CONFIG)
@@ -122,7 +127,7 @@ BAD_CONFIGS = [
 
 @pytest.mark.parametrize("config, message", BAD_CONFIGS)
 def test_bad_configurations_are_refused_in_one_line(config, message):
-    inputs = materialize(case(3, 5, 256), "cpu")
+    inputs = materialize(case(3, 5, 256), DEVICE)
     with pytest.raises(UnsupportedCaseError, match=message) as excinfo:
         triton_fa2_forward(inputs.q, inputs.k, inputs.v, causal=False, scale=0.1, config=config)
     assert "\n" not in str(excinfo.value)
@@ -133,7 +138,7 @@ def test_the_autotuner_lists_its_dozen_and_pins_without_being_changed():
     listed = autotune.configs(fa2_fwd_autotuned)
     assert listed == AUTOTUNE_CONFIGS and all(c in ALL_CONFIGS for c in listed)
     configs_before, cache_before = list(fa2_fwd_autotuned.configs), dict(fa2_fwd_autotuned.cache)
-    inputs = materialize(case(20, 20, 16), "cpu")
+    inputs = materialize(case(20, 20, 16), DEVICE)
     # a point of the space the autotuner does not time, and one it does
     for config in (cfg(32, 16), AUTOTUNE_CONFIGS[-1]):
         out, lse = triton_fa2_forward(inputs.q, inputs.k, inputs.v, causal=True, scale=0.25,

@@ -263,11 +263,12 @@ class IsolatedJudge:
         self._replace()
         return "hang", detail
 
-    def judge(self, case: AttentionCase, *, expected_sha256: str | None = None) -> JudgedCase:
+    def judge(self, case: AttentionCase, *, expected_sha256: str | None = None,
+              gradients: bool = True) -> JudgedCase:
         """Judge `case` in the worker: its JudgedCase, or one with a hang/segfault/device_fault
         verdict (with the inputs' sha256 and the versions, so it makes a regression file)."""
         self.stats.cases += 1
-        kind, payload = self._exchange("judge", (case.to_dict(), expected_sha256))
+        kind, payload = self._exchange("judge", (case.to_dict(), expected_sha256, gradients))
         if kind == "hang":
             return self._failed(case, "hang", payload)
         if kind == "died":

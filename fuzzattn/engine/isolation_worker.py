@@ -130,9 +130,9 @@ def worker_main(conn, spec: str, fields: dict | None, device: str, threads: int 
                 from fuzzattn.engine.loader import _probe
                 conn.send(("declared", declared(_probe(impl, spec))))
             else:
-                case, expected_sha256 = payload
+                case, expected_sha256, gradients = payload
                 conn.send(("judged", judge(impl, AttentionCase.from_dict(case), device=device,
-                                           expected_sha256=expected_sha256)))
+                                           expected_sha256=expected_sha256, gradients=gradients)))
         except Exception as exc:       # the harness raised: the supervisor decides what it means
             text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
             first = str(exc).splitlines()[0] if str(exc) else ""
