@@ -54,11 +54,31 @@ def parse_args(argv):
     p.add_argument("--regressions-dir", type=Path, default=None,
                    help="where counterexamples are written (default: OUT/regressions, to review "
                         "before copying into regressions/)")
+    p.add_argument("--part", default=None, metavar="I/N",
+                   help="run only campaigns I, I+N, I+2N ... of the (implementation, dtype) plan "
+                        "(the budget split over those): N processes with parts 0/N..N-1/N cover "
+                        "the plan once between them (default: every campaign)")
+    p.add_argument("--gradient-every", type=int, default=1, metavar="N",
+                   help="judge gradients on one drawn case in N (campaign.fuzz); default 1: all")
+    p.add_argument("--isolate", action="store_true",
+                   help="judge in one supervised worker process per campaign: a hang or a CUDA "
+                        "fault is a verdict, and the campaign goes on with a fresh worker")
+    p.add_argument("--timeout", type=float, default=120.0,
+                   help="seconds per case before an isolated case is a hang (default 120)")
     p.add_argument("--known-regressions", type=Path, default=ROOT / "regressions",
                    help="regression files whose expected failures may cover a finding")
     args = p.parse_args(argv)
     if not args.seconds > 0:
         p.error("--seconds must be positive")
+    if args.gradient_every < 1:
+        p.error(f"--gradient-every {args.gradient_every} must be at least 1")
+    if args.part is not None:
+        try:
+            index, total = (int(x) for x in args.part.split("/"))
+            assert 0 <= index < total
+        except (ValueError, AssertionError):
+            p.error(f"--part {args.part!r} must be I/N with 0 <= I < N")
+        args.part = (index, total)
     return args
 
 
@@ -93,8 +113,21 @@ def covered_by(impl: str, case, known, device_type: str) -> list[str]:
             == (case.dtype, case.causal, case.config)]
 
 
-def run_campaign(impl, dtype, *, profile, seconds, shard, regressions_dir, known, device_type):
-    """Fuzz one (implementation, dtype) for `seconds`: a dict for the JSON result."""
+def run_campaign(impl, dtype, *, isolate=False, timeout=120.0, **kw):
+    """Fuzz one (implementation, dtype) for `seconds`: a dict for the JSON result. Isolated: one
+    worker process for the whole campaign (restarted by IsolatedJudge after a hang or fault)."""
+    if not isolate:
+        return _run_campaign(impl, dtype, **kw)
+    from fuzzattn.engine.isolation import IsolatedJudge
+    with IsolatedJudge(impl, timeout=timeout) as isolated:
+        entry = _run_campaign(impl, dtype, judge_fn=isolated.judge, **kw)
+        entry["isolation"] = dict(hangs=isolated.stats.hangs,
+                                  device_faults=isolated.stats.device_faults)
+        return entry
+
+
+def _run_campaign(impl, dtype, *, profile, seconds, shard, regressions_dir, known, device_type,
+                  gradient_every=1, judge_fn=None):
     from fuzzattn.campaigns.campaign import fuzz
     from strategies.cases import attention_cases
     strategy = attention_cases(impl.caps, dtype=dtype, profile=profile)
@@ -108,7 +141,8 @@ def run_campaign(impl, dtype, *, profile, seconds, shard, regressions_dir, known
         seed = SEEDS_PER_SHARD * shard + run
         entry["hypothesis_seeds"].append(seed)
         result = fuzz(impl, strategy, max_examples=profile.max_examples, seconds=left,
-                      hypothesis_seed_value=seed, save_to_file=True, regressions_dir=regressions_dir)
+                      hypothesis_seed_value=seed, save_to_file=True, regressions_dir=regressions_dir,
+                      gradient_every=gradient_every, judge_fn=judge_fn)
         entry["cases"] += result.cases
         for summary, n in result.refused.items():
             entry["refused"][summary] = entry["refused"].get(summary, 0) + n
@@ -147,6 +181,9 @@ def main(argv=None) -> int:
     subjects = [common.resolve(s) for s in args.impl] if args.impl else common.registered()
     plan = [(impl, dtype) for impl in subjects for dtype in common.dtypes_of(impl, None)
             if not args.dtype or dtype in args.dtype]
+    if args.part is not None:
+        index, total = args.part
+        plan = plan[index::total]
     args.out.mkdir(parents=True, exist_ok=True)
     shard = args.shard if args.shard is not None else next_shard(args.out)
     regressions_dir = args.regressions_dir or args.out / "regressions"
@@ -161,7 +198,8 @@ def main(argv=None) -> int:
         for impl, dtype in plan:
             entry = run_campaign(impl, dtype, profile=profile, seconds=per_campaign, shard=shard,
                                  regressions_dir=regressions_dir, known=known,
-                                 device_type=device_type)
+                                 device_type=device_type, gradient_every=args.gradient_every,
+                                 isolate=args.isolate, timeout=args.timeout)
             campaigns.append(entry)
             note = "; ".join(f"{f['check']} {f['case_text']}" for f in entry["failures"])
             print(f"  {impl.name:16} {dtype:9} {entry['cases']:6} cases {entry['seconds']:7.1f} s"
@@ -169,6 +207,7 @@ def main(argv=None) -> int:
                   + (f": {note}" if note else ""), flush=True)
     result = dict(schema=1, date=started.isoformat(timespec="seconds"), shard=shard,
                   profile=profile.name, seconds_budget=args.seconds,
+                  gradient_every=args.gradient_every, isolated=args.isolate,
                   versions=dict(versions(), cuda=torch.version.cuda),
                   device=settings.device_description(), device_type=device_type,
                   backend=settings.backend_description(), campaigns=campaigns)

@@ -99,3 +99,23 @@ def test_the_report_refuses_what_is_not_a_result(tmp_path):
     (tmp_path / "gpu_campaign_x.json").write_text("{}")
     with pytest.raises(SystemExit, match="not a gpu_campaign result"):
         report.main([str(tmp_path), "--out", str(tmp_path / "r.md")])
+
+
+def test_parts_split_the_plan_and_isolated_runs_record_how_they_judged(tmp_path):
+    """--part I/N takes every Nth campaign of the plan; --isolate judges in a worker process and
+    --gradient-every is recorded, so the report can say how the cases were judged."""
+    campaign = _script("gpu_campaign")
+    from fuzzattn.cli import _profile_restored
+    base = ["--seconds", "3", "--profile", "ci", "--impl", "sdpa_math", "--impl", "torch_tiled",
+            "--dtype", "float32"]
+    with _profile_restored():
+        assert campaign.main(base + ["--out", str(tmp_path / "a"), "--part", "1/2"]) == 0
+        assert campaign.main(base + ["--out", str(tmp_path / "b"), "--impl", "sdpa_math",
+                                     "--isolate", "--gradient-every", "3"]) == 0
+        with pytest.raises(SystemExit):
+            campaign.main(base + ["--out", str(tmp_path / "c"), "--part", "2/2"])
+    (a,) = [json.loads(p.read_text()) for p in (tmp_path / "a").glob("gpu_campaign_*.json")]
+    assert [c["impl"] for c in a["campaigns"]] == ["torch_tiled"]
+    (b,) = [json.loads(p.read_text()) for p in (tmp_path / "b").glob("gpu_campaign_*.json")]
+    assert b["isolated"] is True and b["gradient_every"] == 3
+    assert all(c["isolation"] == {"hangs": 0, "device_faults": 0} for c in b["campaigns"])

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# One GPU call (the device tool allows 10 minutes a command): throughput of one process with its
+# per-case breakdown, then a campaign over every implementation and dtype in PARTS concurrent
+# isolated processes (each takes every PARTS-th (implementation, dtype) campaign of the plan) next
+# to the mutant zoo compiled in ZOO processes, then the compiled Triton test files. Results are
+# archived into $OUT/results.tgz (the device tool returns at most 8 files).
+#     bash benchmarks/gpu_call.sh [CAMPAIGN_SECONDS=280] [PARTS=12] [ZOO=4] [GRADIENT_EVERY=4]
+# Sum the campaign results of several calls with benchmarks/gpu_report.py.
+set -uo pipefail
+OUT=${OUT:-gpu-out}
+CAMPAIGN_SECONDS=${1:-280}
+PARTS=${2:-12}
+ZOO=${3:-4}
+GRADIENT_EVERY=${4:-4}
+mkdir -p "$OUT/campaigns"
+export PYTHONUNBUFFERED=1 FUZZATTN_PROFILE=gpu
+step() { echo; echo "== $1 ($(date +%T))"; }
+
+step "install"
+python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1 \
+    || { echo "editable install failed"; tail -5 "$OUT/install.log"; }
+nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
+
+step "throughput, one process, gpu sizes"
+timeout 80 python3 benchmarks/throughput.py --profile gpu --cases 100 --impl sdpa \
+    --dtype float32 --gradient-every "$GRADIENT_EVERY" 2>&1 | tee "$OUT/throughput.txt"
+
+step "campaign: $PARTS isolated parts x $CAMPAIGN_SECONDS s, gradients every $GRADIENT_EVERY cases; zoo in $ZOO processes"
+for part in $(seq 0 $(( PARTS - 1 ))); do
+    OMP_NUM_THREADS=1 timeout $(( CAMPAIGN_SECONDS + 60 )) python3 benchmarks/gpu_campaign.py \
+        --seconds "$CAMPAIGN_SECONDS" --part "$part/$PARTS" --isolate --timeout 60 \
+        --gradient-every "$GRADIENT_EVERY" --out "$OUT/campaigns" --regressions-dir "$OUT/found" \
+        >"$OUT/campaign_$part.txt" 2>&1 &
+done
+mapfile -t MUTANTS < <(python3 -m fuzzattn.cli mutants --list 2>/dev/null | awk '/^mutant_/ {print $1}')
+for z in $(seq 0 $(( ZOO - 1 ))); do
+    (
+        for i in "${!MUTANTS[@]}"; do
+            (( i % ZOO == z )) || continue
+            OMP_NUM_THREADS=1 timeout 45 python3 -m fuzzattn.cli mutants --only "${MUTANTS[$i]}" \
+                --profile gpu --max-examples 60 --seconds 12 --isolate --timeout 30 2>&1 \
+                | grep -E "^mutant_" | cut -c1-220
+        done
+    ) >"$OUT/zoo_$z.txt" 2>&1 &
+done
+wait
+cat "$OUT"/zoo_*.txt | sort | tee "$OUT/zoo_compiled.txt"
+tail -n 25 "$OUT"/campaign_*.txt | grep -E "cases|wrote|Error|error" | cut -c1-240
+
+step "compiled Triton tests"
+timeout 90 python3 -m pytest -q -p no:cacheprovider -n 8 tests/test_triton_backward.py \
+    tests/test_triton_configs.py 2>&1 | tail -15 | tee "$OUT/triton_tests.txt"
+
+python3 benchmarks/gpu_report.py "$OUT/campaigns" --out "$OUT/GPU_REPORT_call.md" >/dev/null 2>&1 \
+    && grep -E "^\| |total|runs:" "$OUT/GPU_REPORT_call.md" | head -40
+ls "$OUT/found" 2>/dev/null | head -20
+tar czf /tmp/fuzzattn-gpu.tgz -C "$OUT" . && find "$OUT" -mindepth 1 -delete && mv /tmp/fuzzattn-gpu.tgz "$OUT/results.tgz"
