@@ -106,11 +106,17 @@ def known_expectations(directory: Path, device_type: str) -> list[tuple[str, obj
     return found
 
 
-def covered_by(impl: str, case, known, device_type: str) -> list[str]:
+def covered_by(impl, case, known, device_type: str) -> list[str]:
+    """Known files expecting `impl` to fail with this dtype, alignment and configuration. A file
+    written without a configuration ran the implementation's default one (each axis's first
+    choice), so its configuration is compared with those defaults filled in."""
+    def full(config) -> dict:
+        return {**{name: choices[0] for name, choices in impl.caps.configs}, **dict(config)}
+
     return [name for name, record in known
-            if record.expected_failure(impl, device_type) is not None
-            and (record.case.dtype, record.case.causal, record.case.config)
-            == (case.dtype, case.causal, case.config)]
+            if record.expected_failure(impl.name, device_type) is not None
+            and (record.case.dtype, record.case.causal, full(record.case.config))
+            == (case.dtype, case.causal, full(case.config))]
 
 
 def run_campaign(impl, dtype, *, isolate=False, timeout=120.0, **kw):
@@ -162,7 +168,7 @@ def _run_campaign(impl, dtype, *, profile, seconds, shard, regressions_dir, know
                    and failure.allowed else None),
             where=failure.where, detail=failure.detail,
             file=str(found.path) if found.path is not None else None,
-            covered_by=covered_by(impl.name, found.judged.case, known, device_type),
+            covered_by=covered_by(impl, found.judged.case, known, device_type),
             hypothesis_seed=seed, cases_to_first_failure=result.cases_to_first_failure))
     entry["seconds"] = round(time.perf_counter() - start, 3)
     entry["cases_per_s"] = round(entry["cases"] / entry["seconds"], 3) if entry["seconds"] else None

@@ -46,6 +46,24 @@ def test_an_output_with_extra_error_in_every_element_fails():
     assert out_bound(got, reference, oracle).ok
 
 
+def test_tf32_fp32_kernels_get_room_for_a_second_p_rounding():
+    """fp32 with TF32 matmuls: the reference's error is TF32-sized P noise and its final fp32
+    rounding is negligible, so a kernel carrying twice that variance (1.41x the rms) is correct
+    (tolerance.K_RMS_TF32); declared IEEE fp32, the same output fails at K_RMS."""
+    g = torch.Generator().manual_seed(2)
+    oracle = torch.randn((2, 4, 64, 64), generator=g, dtype=torch.float64)
+    tf32 = 2.0 ** -11
+    ref_noise = torch.randn(oracle.shape, generator=g, dtype=torch.float64) * tf32 * oracle.abs()
+    reference = (oracle + ref_noise).to(torch.float32)
+    got = (oracle + 1.38 * torch.randn(oracle.shape, generator=g, dtype=torch.float64)
+           * tf32 * oracle.abs()).to(torch.float32)
+    assert out_rms_bound(got, reference, oracle, fp32_matmul="tf32").ok
+    assert not out_rms_bound(got, reference, oracle, fp32_matmul="ieee").ok
+    worse = (oracle + 1.6 * torch.randn(oracle.shape, generator=g, dtype=torch.float64)
+             * tf32 * oracle.abs()).to(torch.float32)
+    assert not out_rms_bound(worse, reference, oracle, fp32_matmul="tf32").ok
+
+
 def test_an_exact_reference_leaves_room_for_one_rounding():
     """When the reference is exact (ref rms 0), one element EPS_ULPS roundings off (a rounding
     that fell the other way) passes; the same error in two elements does not."""

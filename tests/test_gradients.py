@@ -251,3 +251,23 @@ def test_gradients_match_oracle(impl, dtype):
         check_case(impl, c)
 
     gradients()
+
+
+def test_a_gradient_past_the_dtype_range_is_right_as_inf():
+    """fp16 dk of a below_sentinel case is ~8e4 exactly, past fp16's 65504: inf is its correct
+    rounding (found on the H200 as a false grad_nonfinite of sdpa_math; regressions/016e68cd71a9.json
+    replays the case on every implementation). A finite or wrong-signed stand-in is not."""
+    from fuzzattn.engine.gradients import _overflows
+    exact = torch.tensor([8e4, -8e4, 100.0, 8e4], dtype=torch.float64)
+    got = torch.tensor([float("inf"), float("-inf"), 100.0, 65504.0], dtype=torch.float16)
+    assert _overflows(got, exact).tolist() == [True, True, False, False]
+    assert not _overflows(-got, exact)[:2].any()
+    from fuzzattn.campaigns.regression_file import load
+    from pathlib import Path
+    record = load(Path(__file__).resolve().parent.parent / "regressions" / "016e68cd71a9.json")
+    fresh = materialize(record.case, "cpu")
+    _, dout = materialize_dout(record.case, "cpu")
+    dk = oracle_gradients(*fresh.tensors(), dout, record.case).grads["dk"]
+    assert bool((dk.abs() > torch.finfo(torch.float16).max).any())
+    from fuzzattn.engine.registry import implementations
+    assert judge(implementations()["sdpa_math"], record.case).passed

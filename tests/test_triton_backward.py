@@ -34,12 +34,12 @@ UNIT_ROUNDOFF = {F32: 2.0 ** -24 if is_interpreted() else 2.0 ** -10, BF16: 2.0 
 
 
 # -- the reference: plain masked softmax attention, float64, differentiated by autograd ----------
-def mask_of(seq_q: int, seq_k: int, causal: str) -> torch.Tensor:
+def mask_of(seq_q: int, seq_k: int, causal: str, device=DEVICE) -> torch.Tensor:
     """True where key j is visible to query i."""
-    i = torch.arange(seq_q)[:, None]
-    j = torch.arange(seq_k)[None, :]
+    i = torch.arange(seq_q, device=device)[:, None]
+    j = torch.arange(seq_k, device=device)[None, :]
     if causal == "none":
-        return torch.ones(seq_q, seq_k, dtype=torch.bool)
+        return torch.ones(seq_q, seq_k, dtype=torch.bool, device=device)
     shift = seq_k - seq_q if causal == "bottom_right" else 0
     return j <= i + shift
 

@@ -50,7 +50,7 @@ import torch
 
 from fuzzattn.contract.dtypes import U32, unit_roundoff
 from fuzzattn.engine import tolerance
-from fuzzattn.engine.tolerance import EPS_ULPS, K_RMS, RMS_SAMPLING, SCORE_ULPS, ULP32
+from fuzzattn.engine.tolerance import EPS_ULPS, K_RMS, K_RMS_TF32, RMS_SAMPLING, SCORE_ULPS, ULP32
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,11 +80,14 @@ def _rms(t: torch.Tensor, n: int) -> float:
 
 def out_rms_bound(got: torch.Tensor, reference: torch.Tensor, oracle: torch.Tensor,
                   empty_rows: torch.Tensor | None = None, score_magnitude: float = 0.0,
-                  out_magnitude: torch.Tensor | None = None) -> StatBound:
+                  out_magnitude: torch.Tensor | None = None,
+                  fp32_matmul: str = "ieee") -> StatBound:
     """Judge the output `got` (B, H, Nq, D) by its rms error against the float64 `oracle`,
     compared with the rms error of the same-precision `reference`; `empty_rows` (Nq,) bool marks
     rows with no visible key, which are left out; `out_magnitude` (the oracle's sum_j p |v| / l
-    per element, oracle.Reference) sets the fp32 summation noise, |oracle| standing in without."""
+    per element, oracle.Reference) sets the fp32 summation noise, |oracle| standing in without.
+    `fp32_matmul="tf32"` (the implementation's declaration) judges fp32 outputs with K_RMS_TF32."""
+    k_rms = K_RMS_TF32 if (fp32_matmul == "tf32" and got.dtype == torch.float32) else K_RMS
     oracle64 = oracle.to(torch.float64)
     keep = torch.ones(oracle64.shape[:-1], dtype=torch.bool, device=oracle64.device)
     if empty_rows is not None:
@@ -113,7 +116,7 @@ def out_rms_bound(got: torch.Tensor, reference: torch.Tensor, oracle: torch.Tens
     # reference was exact, the 2-ulp normalisation of the max rule's NORM_ULPS measurement).
     normalisation = tolerance.NORM_ULPS * ULP32 * _rms(oracle64.abs().masked_fill(~keep, 0.0), n)
     noise = one_element + normalisation + SCORE_ULPS * U32 * score_magnitude * _rms(moved, n)
-    allowed = K_RMS * sampling * ref_rms + noise
+    allowed = k_rms * sampling * ref_rms + noise
     statistic = math.inf if bool(nonfinite.any()) else _rms(err, n)
 
     # Per row, for the failure's location only: the row's rms against K_RMS times the reference
@@ -121,7 +124,7 @@ def out_rms_bound(got: torch.Tensor, reference: torch.Tensor, oracle: torch.Tens
     # (A row of D elements is too few to judge on its own; the verdict is the tensor's.)
     row_rms = err.pow(2).mean(dim=-1).sqrt() if err.numel() else err.sum(-1)
     row_ref = ref_err.pow(2).mean(dim=-1).sqrt() if err.numel() else err.sum(-1)
-    row_allowed = K_RMS * sampling * row_ref + noise
+    row_allowed = k_rms * sampling * row_ref + noise
     row_ratio = torch.where(row_allowed > 0, row_rms / row_allowed.clamp_min(1e-300),
                             (row_rms > 0).to(torch.float64) * math.inf)
     row_ratio = row_ratio.masked_fill(nonfinite.any(dim=-1), math.inf)

@@ -189,10 +189,12 @@ def grad_noise(dtype: torch.dtype, fp32_matmul: str, score_magnitude: float, ter
 
 
 def grad_bound(got, reference, oracle, terms, *, fp32_matmul: str = "ieee",
-               score_magnitude: float = 0.0, terms_summed: int = 0) -> Bound:
+               score_magnitude: float = 0.0, terms_summed: int = 0,
+               dtype: torch.dtype | None = None) -> Bound:
     """Judge one gradient (dq, dk or dv) by the gradient rule; `terms` is its
-    grad_oracle.Terms; row_errors are per query row (dq) or key row (dk, dv)."""
-    coeffs = grad_noise(got.dtype, fp32_matmul, score_magnitude, terms_summed)
+    grad_oracle.Terms; row_errors are per query row (dq) or key row (dk, dv). `dtype`: the
+    gradient's own dtype when `got` arrives widened (default: got.dtype)."""
+    coeffs = grad_noise(dtype or got.dtype, fp32_matmul, score_magnitude, terms_summed)
     noise = sum(c * _max(t) for c, t in zip(coeffs, (terms.actual, terms.delta, terms.magnitude)))
     return bound(got, reference, oracle, k=K_GRAD, relative_noise=0.0, absolute_noise=noise)
 
@@ -229,4 +231,11 @@ def grad_bound(got, reference, oracle, terms, *, fp32_matmul: str = "ieee",
 #   stayed under the bound on every case (at most 0.97 of it) and the accumulator mutants reached
 #   1.21-1.29 at most, where the final rule fails 12-18% of their cases.
 K_RMS = 1.2
+# - K_RMS_TF32 = sqrt(2), for fp32 kernels whose matmuls read TF32 operands: there the final
+#   rounding R (to fp32) is ~2^13 times smaller than the reference's P noise (TF32 truncation of
+#   P and V), so the ratio above is sqrt((R^2 + 2 P^2) / (R^2 + P^2)) -> sqrt(2), not sqrt(3/2):
+#   nothing left to dilute a second P-type rounding. Seen with K_RMS on the H200: triton_fa2 fp32
+#   (TF32, 16x16 tiles) failed out_rms on dominant_key cases (B=1 H=1 Nq=1 Nk=17 D=16, and
+#   B=3 H=8/4 Nq=Nk=146 D=16 bottom-right), where its every element is within the max rule.
+K_RMS_TF32 = math.sqrt(2.0)
 RMS_SAMPLING = 2.0
