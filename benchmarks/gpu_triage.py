@@ -1,0 +1,76 @@
+"""Triage of campaign findings on the GPU: each regression file judged on several implementations,
+forward only and with gradients, each implementation in its own supervised worker process, so a
+CUDA fault is a `device_fault` verdict for that (file, implementation, phase) and the rest goes on.
+
+    python benchmarks/gpu_triage.py benchmarks/gpu_findings/*.json --impl sdpa --impl sdpa_math
+
+One line per (file, implementation): the forward's verdict, then the verdict with gradients
+(`ok`, `skip: ...`, or the first failing check with error / allowed). What `fuzzattn explain`
+does for one factor at a time, this does for the backend and the phase, which a device fault
+makes impossible in one process.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+
+def verdict(judged) -> str:
+    if judged.skipped:
+        return "skip: " + judged.skipped[:60]
+    if judged.refused:
+        return "refused: " + judged.refused[:60]
+    first = judged.first_failure
+    if first is None:
+        return "ok"
+    ratio = (f" {first.error:.3g}/{first.allowed:.3g}"
+             if first.error is not None and first.allowed else "")
+    return f"{first.check}{ratio} {first.where[:40]}".strip()
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("files", nargs="+", type=Path)
+    parser.add_argument("--impl", action="append", required=True)
+    parser.add_argument("--timeout", type=float, default=60.0)
+    args = parser.parse_args(argv)
+    from fuzzattn import settings
+    from fuzzattn.campaigns.regression_file import RegressionFileError, load
+    from fuzzattn.engine.isolation import IsolatedJudge
+    from fuzzattn.engine.registry import implementations
+    settings.load_profile("gpu")
+    records = []
+    for path in args.files:
+        try:
+            records.append((path.name, load(path)))
+        except RegressionFileError as exc:
+            print(f"{path.name}: unreadable: {exc}")
+    known = implementations()
+    for name in args.impl:
+        if name not in known:
+            print(f"{name}: not a registered implementation")
+            continue
+        impl = known[name]
+        with IsolatedJudge(impl, timeout=args.timeout) as isolated:
+            for file_name, record in records:
+                case = record.case
+                if impl.caps.why_not(case) is not None:
+                    # A file's configuration belongs to the implementation that found it.
+                    case = case.replace(config=())
+                if impl.caps.why_not(case) is not None:
+                    print(f"{file_name} {name:15} not declared: {impl.caps.why_not(case)[:60]}")
+                    continue
+                forward = verdict(isolated.judge(case, gradients=False))
+                both = verdict(isolated.judge(case, gradients=True)) if impl.caps.backward else "-"
+                print(f"{file_name} {name:15} forward: {forward:45} with gradients: {both}",
+                      flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
