@@ -252,6 +252,10 @@ def test_lse_layout_and_stride0_broadcast_kv_dout():
         assert worst_ratio(g, e, m, factor) <= 1.0
 
 
+# The tile size these tests reason with (compiled, the default tiles are larger: 64 x 64).
+TILES_16 = {"BLOCK_M": 16, "BLOCK_N": 16}
+
+
 def test_hidden_blocks_are_never_loaded():
     # Causal block skipping, shown with NaN poison: a masked element still enters the dots
     # (p = 0 but dp = dO V^T is NaN, and 0 * NaN = NaN), so only a block that is never loaded
@@ -261,17 +265,20 @@ def test_hidden_blocks_are_never_loaded():
     q, k, v, dout = make_inputs(1, 1, 1, 16, 48, 16, F32, seed=6)
     out, lse, _, _ = reference_gradients(q, k, v, dout, "top_left", 0.25)
     k[:, :, 16:], v[:, :, 16:] = float("nan"), float("nan")
-    dq, dk, dv = triton_fa2_backward(q, k, v, out, lse, dout, causal="top_left", scale=0.25)
+    dq, dk, dv = triton_fa2_backward(q, k, v, out, lse, dout, causal="top_left", scale=0.25,
+                                     config=TILES_16)
     dq_cut, _, _ = triton_fa2_backward(q, k[:, :, :16], v[:, :, :16], out, lse, dout,
-                                       causal="top_left", scale=0.25)
+                                       causal="top_left", scale=0.25, config=TILES_16)
     assert torch.equal(dq, dq_cut)
     # dK/dV pass: Nq = Nk = 32; query rows 0..15 cannot see keys 16..31, so poisoning their q
     # and dout must leave dk, dv of keys 16..31 finite and unchanged.
     q, k, v, dout = make_inputs(1, 1, 1, 32, 32, 16, F32, seed=7)
     out, lse, _, _ = reference_gradients(q, k, v, dout, "top_left", 0.25)
-    _, dk, dv = triton_fa2_backward(q, k, v, out, lse, dout, causal="top_left", scale=0.25)
+    _, dk, dv = triton_fa2_backward(q, k, v, out, lse, dout, causal="top_left", scale=0.25,
+                                    config=TILES_16)
     q[:, :, :16], dout[:, :, :16] = float("nan"), float("nan")
-    _, dk_p, dv_p = triton_fa2_backward(q, k, v, out, lse, dout, causal="top_left", scale=0.25)
+    _, dk_p, dv_p = triton_fa2_backward(q, k, v, out, lse, dout, causal="top_left", scale=0.25,
+                                        config=TILES_16)
     assert torch.equal(dk_p[:, :, 16:], dk[:, :, 16:]) and torch.equal(dv_p[:, :, 16:], dv[:, :, 16:])
 
 
@@ -359,9 +366,11 @@ def test_dq_grid_floor_mutant_leaves_the_partial_block_unwritten():
     backward = dict((m[0], m[2]) for m in BACKWARD_MUTANTS)["mutant_bwd_dq_grid_floor"]
     q, k, v, dout = make_inputs(1, 1, 1, 17, 16, 16, F32, seed=5)
     out, lse = triton_fa2_forward(q, k, v, causal=False, scale=0.25)
-    real = triton_fa2_backward(q, k, v, out, lse, dout, causal=False, scale=0.25)
+    real = triton_fa2_backward(q, k, v, out, lse, dout, causal=False, scale=0.25,
+                               config=TILES_16)
     with uninitialized_memory_is_nan():      # torch.empty hands out NaN: unwritten rows show
-        dq, dk, dv = backward(q, k, v, out, lse, dout, causal=False, scale=0.25)
+        dq, dk, dv = backward(q, k, v, out, lse, dout, causal=False, scale=0.25,
+                              config=TILES_16)
     assert torch.isnan(dq[:, :, 16:]).all() and torch.equal(dq[:, :, :16], real[0][:, :, :16])
     assert torch.equal(dk, real[1]) and torch.equal(dv, real[2])
 

@@ -194,9 +194,18 @@ def grad_bound(got, reference, oracle, terms, *, fp32_matmul: str = "ieee",
     """Judge one gradient (dq, dk or dv) by the gradient rule; `terms` is its
     grad_oracle.Terms; row_errors are per query row (dq) or key row (dk, dv). `dtype`: the
     gradient's own dtype when `got` arrives widened (default: got.dtype)."""
-    coeffs = grad_noise(dtype or got.dtype, fp32_matmul, score_magnitude, terms_summed)
-    noise = sum(c * _max(t) for c, t in zip(coeffs, (terms.actual, terms.delta, terms.magnitude)))
+    noise = grad_allowance(dtype or got.dtype, terms, fp32_matmul=fp32_matmul,
+                           score_magnitude=score_magnitude, terms_summed=terms_summed)
     return bound(got, reference, oracle, k=K_GRAD, relative_noise=0.0, absolute_noise=noise)
+
+
+def grad_allowance(dtype: torch.dtype, terms, *, fp32_matmul: str = "ieee",
+                   score_magnitude: float = 0.0, terms_summed: int = 0) -> float:
+    """The gradient rule's noise term (before K_GRAD times the reference's error). When it is
+    past the dtype's largest finite value, the rule says nothing: a backward that recomputes P
+    from fp32 scores this large may overflow to inf (or inf - inf = NaN) and still be correct."""
+    coeffs = grad_noise(dtype, fp32_matmul, score_magnitude, terms_summed)
+    return sum(c * _max(t) for c, t in zip(coeffs, (terms.actual, terms.delta, terms.magnitude)))
 
 
 # -- error statistics (error_statistics.py: the `out_rms` check) --------------------------------
