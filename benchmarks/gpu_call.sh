@@ -4,14 +4,18 @@
 # isolated processes (each takes every PARTS-th (implementation, dtype) campaign of the plan) next
 # to the mutant zoo compiled in ZOO processes, then the compiled Triton test files. Results are
 # archived into $OUT/results.tgz (the device tool returns at most 8 files).
-#     bash benchmarks/gpu_call.sh [CAMPAIGN_SECONDS=280] [PARTS=12] [ZOO=4] [GRADIENT_EVERY=4]
-# Sum the campaign results of several calls with benchmarks/gpu_report.py.
+#     bash benchmarks/gpu_call.sh [CAMPAIGN_SECONDS=280] [PARTS=12] [ZOO=4] [GRADIENT_EVERY=4] [SHARD_BASE=0]
+# Parts are spread over every visible GPU (part p on GPU p mod NGPU). SHARD_BASE numbers the parts'
+# shards (Hypothesis seeds 1000 * shard + ...): give each call its own base so calls draw other
+# cases. Sum the campaign results of several calls with benchmarks/gpu_report.py.
 set -uo pipefail
 OUT=${OUT:-gpu-out}
 CAMPAIGN_SECONDS=${1:-280}
 PARTS=${2:-12}
 ZOO=${3:-4}
 GRADIENT_EVERY=${4:-4}
+SHARD_BASE=${5:-0}
+NGPU=$(nvidia-smi -L 2>/dev/null | wc -l); (( NGPU > 0 )) || NGPU=1
 mkdir -p "$OUT/campaigns"
 export PYTHONUNBUFFERED=1 FUZZATTN_PROFILE=gpu
 step() { echo; echo "== $1 ($(date +%T))"; }
@@ -21,13 +25,16 @@ python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log
     || { echo "editable install failed"; tail -5 "$OUT/install.log"; }
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
 
-step "throughput, one process, gpu sizes"
-timeout 80 python3 benchmarks/throughput.py --profile gpu --cases 100 --impl sdpa \
-    --dtype float32 --gradient-every "$GRADIENT_EVERY" 2>&1 | tee "$OUT/throughput.txt"
+if [[ "${SKIP_THROUGHPUT:-0}" != 1 ]]; then
+    step "throughput, one process, gpu sizes"
+    timeout 80 python3 benchmarks/throughput.py --profile gpu --cases 100 --impl sdpa \
+        --dtype float32 --gradient-every "$GRADIENT_EVERY" 2>&1 | tee "$OUT/throughput.txt"
+fi
 
 step "campaign: $PARTS isolated parts x $CAMPAIGN_SECONDS s, gradients every $GRADIENT_EVERY cases; zoo in $ZOO processes"
 for part in $(seq 0 $(( PARTS - 1 ))); do
-    OMP_NUM_THREADS=1 timeout $(( CAMPAIGN_SECONDS + 60 )) python3 benchmarks/gpu_campaign.py \
+    CUDA_VISIBLE_DEVICES=$(( part % NGPU )) OMP_NUM_THREADS=1 timeout $(( CAMPAIGN_SECONDS + 90 )) \
+        python3 benchmarks/gpu_campaign.py --shard $(( SHARD_BASE + part )) \
         --seconds "$CAMPAIGN_SECONDS" --part "$part/$PARTS" --isolate --timeout 60 \
         --gradient-every "$GRADIENT_EVERY" --out "$OUT/campaigns" --regressions-dir "$OUT/found" \
         >"$OUT/campaign_$part.txt" 2>&1 &
@@ -43,13 +50,18 @@ for z in $(seq 0 $(( ZOO - 1 ))); do
         done
     ) >"$OUT/zoo_$z.txt" 2>&1 &
 done
+# Beside the campaign: every regression file replayed compiled (isolated: some expect device
+# faults), then the compiled Triton test files.
+(
+    timeout 200 python3 -m fuzzattn.cli replay regressions/ --isolate --timeout 60 >"$OUT/replay.txt" 2>&1
+    timeout 150 python3 -m pytest -q -p no:cacheprovider -n 4 -rf --tb=line tests/test_triton_backward.py \
+        tests/test_triton_configs.py >"$OUT/triton_tests.txt" 2>&1
+) &
 wait
-cat "$OUT"/zoo_*.txt | sort | tee "$OUT/zoo_compiled.txt"
+cat "$OUT"/zoo_*.txt 2>/dev/null | sort | tee "$OUT/zoo_compiled.txt"
 tail -n 25 "$OUT"/campaign_*.txt | grep -E "cases|wrote|Error|error" | cut -c1-240
-
-step "compiled Triton tests"
-timeout 90 python3 -m pytest -q -p no:cacheprovider -n 8 tests/test_triton_backward.py \
-    tests/test_triton_configs.py 2>&1 | tail -15 | tee "$OUT/triton_tests.txt"
+grep -vE "  ok$|^-|^file" "$OUT/replay.txt" | cut -c1-200 | tail -25
+grep -E "^/|passed|failed" "$OUT/triton_tests.txt" | grep -v Warning | tail -12
 
 python3 benchmarks/gpu_report.py "$OUT/campaigns" --out "$OUT/GPU_REPORT_call.md" >/dev/null 2>&1 \
     && grep -E "^\| |total|runs:" "$OUT/GPU_REPORT_call.md" | head -40
