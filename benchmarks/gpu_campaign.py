@@ -57,7 +57,8 @@ def parse_args(argv):
     p.add_argument("--part", default=None, metavar="I/N",
                    help="run only campaigns I, I+N, I+2N ... of the (implementation, dtype) plan "
                         "(the budget split over those): N processes with parts 0/N..N-1/N cover "
-                        "the plan once between them (default: every campaign)")
+                        "the plan between them; with N above the plan's length, part I runs "
+                        "campaign I mod length (default: every campaign)")
     p.add_argument("--gradient-every", type=int, default=1, metavar="N",
                    help="judge gradients on one drawn case in N (campaign.fuzz); default 1: all")
     p.add_argument("--isolate", action="store_true",
@@ -189,7 +190,9 @@ def main(argv=None) -> int:
             if not args.dtype or dtype in args.dtype]
     if args.part is not None:
         index, total = args.part
-        plan = plan[index::total]
+        # More parts than campaigns: part I runs campaign I mod len(plan), its own shard giving
+        # it other cases than the parts before it on the same campaign.
+        plan = plan[index::total] if total <= len(plan) else plan[index % len(plan):][:1]
     args.out.mkdir(parents=True, exist_ok=True)
     shard = args.shard if args.shard is not None else next_shard(args.out)
     regressions_dir = args.regressions_dir or args.out / "regressions"

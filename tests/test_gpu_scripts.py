@@ -119,3 +119,14 @@ def test_parts_split_the_plan_and_isolated_runs_record_how_they_judged(tmp_path)
     (b,) = [json.loads(p.read_text()) for p in (tmp_path / "b").glob("gpu_campaign_*.json")]
     assert b["isolated"] is True and b["gradient_every"] == 3
     assert all(c["isolation"] == {"hangs": 0, "device_faults": 0} for c in b["campaigns"])
+
+
+def test_more_parts_than_campaigns_wrap_around(tmp_path):
+    campaign = _script("gpu_campaign")
+    from fuzzattn.cli import _profile_restored
+    with _profile_restored():
+        assert campaign.main(["--seconds", "1", "--profile", "ci", "--impl", "sdpa_math",
+                              "--dtype", "float32", "--out", str(tmp_path), "--part", "3/5",
+                              "--shard", "7"]) == 0
+    (result,) = [json.loads(p.read_text()) for p in tmp_path.glob("gpu_campaign_*.json")]
+    assert result["shard"] == 7 and [c["impl"] for c in result["campaigns"]] == ["sdpa_math"]
