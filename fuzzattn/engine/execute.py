@@ -14,15 +14,16 @@ the message (a compiler's MLIR dump or a long traceback text never reaches the t
 Compile errors (Triton's CompilationError, an MLIR pass failure) are crashes whose summary is the
 compiler's first error line and the configuration; the whole compiler output — the exception
 text and whatever the compiler printed to the process's stderr (MLIR dumps are written there by
-C++, below Python) — goes to a log file whose path the summary names. For that, stderr is
-captured at the file-descriptor level around every call and replayed unchanged when the call
-did not fail to compile.
+C++, below Python; Triton prints a failed ptxas run's whole PTX to stdout) — goes to a log file
+whose path the summary names. For that, stdout and stderr are captured at the file-descriptor
+level around every call and replayed unchanged when the call did not fail to compile.
 """
 from __future__ import annotations
 
 import contextlib
 import dataclasses
 import hashlib
+import io
 import os
 import re
 import sys
@@ -69,7 +70,9 @@ def is_declared_refusal(impl: Implementation, exc: BaseException) -> bool:
 
 LOG_DIR = Path(tempfile.gettempdir()) / "fuzzattn-logs"
 # Exception types and texts that mean the kernel did not compile (not that it ran and failed).
-_COMPILE_TYPES = ("CompilationError", "CompileTimeAssertionFailure", "MLIRError")
+# PTXASError: ptxas (the CUDA assembler Triton calls) failed; seen on the H200 as a ptxas crash
+# (error code -11) on one triton_fa2 configuration, after Triton printed the whole PTX.
+_COMPILE_TYPES = ("CompilationError", "CompileTimeAssertionFailure", "MLIRError", "PTXASError")
 _COMPILE_TEXT = re.compile(r"PassManager::run failed|error: .*(mlir|ttg|ttir|llvm)|"
                            r"out of resource: shared memory", re.IGNORECASE)
 
@@ -89,23 +92,30 @@ def _first_error_line(text: str) -> str:
 
 
 @contextlib.contextmanager
-def _captured_stderr():
-    """Route file descriptor 2 into a temporary file for the duration; yields a function that
-    returns what was written. Python's own sys.stderr is flushed first so nothing interleaves."""
+def _captured_output():
+    """Route file descriptors 1 and 2 into a temporary file, and Python's sys.stdout/sys.stderr
+    into a buffer (they need not write to those descriptors: pytest swaps them), for the
+    duration; yields a function that returns everything written."""
+    python_side = io.StringIO()
     try:
+        sys.stdout.flush()
         sys.stderr.flush()
-        saved = os.dup(2)
-    except (OSError, ValueError):        # no real stderr (embedded interpreters): no capture
-        yield lambda: ""
+        saved = (os.dup(1), os.dup(2))
+    except (OSError, ValueError):        # no real stdout/stderr (embedded interpreters)
+        with contextlib.redirect_stdout(python_side), contextlib.redirect_stderr(python_side):
+            yield python_side.getvalue
         return
-    with tempfile.TemporaryFile(mode="w+b") as sink:
+    with tempfile.TemporaryFile(mode="w+b") as sink, \
+            contextlib.redirect_stdout(python_side), contextlib.redirect_stderr(python_side):
+        os.dup2(sink.fileno(), 1)
         os.dup2(sink.fileno(), 2)
         try:
-            yield lambda: (sink.flush(), sink.seek(0), sink.read().decode(errors="replace"))[2]
+            yield lambda: python_side.getvalue() + (
+                sink.flush(), sink.seek(0), sink.read().decode(errors="replace"))[2]
         finally:
-            sys.stderr.flush()
-            os.dup2(saved, 2)
-            os.close(saved)
+            for fd, copy in zip((1, 2), saved):
+                os.dup2(copy, fd)
+                os.close(copy)
 
 
 def _compile_log(impl: Implementation, case: AttentionCase, exc: BaseException, stderr: str) -> Path:
@@ -115,7 +125,7 @@ def _compile_log(impl: Implementation, case: AttentionCase, exc: BaseException, 
     path = LOG_DIR / f"compile-{impl.name}-{tag}.log"
     path.write_text(f"implementation: {impl.cli_name}\ncase: {case}\nconfig: {case.config_dict}\n"
                     f"\n--- exception ---\n{type(exc).__name__}: {exc}\n"
-                    f"\n--- stderr during the call ---\n{stderr}")
+                    f"\n--- stdout and stderr during the call ---\n{stderr}")
     return path
 
 
@@ -125,7 +135,7 @@ def call(impl: Implementation, q, k, v, case: AttentionCase, *, out=None, lse=No
 
     On CUDA the call is synchronised before returning, so an asynchronous kernel fault surfaces
     here, as this call's crash, not in whatever touches the device next."""
-    with _captured_stderr() as stderr_text:
+    with _captured_output() as output_text:
         try:
             got_out, got_lse = impl(q, k, v, case, out=out, lse=lse)
             if synchronize and q.device.type == "cuda":
@@ -138,7 +148,7 @@ def call(impl: Implementation, q, k, v, case: AttentionCase, *, out=None, lse=No
             result = Call(status, error=exc, summary=one_line(exc), declared_refusal=declared)
         else:
             result = Call(OK, out=got_out, lse=got_lse)
-        printed = stderr_text()
+        printed = output_text()
     if result.status == CRASH and is_compile_error(result.error):
         log = _compile_log(impl, case, result.error, printed)
         config = f" config={case.config_dict}" if case.config else ""
@@ -146,7 +156,7 @@ def call(impl: Implementation, q, k, v, case: AttentionCase, *, out=None, lse=No
         result.summary = (f"compile error: {type(result.error).__name__}: {first}{config} "
                           f"(compiler output: {log})")
     elif printed:
-        sys.stderr.write(printed)      # not a compile failure: what the kernel printed, as printed
+        sys.stderr.write(printed)      # not a compile failure: what the call printed, on stderr
     return result
 
 
