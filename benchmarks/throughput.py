@@ -18,7 +18,7 @@ Python-heavy stages; the rate is measured without it).
 
 Scaling over processes is measured with pytest-xdist, as users run it:
 `pytest tests/test_differential.py -k sdpa-float32 -n N --fuzzattn-shards N` prints
-"fuzzattn: K cases judged in S s" (benchmarks/gpu_session.sh does this for N = 1..16).
+"fuzzattn: K cases judged in S s". benchmarks/gpu_call.sh measures campaigns of concurrent parts.
 """
 from __future__ import annotations
 
