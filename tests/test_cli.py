@@ -119,6 +119,29 @@ def test_replay_fails_on_the_broken_implementation(capsys, found, broken):
     assert "FAIL" in out and "out" in out and "bad query rows" in out
 
 
+def test_a_replay_stopped_by_sigterm_still_reports_what_it_replayed(capsys, monkeypatch):
+    """A CI step's timeout sends SIGTERM: the files replayed so far are printed, with a last line
+    saying so, and the exit status is 143 (seen on the H200: a replay cut by `timeout` printed
+    nothing at all)."""
+    import signal
+    from fuzzattn.campaigns import replay as replay_module
+    real, calls = replay_module.replay_one, []
+
+    def replay_one(record, impl, **kw):
+        calls.append(record)
+        if len(calls) == 3:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real(record, impl, **kw)
+
+    monkeypatch.setattr(replay_module, "replay_one", replay_one)
+    regressions = Path(__file__).resolve().parent.parent / "regressions"
+    before = signal.getsignal(signal.SIGTERM)
+    status, out, _ = run(capsys, "replay", regressions, "--impl", "sdpa_math")
+    assert status == 143
+    assert re.search(r"stopped by SIGTERM after 2 of \d+ regression file\(s\): 2 passed", out), out
+    assert signal.getsignal(signal.SIGTERM) is before          # the handler is put back
+
+
 def test_replay_passes_on_sdpa_and_on_every_registered_implementation(capsys, found):
     fixture = found[2][0]
     status, out, _ = run(capsys, "replay", fixture, "--impl", "sdpa")

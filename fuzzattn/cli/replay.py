@@ -2,6 +2,8 @@
 supports their case (or only the --impl ones). A bad file is one failing row, never a crash."""
 from __future__ import annotations
 
+import contextlib
+import signal
 import time
 from pathlib import Path
 
@@ -55,21 +57,21 @@ def any_needs_isolation(paths) -> bool:
 
 
 def replay_all(paths, subjects, *, only_given: bool, progress, isolate: bool = False,
-               timeout: float | None = None) -> list[Outcome]:
+               timeout: float | None = None, outcomes: list | None = None) -> list[Outcome]:
     """Replay each file on each supporting subject; a file that cannot be read is one failing row.
     With `isolate`, and always for a file recording hang/segfault/device_fault, a file is judged
     in a worker process (one per implementation, reused across files)."""
     from fuzzattn.engine.isolation import DEFAULT_TIMEOUT, WorkerPool
+    outcomes = [] if outcomes is None else outcomes      # filled as files are replayed
     with WorkerPool(timeout or DEFAULT_TIMEOUT) as pool:
         return _replay_all(paths, subjects, only_given=only_given, progress=progress,
-                           pool=pool, isolate=isolate)
+                           pool=pool, isolate=isolate, outcomes=outcomes)
 
 
-def _replay_all(paths, subjects, *, only_given, progress, pool, isolate) -> list[Outcome]:
+def _replay_all(paths, subjects, *, only_given, progress, pool, isolate, outcomes) -> list[Outcome]:
     from fuzzattn.campaigns.regression_file import RegressionFileError, load
     from fuzzattn.campaigns.replay import needs_isolation, replay_one
     from fuzzattn.engine.execute import one_line
-    outcomes = []
     for n, path in enumerate(paths, 1):
         name = path.name
         progress.status(f"replay {n}/{len(paths)} {name}")
@@ -112,8 +114,16 @@ def run(args) -> int:
     if not paths:
         print(f"no regression files under {', '.join(str(p) for p in args.paths)}")
         return 0
-    outcomes = replay_all(paths, subjects, only_given=bool(args.impl), progress=tables.Progress(),
-                          isolate=isolate, timeout=timeout)
+    # Stopped from outside (a CI step's timeout sends SIGTERM, ^C sends SIGINT), the files
+    # replayed so far are still reported: a long replay cut short must not print nothing.
+    outcomes: list[Outcome] = []
+    stopped = None
+    with _stop_on_sigterm():
+        try:
+            replay_all(paths, subjects, only_given=bool(args.impl), progress=tables.Progress(),
+                       isolate=isolate, timeout=timeout, outcomes=outcomes)
+        except (KeyboardInterrupt, _Terminated) as exc:
+            stopped = "SIGTERM" if isinstance(exc, _Terminated) else "SIGINT"
     rows = []
     for o in outcomes:
         file, _, impl = o.subject.partition(" on ")
@@ -126,4 +136,29 @@ def run(args) -> int:
                      o.detail if o.verdict == SKIP or check == "malformed" else ""])
     print(tables.table(("file", "impl", "verdict", "check", "error / allowed", "detail"), rows,
                        max_width=100))
+    if stopped is not None:
+        replayed = len({o.subject.partition(" on ")[0] for o in outcomes})
+        common.finish(outcomes, f"stopped by {stopped} after {replayed} of {len(paths)} regression "
+                                f"file(s): {tables.totals(outcomes)}")
+        return 130 if stopped == "SIGINT" else 143
     return common.finish(outcomes, f"{len(paths)} regression file(s): {tables.totals(outcomes)}")
+
+
+class _Terminated(BaseException):
+    """SIGTERM arrived during the replay (a BaseException, like KeyboardInterrupt: the engine
+    turns what an implementation raises into verdicts, and this must not become one)."""
+
+
+@contextlib.contextmanager
+def _stop_on_sigterm():
+    def handler(signum, frame):
+        raise _Terminated()
+    try:
+        previous = signal.signal(signal.SIGTERM, handler)
+    except ValueError:          # not the main thread (an embedding caller): leave signals alone
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
