@@ -180,9 +180,14 @@ class AttentionCase:
         return cls(**data)
 
     def key(self) -> str:
-        """Short stable hash: names fixtures and deduplicates them."""
-        blob = json.dumps(self.to_dict(), sort_keys=True).encode()
-        return hashlib.sha256(blob).hexdigest()[:12]
+        """Short stable hash: names fixtures and deduplicates them. Computed once per case (the
+        case is frozen; a campaign asks for it several times per judged case)."""
+        cached = self.__dict__.get("_key")
+        if cached is None:
+            blob = json.dumps(self.to_dict(), sort_keys=True).encode()
+            cached = hashlib.sha256(blob).hexdigest()[:12]
+            object.__setattr__(self, "_key", cached)
+        return cached
 
     def __str__(self) -> str:
         heads = f"H={self.heads}" if self.kv_heads == self.heads else f"H={self.heads}/{self.kv_heads}"

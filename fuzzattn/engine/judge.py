@@ -310,15 +310,17 @@ def _judge_runs(impl: Implementation, case: AttentionCase, device, first: _Run,
                                             detail=second.call.summary)
         verdicts.append(dataclasses.replace(failure, detail="second run: " + failure.detail))
         return verdicts
-    if all(v.passed for v in verdicts):
-        # The rerun is judged on its own only when the first run passed, so one bug is one verdict.
+    same_out = torch.equal(as_bits(first.out), as_bits(second.out))
+    same_lse = (first.lse is None or second.lse is None
+                or torch.equal(as_bits(first.lse), as_bits(second.lse)))
+    if all(v.passed for v in verdicts) and not (same_out and same_lse):
+        # The rerun is judged on its own only when the first run passed, so one bug is one
+        # verdict, and only when its bits differ from the first run's (the same bits would get
+        # the same verdicts).
         verdicts += [v for v in _value_verdicts(impl, case, second, ref, spr, check_out="rerun",
                                                 check_lse="rerun", check_stat="rerun")
                      if v.check == "rerun"]
     if impl.caps.deterministic:
-        same_out = torch.equal(as_bits(first.out), as_bits(second.out))
-        same_lse = (first.lse is None or second.lse is None
-                    or torch.equal(as_bits(first.lse), as_bits(second.lse)))
         differs = [n for n, same in (("out", same_out), ("lse", same_lse)) if not same]
         verdicts.append(Verdict(impl=impl.name, case=case, check="nondeterministic",
                                 passed=not differs,
