@@ -9,21 +9,14 @@
 # shards (Hypothesis seeds 1000 * shard + ...): give each call its own base so calls draw other
 # cases. Sum the campaign results of several calls with benchmarks/gpu_report.py.
 set -uo pipefail
-OUT=${OUT:-gpu-out}
 CAMPAIGN_SECONDS=${1:-280}
 PARTS=${2:-12}
 ZOO=${3:-4}
 GRADIENT_EVERY=${4:-4}
 SHARD_BASE=${5:-0}
 NGPU=$(nvidia-smi -L 2>/dev/null | wc -l); (( NGPU > 0 )) || NGPU=1
+source "$(dirname "$0")/gpu_common.sh"
 mkdir -p "$OUT/campaigns"
-export PYTHONUNBUFFERED=1 FUZZATTN_PROFILE=gpu
-step() { echo; echo "== $1 ($(date +%T))"; }
-
-step "install"
-python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1 \
-    || { echo "editable install failed"; tail -5 "$OUT/install.log"; }
-nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
 
 if [[ "${SKIP_THROUGHPUT:-0}" != 1 ]]; then
     step "throughput, one process, gpu sizes"

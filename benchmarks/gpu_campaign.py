@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -220,7 +221,9 @@ def main(argv=None) -> int:
                   versions=dict(versions(), cuda=torch.version.cuda),
                   device=settings.device_description(), device_type=device_type,
                   backend=settings.backend_description(), campaigns=campaigns)
-    path = args.out / f"gpu_campaign_{started:%Y%m%dT%H%M%S}_shard{shard}.json"
+    # The process id too: concurrent runs started in the same second without --shard pick the
+    # same next shard (seen on the H200: 8 of 12 results overwritten), and must not share a file.
+    path = args.out / f"gpu_campaign_{started:%Y%m%dT%H%M%S}_shard{shard}_{os.getpid()}.json"
     path.write_text(json.dumps(result, indent=1) + "\n")
     print(f"wrote {path}")
     return 0

@@ -4,13 +4,7 @@
 # dtype's campaign, the compiled Triton test files, then the forward speed table on a quiet GPU.
 #     bash benchmarks/gpu_triage.sh
 set -uo pipefail
-OUT=${OUT:-gpu-out}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 FUZZATTN_PROFILE=gpu
-step() { echo; echo "== $1 ($(date +%T))"; }
-step "install"
-python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1 \
-    || { echo "editable install failed"; tail -5 "$OUT/install.log"; }
+source "$(dirname "$0")/gpu_common.sh"
 
 step "triage, explain, zoo (parallel)"
 F=benchmarks/gpu_findings
