@@ -130,3 +130,22 @@ def test_more_parts_than_campaigns_wrap_around(tmp_path):
                               "--shard", "7"]) == 0
     (result,) = [json.loads(p.read_text()) for p in tmp_path.glob("gpu_campaign_*.json")]
     assert result["shard"] == 7 and [c["impl"] for c in result["campaigns"]] == ["sdpa_math"]
+
+
+def test_triage_judges_each_file_per_implementation_forward_and_with_gradients(capsys):
+    """benchmarks/gpu_triage.py on the CPU: one line per (file, implementation) with the forward's
+    verdict and the verdict with gradients, each implementation in its own worker process; a
+    file's configuration that belongs to another implementation is dropped, not refused."""
+    triage = _script("gpu_triage")
+    files = [str(ROOT / "regressions" / "fcde2197009b.json"),        # configless
+             str(ROOT / "regressions" / "016e68cd71a9.json")]        # config of sdpa_math
+    from fuzzattn.cli import _profile_restored
+    with _profile_restored():
+        assert triage.main(files + ["--impl", "sdpa_math", "--impl", "torch_tiled",
+                                    "--impl", "no_such_impl"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    judged = [line for line in lines if "forward:" in line]
+    assert len(judged) == 4, lines
+    assert all("forward: ok" in line and line.rstrip().endswith("with gradients: ok")
+               for line in judged), judged
+    assert "no_such_impl: not a registered implementation" in lines
