@@ -308,6 +308,27 @@ def test_mutants_reports_killed_survived_and_score(capsys, monkeypatch, broken, 
     assert not (tmp_path / "default-fixtures").exists()    # mutants never leave fixtures
 
 
+def _wide_tiles_bug(q, k, v, *, causal, scale, config):
+    from kernels.sdpa import sdpa_forward
+    out, lse = sdpa_forward(q, k, v, causal=causal, scale=scale)
+    return (out * 2 if config["BLOCK_N"] == 64 else out), lse
+
+
+def test_mutants_print_the_configuration_of_each_failing_case(capsys, monkeypatch):
+    """The table cuts the failing case at its width; the configuration a configuration-only bug
+    was caught under is printed in full below it."""
+    import fuzzattn.engine.registry
+    caps = Capabilities(dtypes={"float32"}, configs={"BLOCK_M": (16, 32), "BLOCK_N": (16, 64)})
+    zoo = {"mutant_wide_tiles": Implementation(
+        name="mutant_wide_tiles", fn=_wide_tiles_bug, caps=caps, mutant_of="sdpa",
+        description="doubles the output when BLOCK_N is 64")}
+    monkeypatch.setattr(fuzzattn.engine.registry, "mutants", lambda: zoo)
+    status, out, _ = run(capsys, "mutants", "--max-examples", 20)
+    assert status == 0 and "configuration of each failing case:" in out, out
+    line = next(x for x in out.splitlines() if x.startswith("  mutant_wide_tiles: "))
+    assert "BLOCK_N=64" in line and "BLOCK_M=" in line, line
+
+
 def _fp16_only_bug(q, k, v, *, causal, scale):
     from kernels.sdpa import sdpa_forward
     out, lse = sdpa_forward(q, k, v, causal=causal, scale=scale)

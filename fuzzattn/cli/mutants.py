@@ -161,5 +161,13 @@ def run(args) -> int:
                         "caught by", "margin (error / allowed)",
                         f"{'shrunk' if args.shrink else 'first failing'} case / detail"),
                        rows, max_width=90))
+    # The table cuts the case; a configuration-only bug is read from its configuration in full.
+    configured = [(o.subject, o.campaign.counterexample.judged.case) for o in outcomes
+                  if o.campaign is not None and o.campaign.counterexample is not None
+                  and o.campaign.counterexample.judged.case.config]
+    if configured:
+        print("\nconfiguration of each failing case:")
+        for name, case in configured:
+            print(f"  {name}: " + " ".join(f"{key}={value}" for key, value in case.config))
     speed = kill_speed(outcomes)
     return common.finish(outcomes, mutation_score(outcomes) + (f"; {speed}" if speed else ""))
