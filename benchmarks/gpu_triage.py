@@ -62,8 +62,9 @@ def main(argv=None) -> int:
                 if impl.caps.why_not(case) is not None:
                     # A file's configuration belongs to the implementation that found it.
                     case = case.replace(config=())
-                if impl.caps.why_not(case) is not None:
-                    print(f"{file_name} {name:15} not declared: {impl.caps.why_not(case)[:60]}")
+                why = impl.caps.why_not(case)
+                if why is not None:
+                    print(f"{file_name} {name:15} not declared: {why[:60]}")
                     continue
                 forward = verdict(isolated.judge(case, gradients=False))
                 both = verdict(isolated.judge(case, gradients=True)) if impl.caps.backward else "-"

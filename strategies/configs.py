@@ -17,15 +17,28 @@ from fuzzattn.contract.case import AttentionCase
 
 def valid_configs(caps: Capabilities, case: AttentionCase) -> list[tuple[tuple[str, object], ...]]:
     """Every declared combination the rule allows for `case`, in declaration order (the first
-    choices first, so shrinking moves toward the simplest configuration). Cached per
-    (declaration, head dim, dtype, causal): what resource rules read (Capabilities.config_rule)."""
+    choices first, so shrinking moves toward the simplest configuration)."""
+    return _entry(caps, case).combos
+
+
+class _Entry:
+    """The valid combinations for one (declaration, head dim, dtype, causal), what resource rules
+    read (Capabilities.config_rule), and the strategy drawing them; built once."""
+
+    def __init__(self, caps: Capabilities, case: AttentionCase):
+        self.caps = caps                   # kept alive: the cache below is keyed by its id
+        self.combos = _valid_configs(caps, case)
+        self.strategy = st.sampled_from(self.combos) if self.combos else st.nothing()
+
+
+_ENTRIES: dict = {}
+
+
+def _entry(caps: Capabilities, case: AttentionCase) -> _Entry:
     key = (id(caps), case.head_dim, case.dtype, case.causal)
-    if key not in _VALID:
-        _VALID[key] = (caps, _valid_configs(caps, case))   # caps kept alive: its id stays unique
-    return _VALID[key][1]
-
-
-_VALID: dict = {}
+    if key not in _ENTRIES:
+        _ENTRIES[key] = _Entry(caps, case)
+    return _ENTRIES[key]
 
 
 def _valid_configs(caps: Capabilities, case: AttentionCase) -> list:
@@ -42,15 +55,7 @@ def configs(caps: Capabilities, case: AttentionCase) -> st.SearchStrategy[tuple]
     """A valid configuration for `case` (the empty one for configless implementations)."""
     if not caps.configs:
         return st.just(())
-    key = (id(caps), case.head_dim, case.dtype, case.causal)
-    strategy = _STRATEGIES.get(key)
-    if strategy is None:
-        combos = valid_configs(caps, case)
-        strategy = _STRATEGIES[key] = st.sampled_from(combos) if combos else st.nothing()
-    return strategy
-
-
-_STRATEGIES: dict = {}      # keyed as _VALID (whose entries keep each caps alive)
+    return _entry(caps, case).strategy
 
 
 def constrained_length(caps: Capabilities, length: st.SearchStrategy[int],

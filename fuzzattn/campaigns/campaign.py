@@ -31,7 +31,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
-import hashlib
 import time
 from pathlib import Path
 
@@ -83,6 +82,7 @@ def save(judged: JudgedCase, directory=None) -> regression_file.Written:
 
 
 _memo: collections.OrderedDict[tuple[str, str], JudgedCase] = collections.OrderedDict()
+_rerun: set = set()      # memo keys whose failure was rerun for flakiness
 refusal_counts: collections.Counter[tuple[str, str]] = collections.Counter()  # (impl, summary)
 judged_total = 0      # cases judged by this process (reruns for flakiness not counted)
 
@@ -125,18 +125,10 @@ def judge_once(impl: Implementation, case: AttentionCase, device=None, *,
         _memo[key] = run(case)
         judged_total += 1
         if len(_memo) > _MEMO_SIZE:
-            _memo.popitem(last=False)
+            _rerun.discard(_memo.popitem(last=False)[0])
     if _is_final_run():
         _memo[key] = _checked_for_flakiness(impl, case, run, key, _memo[key])
     return _memo[key]
-
-
-def _stable_hash(key: str) -> int:
-    """A hash of a case key that is the same in every process (str hashes are salted)."""
-    return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little")
-
-
-_rerun: set = set()      # memo keys whose failure was rerun for flakiness
 
 
 def _checked_for_flakiness(impl, case, run, key, judged: JudgedCase) -> JudgedCase:
@@ -287,7 +279,8 @@ def _fuzz(impl, strategy, *, max_examples, seconds, hypothesis_seed_value, save_
         key = case.key()
         if key not in with_gradients:
             with_gradients[key] = not state["forward_failed"] and (
-                gradient_every == 1 or _stable_hash(key) % gradient_every == 0)
+                # the key is a sha256 prefix: the same choice in every process and run
+                gradient_every == 1 or int(key, 16) % gradient_every == 0)
         gradients = with_gradients[key]
         judged = judge_once(impl, case, device=device, judge_fn=judge_fn, gradients=gradients)
         if judged.refused is not None:

@@ -91,6 +91,25 @@ def _first_error_line(text: str) -> str:
     return lines[0][:200] if lines else ""
 
 
+_sink = None           # (pid, file): the one temporary file this process captures calls into
+
+
+def _output_sink():
+    """A temporary file for captured output, emptied, made once per process (a forked child
+    makes its own: a shared file description would share the offset) and per nesting level."""
+    global _sink
+    if _sink is not None and _sink[0] == os.getpid() and not _sink[1].closed:
+        sink = _sink[1]
+        if getattr(sink, "_fuzzattn_in_use", False):
+            return tempfile.TemporaryFile(mode="w+b"), True       # nested call: its own file
+        sink.seek(0)
+        sink.truncate()
+    else:
+        sink = tempfile.TemporaryFile(mode="w+b")
+        _sink = (os.getpid(), sink)
+    return sink, False
+
+
 @contextlib.contextmanager
 def _captured_output():
     """Route file descriptors 1 and 2 into a temporary file, and Python's sys.stdout/sys.stderr
@@ -105,27 +124,33 @@ def _captured_output():
         with contextlib.redirect_stdout(python_side), contextlib.redirect_stderr(python_side):
             yield python_side.getvalue
         return
-    with tempfile.TemporaryFile(mode="w+b") as sink, \
-            contextlib.redirect_stdout(python_side), contextlib.redirect_stderr(python_side):
-        os.dup2(sink.fileno(), 1)
-        os.dup2(sink.fileno(), 2)
-        try:
-            yield lambda: python_side.getvalue() + (
-                sink.flush(), sink.seek(0), sink.read().decode(errors="replace"))[2]
-        finally:
-            for fd, copy in zip((1, 2), saved):
-                os.dup2(copy, fd)
-                os.close(copy)
+    sink, own = _output_sink()
+    sink._fuzzattn_in_use = True
+    try:
+        with contextlib.redirect_stdout(python_side), contextlib.redirect_stderr(python_side):
+            os.dup2(sink.fileno(), 1)
+            os.dup2(sink.fileno(), 2)
+            try:
+                yield lambda: python_side.getvalue() + (
+                    sink.flush(), sink.seek(0), sink.read().decode(errors="replace"))[2]
+            finally:
+                for fd, copy in zip((1, 2), saved):
+                    os.dup2(copy, fd)
+                    os.close(copy)
+    finally:
+        sink._fuzzattn_in_use = False
+        if own:
+            sink.close()
 
 
-def _compile_log(impl: Implementation, case: AttentionCase, exc: BaseException, stderr: str) -> Path:
+def _compile_log(impl: Implementation, case: AttentionCase, exc: BaseException, output: str) -> Path:
     """Write the whole compiler output for this (implementation, case) and return its path."""
     LOG_DIR.mkdir(parents=True, exist_ok=True)
     tag = hashlib.sha256(f"{impl.cli_name}|{case.key()}".encode()).hexdigest()[:12]
     path = LOG_DIR / f"compile-{impl.name}-{tag}.log"
     path.write_text(f"implementation: {impl.cli_name}\ncase: {case}\nconfig: {case.config_dict}\n"
                     f"\n--- exception ---\n{type(exc).__name__}: {exc}\n"
-                    f"\n--- stdout and stderr during the call ---\n{stderr}")
+                    f"\n--- stdout and stderr during the call ---\n{output}")
     return path
 
 

@@ -105,29 +105,31 @@ def _nonfinite(run: _GradRun, ref: GradReference, vacuous=frozenset()) -> dict[s
     """Per gradient, rows with NaN/inf where the oracle's gradient rounded to the gradient's
     dtype is finite (an exact value too large for the dtype correctly rounds to inf). Gradients
     named in `vacuous` (the rule allows more than the dtype's range) have none."""
-    rows = {name: (~torch.isfinite(g.to(torch.float64)) & ~_overflows(g, ref.grads[name])
-                   & torch.isfinite(ref.grads[name])).any(dim=-1)
+    rows = {}
+    for name, g in run.grads.items():
+        bad = (~torch.isfinite(g.to(torch.float64)) & ~_overflows(g, ref.grads[name])
+               & torch.isfinite(ref.grads[name])).any(dim=-1)
+        rows[name] = torch.zeros_like(bad) if name in vacuous else bad
+    return rows
+
+
+def _allowances(impl, case, run: _GradRun, ref: GradReference) -> dict[str, float]:
+    """Each gradient's noise term (tolerance.grad_allowance), at its own dtype and with the
+    number of terms each of its elements sums (its fp32 accumulation length)."""
+    summed = {"dq": case.seq_k, "dk": case.seq_q * case.group_size,
+              "dv": case.seq_q * case.group_size}
+    return {name: grad_allowance(g.dtype, ref.terms[name], fp32_matmul=impl.caps.fp32_matmul,
+                                 score_magnitude=ref.score_magnitude, terms_summed=summed[name])
             for name, g in run.grads.items()}
-    return {name: r.logical_and(torch.tensor(name not in vacuous, device=r.device))
-            for name, r in rows.items()}
 
 
-def _sums(case: AttentionCase) -> dict[str, int]:
-    """How many terms each gradient element sums (its fp32 accumulation length)."""
-    return {"dq": case.seq_k, "dk": case.seq_q * case.group_size,
-            "dv": case.seq_q * case.group_size}
-
-
-def _vacuous(impl, case, run: _GradRun, ref: GradReference) -> frozenset[str]:
-    """Gradients whose allowance (tolerance.grad_allowance) is past their dtype's range: scores
-    so large that fp32 cannot recompute P within it (measured on the H200: values=below_sentinel
-    fp16 cases, scores ~1e8, where SDPA's default backward and triton_fa2's return inf in dk or
-    dv while the exact values are ~1e2-1e4). Nothing about such a gradient can be judged."""
-    return frozenset(
-        name for name, g in run.grads.items()
-        if grad_allowance(g.dtype, ref.terms[name], fp32_matmul=impl.caps.fp32_matmul,
-                          score_magnitude=ref.score_magnitude, terms_summed=_sums(case)[name])
-        >= torch.finfo(g.dtype).max)
+def _vacuous(run: _GradRun, allowances: dict[str, float]) -> frozenset[str]:
+    """Gradients whose allowance is past their dtype's range: scores so large that fp32 cannot
+    recompute P within it (measured on the H200: values=below_sentinel fp16 cases, scores ~1e8,
+    where SDPA's default backward and triton_fa2's return inf in dk or dv while the exact values
+    are ~1e2-1e4). Nothing about such a gradient can be judged."""
+    return frozenset(name for name, g in run.grads.items()
+                     if allowances[name] >= torch.finfo(g.dtype).max)
 
 
 def _attribute(impl, case, device, forward, ref: GradReference,
@@ -168,9 +170,8 @@ def _empty_rows(impl, case, run: _GradRun, ref: GradReference) -> Verdict | None
 
 
 def _values(impl, case, run: _GradRun, ref: GradReference, spr: GradReference,
-            vacuous=frozenset()) -> list[Verdict]:
+            allowances: dict[str, float], vacuous=frozenset()) -> list[Verdict]:
     verdicts = []
-    sums = _sums(case)
     for name in NAMES:
         if name in vacuous:
             continue
@@ -182,10 +183,7 @@ def _values(impl, case, run: _GradRun, ref: GradReference, spr: GradReference,
             got = torch.where(overflow, exact, got.to(torch.float64))
             reference = torch.where(_overflows(reference, exact), exact,
                                     reference.to(torch.float64))
-        b = grad_bound(got, reference, ref.grads[name], ref.terms[name],
-                       dtype=run.grads[name].dtype,
-                       fp32_matmul=impl.caps.fp32_matmul, score_magnitude=ref.score_magnitude,
-                       terms_summed=sums[name])
+        b = grad_bound(got, reference, ref.grads[name], allowances[name])
         bad = b.row_errors > b.allowed
         if not b.ok:
             bad = bad | torch.isnan(b.row_errors)
@@ -213,7 +211,8 @@ def judge_gradients(impl: Implementation, case: AttentionCase, device, forward=N
     ref = oracle_gradients(*fresh.tensors(), dout, case)
     spr = same_precision_gradients(*fresh.tensors(), dout, case, impl.caps.fp32_matmul)
 
-    vacuous = _vacuous(impl, case, first, ref)
+    allowances = _allowances(impl, case, first, ref)
+    vacuous = _vacuous(first, allowances)
     nonfinite = _nonfinite(first, ref, vacuous)
     broken = [name for name, rows in nonfinite.items() if bool(rows.any())]
     if broken:
@@ -225,7 +224,7 @@ def judge_gradients(impl: Implementation, case: AttentionCase, device, forward=N
     empty = _empty_rows(impl, case, first, ref)
     if empty is not None:
         verdicts.append(empty)
-    verdicts += _values(impl, case, first, ref, spr, vacuous)
+    verdicts += _values(impl, case, first, ref, spr, allowances, vacuous)
 
     if impl.caps.deterministic_backward:
         second = _run(impl, case, device, forward, adversarial=False)

@@ -52,7 +52,7 @@ def _sanitizer_off(interp) -> None:
         builder.options = dataclasses.replace(options, sanitize_overflow=False)
 
 
-def _languages(interp, fn) -> set[int]:
+def _languages(fn) -> set[int]:
     """ids of the triton.language modules `_patch_lang(fn)` patches (what fn's globals see)."""
     import triton.language as tl
     return {id(v) for v in fn.__globals__.values() if v is tl or v is tl.core}
@@ -69,7 +69,7 @@ def _patch_once_per_launch(interp) -> None:
     original_call = executor.__call__
 
     def _patch_lang(fn):
-        langs = _languages(interp, fn)
+        langs = _languages(fn)
         if _patched_in_launch is not None and langs and langs <= _patched_in_launch:
             return scope_cls()                    # nothing to undo: nothing was changed
         scope = original_patch(fn)

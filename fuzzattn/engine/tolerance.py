@@ -188,15 +188,10 @@ def grad_noise(dtype: torch.dtype, fp32_matmul: str, score_magnitude: float, ter
     return (GRAD_EPS_ULPS * u_op, u_op, recompute + (terms + GRAD_EXTRA_OPS) * U32)
 
 
-def grad_bound(got, reference, oracle, terms, *, fp32_matmul: str = "ieee",
-               score_magnitude: float = 0.0, terms_summed: int = 0,
-               dtype: torch.dtype | None = None) -> Bound:
-    """Judge one gradient (dq, dk or dv) by the gradient rule; `terms` is its
-    grad_oracle.Terms; row_errors are per query row (dq) or key row (dk, dv). `dtype`: the
-    gradient's own dtype when `got` arrives widened (default: got.dtype)."""
-    noise = grad_allowance(dtype or got.dtype, terms, fp32_matmul=fp32_matmul,
-                           score_magnitude=score_magnitude, terms_summed=terms_summed)
-    return bound(got, reference, oracle, k=K_GRAD, relative_noise=0.0, absolute_noise=noise)
+def grad_bound(got, reference, oracle, allowance: float) -> Bound:
+    """Judge one gradient (dq, dk or dv) by the gradient rule, `allowance` its noise term
+    (grad_allowance); row_errors are per query row (dq) or key row (dk, dv)."""
+    return bound(got, reference, oracle, k=K_GRAD, relative_noise=0.0, absolute_noise=allowance)
 
 
 def grad_allowance(dtype: torch.dtype, terms, *, fp32_matmul: str = "ieee",
