@@ -12,6 +12,7 @@ or die here. Load them with `load_implementation(spec, probe=False)`, or `isolat
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import os
 import signal
 import time
@@ -67,6 +68,16 @@ def device_fault_at_5(q, k, v, *, causal, scale):
     return _attention(q, k, v, causal=causal, scale=scale)
 
 
+def backward_device_fault_at_5(q, k, v, out, lse, dout, *, causal, scale):
+    """A backward that faults the device from seq_q >= 5 (the forward is right everywhere)."""
+    if _at_threshold(q):
+        raise RuntimeError("CUDA error: misaligned address")
+    with torch.enable_grad():
+        q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+        out, _ = _attention(q, k, v, causal=causal, scale=scale)
+        return torch.autograd.grad(out, (q, k, v), dout)
+
+
 def abort_once(q, k, v, *, causal, scale):
     """Kills its process the first time it sees seq_q == 7 and passes ever after: the marker file
     named by FUZZATTN_TEST_ONCE remembers across the worker restart. Shows a campaign goes on."""
@@ -86,6 +97,11 @@ CORRECT = _impl(correct, "SDPA plus an fp32 lse: passes everything")
 HANG = _impl(hang_at_5, "sleeps forever when seq_q >= 5")
 SEGFAULT = _impl(segfault_at_5, "reads address 0 (SIGSEGV) when seq_q >= 5")
 DEVICE_FAULT = _impl(device_fault_at_5, "raises a CUDA illegal-memory-access error when seq_q >= 5")
+BACKWARD_DEVICE_FAULT = Implementation(
+    name="backward_device_fault_at_5", fn=correct, backward_fn=backward_device_fault_at_5,
+    caps=dataclasses.replace(CAPS, backward=True),
+    description="a correct forward whose backward raises a CUDA misaligned-address error when "
+                "seq_q >= 5", sources=(str(Path(__file__).resolve()),))
 ABORT_ONCE = _impl(abort_once, "SIGSEGV once, at the first seq_q == 7 case; correct afterwards")
 
 

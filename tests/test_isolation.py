@@ -90,6 +90,20 @@ def test_verdict_then_a_fresh_worker(name, worker):
         assert TIMEOUT <= elapsed < TIMEOUT + 2.0
 
 
+def test_a_device_fault_in_the_backward_replaces_the_worker(worker):
+    """A CUDA error is sticky: the worker whose backward raised one must not judge the next case
+    (on the H200 three regression files after an SDPA backward fault failed in the old worker)."""
+    isolated = worker("BACKWARD_DEVICE_FAULT")
+    assert isolated.judge(case(THRESHOLD - 1)).passed
+    starts = isolated.stats.starts
+    judged = isolated.judge(case(THRESHOLD))
+    assert [v.check for v in judged.failures] == ["device_fault"], judged.describe()
+    assert judged.first_failure.detail.startswith("in the backward: ")
+    assert "misaligned address" in judged.first_failure.detail
+    assert isolated.stats.starts == starts + 1 and isolated.stats.device_faults == 1
+    assert isolated.judge(case(THRESHOLD - 1)).passed
+
+
 @pytest.mark.parametrize("name", sorted(BAD))
 def test_campaign_shrinks_to_the_threshold_and_saves_it(name, worker, tmp_path):
     check = BAD[name][0]

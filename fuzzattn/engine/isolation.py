@@ -293,12 +293,16 @@ class IsolatedJudge:
                           inputs_sha256=inputs_sha256(materialize(case, "cpu")))
 
     def _classify(self, judged: JudgedCase) -> JudgedCase:
-        """Rename CUDA-error crashes to device_fault and replace the worker they poisoned."""
+        """Rename CUDA-error crashes, forward or backward, to device_fault and replace the
+        worker they poisoned: a CUDA error is sticky, so a worker kept after one fails every
+        later case (seen on the H200: SDPA's backward faulting with a misaligned address, and
+        the next three files replayed in that worker failing with the same error)."""
         faulted = False
         verdicts = []
         for v in judged.verdicts:
-            if not v.passed and v.check == "crash" and is_device_fault(v.detail):
-                v = dataclasses.replace(v, check="device_fault")
+            if not v.passed and v.check in ("crash", "grad_crash") and is_device_fault(v.detail):
+                detail = v.detail if v.check == "crash" else f"in the backward: {v.detail}"
+                v = dataclasses.replace(v, check="device_fault", detail=detail)
                 faulted = True
             verdicts.append(v)
         if not faulted:

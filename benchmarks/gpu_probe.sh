@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# A GPU call that measures before anything is changed: how fuzzing scales over concurrent
+# processes on one GPU (sdpa fp32, the gpu profile, gradients 1 in 4), with the GPU's utilisation
+# sampled; one process's per-case breakdown; how Triton converts fp32 dot operands to TF32 and
+# which model reproduces the open TF32 findings; the other open findings triaged; every
+# regression file replayed compiled (the strict expected failures included).
+#     bash benchmarks/gpu_probe.sh [SECONDS_PER_SCALING_RUN=30] [PROCESS_COUNTS="1 4 8 16"]
+set -uo pipefail
+SECONDS_PER_RUN=${1:-30}
+COUNTS=${2:-1 4 8 16}
+source "$(dirname "$0")/gpu_common.sh"
+
+step "TF32 operand conversion and the open TF32 findings"
+timeout 120 python3 benchmarks/tf32_probe.py 2>&1 | tee "$OUT/tf32_probe.txt"
+
+step "throughput, one process, per-case breakdown"
+timeout 90 python3 benchmarks/throughput.py --profile gpu --cases 150 --impl sdpa \
+    --dtype float32 --gradient-every 4 2>&1 | tee "$OUT/throughput.txt"
+
+# K processes fuzzing sdpa fp32 at once, in-process (no isolation worker), one thread each.
+scale_run() {   # $1 = processes, $2 = label, $3... = extra gpu_campaign.py arguments
+    local k=$1 label=$2; shift 2
+    local dir="$OUT/scaling/$label"
+    mkdir -p "$dir"
+    nvidia-smi dmon -s u -d 1 -c "$SECONDS_PER_RUN" >"$dir/dmon.txt" 2>&1 &
+    for i in $(seq 0 $(( k - 1 ))); do
+        OMP_NUM_THREADS=1 timeout $(( SECONDS_PER_RUN + 60 )) python3 benchmarks/gpu_campaign.py \
+            --impl sdpa --dtype float32 --seconds "$SECONDS_PER_RUN" --shard $(( 500 + i )) \
+            --gradient-every 4 --out "$dir" --regressions-dir "$dir/found" "$@" >"$dir/log_$i.txt" 2>&1 &
+    done
+    wait
+    python3 - "$dir" "$k" "$label" <<'EOF'
+import glob, json, sys
+d, k, label = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+runs = [json.load(open(f)) for f in glob.glob(f"{d}/gpu_campaign_*.json")]
+cases = sum(c["cases"] for r in runs for c in r["campaigns"])
+secs = max((c["seconds"] for r in runs for c in r["campaigns"]), default=0)
+util = [int(l.split()[1]) for l in open(f"{d}/dmon.txt") if l.strip() and l.split()[0].isdigit()]
+print(f"{label:>16}: {k:2d} processes, {len(runs):2d} results, {cases:6d} cases in {secs:5.1f} s "
+      f"= {cases / max(secs, 1e-9):7.1f} cases/s; GPU sm% median "
+      f"{sorted(util)[len(util) // 2] if util else -1}")
+EOF
+}
+step "scaling over processes, sdpa fp32, $SECONDS_PER_RUN s each"
+for k in $COUNTS; do scale_run "$k" "inproc_$k" | tee -a "$OUT/scaling.txt"; done
+scale_run 16 "isolated_16" --isolate --timeout 60 | tee -a "$OUT/scaling.txt"
+
+step "open findings triaged; regressions replayed compiled (parallel)"
+F=benchmarks/gpu_findings
+OMP_NUM_THREADS=2 timeout 200 python3 benchmarks/gpu_triage.py $F/7fe160d6ac9f.json --impl triton_fa2 \
+    >"$OUT/triage_ptxas.txt" 2>&1 &
+for impl in sdpa sdpa_efficient sdpa_cudnn sdpa_math sdpa_flash; do
+    OMP_NUM_THREADS=2 timeout 200 python3 benchmarks/gpu_triage.py $F/439ea7a26107.json --impl "$impl" \
+        >"$OUT/triage_bf16_$impl.txt" 2>&1 &
+done
+OMP_NUM_THREADS=1 timeout 200 python3 -m fuzzattn.cli explain $F/439ea7a26107.json --impl sdpa \
+    >"$OUT/explain_439ea7a26107.txt" 2>&1 &
+for impl in sdpa sdpa_efficient sdpa_cudnn sdpa_math sdpa_flash triton_fa2 torch_tiled; do
+    OMP_NUM_THREADS=2 timeout 240 python3 -m fuzzattn.cli replay regressions/ --impl "$impl" \
+        --isolate --timeout 60 >"$OUT/replay_$impl.txt" 2>&1 &
+done
+wait
+cat "$OUT"/triage_*.txt | cut -c1-220
+tail -n 25 "$OUT/explain_439ea7a26107.txt" | cut -c1-180
+for f in "$OUT"/replay_*.txt; do
+    echo "-- $f"; grep -vE "  ok$|^-|^file" "$f" | cut -c1-200 | tail -14
+done
+echo; cat "$OUT/scaling.txt"
+tar czf /tmp/fuzzattn-gpu.tgz -C "$OUT" . && find "$OUT" -mindepth 1 -delete && mv /tmp/fuzzattn-gpu.tgz "$OUT/results.tgz"
