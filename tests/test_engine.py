@@ -13,6 +13,7 @@ from fuzzattn.contract import Capabilities
 from fuzzattn.engine.inputs import guard_elements, inputs_sha256, materialize
 from fuzzattn.engine.oracle import oracle, same_precision_reference, truncate_to_tf32, visible_keys
 from fuzzattn.engine.tolerance import EPS_ULPS, K_OUT, NORM_ULPS, ULP32, out_bound
+from fuzzattn.engine.error_statistics import out_rms_bound
 from strategies import attention_cases, seq_lens, undeclared_cases
 
 BASE = AttentionCase(batch=2, heads=2, kv_heads=1, seq_q=5, seq_k=7, head_dim=16)
@@ -155,6 +156,27 @@ def test_tolerance_is_k_times_reference_error_plus_rounding_noise():
     # the noise term at magnitude FLOOR = 1: output rounding plus the final normalisation's ulps
     assert b.allowed == pytest.approx(K_OUT * 1e-3 + EPS_ULPS * 2.0 ** -24 + NORM_ULPS * ULP32)
     assert not b.ok and b.row_errors[0, 0].tolist() == pytest.approx([0.0, 2.5e-3])
+
+
+def test_tf32_weights_a_unit_apart_are_allowed_and_more_is_not():
+    """The H200 finding behind tolerance.TF32_WEIGHT_ULPS: a one-hot row whose kernel weight
+    1 - 2^-24 truncated to 1 - 2^-11 (TF32) returns trunc(v) (1 - 2^-11), where the reference's
+    weight exp(0) = 1 kept trunc(v). Allowed for TF32 kernels on the max and the rms rule; not
+    for IEEE ones, and four TF32 units off (a weight bug) fails either way."""
+    g = torch.Generator().manual_seed(3)
+    v = torch.randn(1, 1, 1, 16, generator=g)
+    truth = v.double()
+    reference = truncate_to_tf32(v)                 # exact weight 1, v read as TF32
+    magnitude = truth.abs()                         # A = |v| on a one-hot row
+    one_unit = reference * (1 - 2.0 ** -11)
+    four_units = reference * (1 - 2.0 ** -9)
+    for rule in (lambda got, mm: out_bound(got, reference, truth, out_magnitude=magnitude,
+                                           fp32_matmul=mm),
+                 lambda got, mm: out_rms_bound(got, reference, truth, out_magnitude=magnitude,
+                                               fp32_matmul=mm)):
+        assert rule(one_unit, "tf32").ok
+        assert not rule(one_unit, "ieee").ok
+        assert not rule(four_units, "tf32").ok
 
 
 def test_nan_never_passes_the_tolerance():

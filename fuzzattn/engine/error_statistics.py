@@ -48,7 +48,7 @@ import math
 
 import torch
 
-from fuzzattn.contract.dtypes import U32, unit_roundoff
+from fuzzattn.contract.dtypes import TF32_ROUNDOFF, U32, unit_roundoff
 from fuzzattn.engine import tolerance
 from fuzzattn.engine.tolerance import EPS_ULPS, K_RMS, K_RMS_TF32, RMS_SAMPLING, SCORE_ULPS, ULP32
 
@@ -116,6 +116,10 @@ def out_rms_bound(got: torch.Tensor, reference: torch.Tensor, oracle: torch.Tens
     # reference was exact, the 2-ulp normalisation of the max rule's NORM_ULPS measurement).
     normalisation = tolerance.NORM_ULPS * ULP32 * _rms(oracle64.abs().masked_fill(~keep, 0.0), n)
     noise = one_element + normalisation + SCORE_ULPS * U32 * score_magnitude * _rms(moved, n)
+    # Weights truncated to TF32 a unit apart from the reference's (tolerance.py, TF32_WEIGHT_ULPS)
+    # move each element by at most TF32_WEIGHT_ULPS u_mm A: per element, so on the rms too.
+    if tolerance.tf32_weights(got, fp32_matmul):
+        noise += tolerance.TF32_WEIGHT_ULPS * TF32_ROUNDOFF * _rms(summed.masked_fill(~keep, 0.0), n)
     allowed = k_rms * sampling * ref_rms + noise
     statistic = math.inf if bool(nonfinite.any()) else _rms(err, n)
 

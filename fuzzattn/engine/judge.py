@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import math
 
 import torch
@@ -222,8 +223,10 @@ def _value_verdicts(impl, case, run: _Run, ref: Reference, spr: Reference, *, ch
             check="empty_rows", passed=not bool(wrong.any()), where=locate(bad) if wrong.any() else "",
             detail="rows with no visible key must be out=0, lse=-inf" if wrong.any() else "",
             heatmap=heatmap(bad) if wrong.any() else "", **verdict))
+    out_rule = functools.partial(out_bound, out_magnitude=ref.out_magnitude,
+                                 fp32_matmul=impl.caps.fp32_matmul)
     for check, got, reference, truth, rule in (
-            (check_out, run.out, spr.out, ref.out, out_bound),
+            (check_out, run.out, spr.out, ref.out, out_rule),
             (check_lse, run.lse, spr.lse, ref.lse, lse_bound)):
         if got is None:
             continue
