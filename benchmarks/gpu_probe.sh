@@ -29,17 +29,7 @@ scale_run() {   # $1 = processes, $2 = label, $3... = extra gpu_campaign.py argu
             --gradient-every 4 --out "$dir" --regressions-dir "$dir/found" "$@" >"$dir/log_$i.txt" 2>&1 &
     done
     wait
-    python3 - "$dir" "$k" "$label" <<'EOF'
-import glob, json, sys
-d, k, label = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-runs = [json.load(open(f)) for f in glob.glob(f"{d}/gpu_campaign_*.json")]
-cases = sum(c["cases"] for r in runs for c in r["campaigns"])
-secs = max((c["seconds"] for r in runs for c in r["campaigns"]), default=0)
-util = [int(l.split()[1]) for l in open(f"{d}/dmon.txt") if l.strip() and l.split()[0].isdigit()]
-print(f"{label:>16}: {k:2d} processes, {len(runs):2d} results, {cases:6d} cases in {secs:5.1f} s "
-      f"= {cases / max(secs, 1e-9):7.1f} cases/s; GPU sm% median "
-      f"{sorted(util)[len(util) // 2] if util else -1}")
-EOF
+    python3 benchmarks/scaling_summary.py "$dir" "$k" "$label"
 }
 step "scaling over processes, sdpa fp32, $SECONDS_PER_RUN s each"
 for k in $COUNTS; do scale_run "$k" "inproc_$k" | tee -a "$OUT/scaling.txt"; done

@@ -149,3 +149,11 @@ def test_triage_judges_each_file_per_implementation_forward_and_with_gradients(c
     assert all("forward: ok" in line and line.rstrip().endswith("with gradients: ok")
                for line in judged), judged
     assert "no_such_impl: not a registered implementation" in lines
+
+
+def test_the_scaling_summary_sums_the_runs_of_a_directory(two_runs):
+    out, runs = two_runs
+    cases = sum(c["cases"] for r in runs for c in r["campaigns"])
+    line = _script("scaling_summary").summary(out, 2, "two_runs")
+    assert f"{len(runs):2d} results, {cases:6d} cases" in line and cases > 0
+    assert line.endswith("GPU sm% median -1")        # no dmon samples on the CPU

@@ -32,6 +32,7 @@ from fuzzattn.contract.dtypes import BY_NAME
 from fuzzattn.contract.implementation import Implementation
 from fuzzattn.engine import execute
 from fuzzattn.engine.grad_oracle import NAMES, GradReference, oracle_gradients, same_precision_gradients
+from fuzzattn.engine.judge_device import moved
 from fuzzattn.engine.inputs import as_bits, materialize, materialize_dout, place, place_flat
 from fuzzattn.engine.poison import prime_allocator, uninitialized_memory_is_nan
 from fuzzattn.engine.tolerance import grad_allowance, grad_bound
@@ -101,10 +102,19 @@ def _overflows(g: torch.Tensor, exact: torch.Tensor) -> torch.Tensor:
     return torch.isinf(rounded) & (g == rounded)
 
 
+def _on(run: _GradRun, device: torch.device) -> _GradRun:
+    """`run` with its gradients on `device`, where the judgement computes (judge_device.py)."""
+    if run.call.grads is None or all(g.device == device for g in run.call.grads):
+        return run
+    call = dataclasses.replace(run.call, grads=tuple(moved(g, device) for g in run.call.grads))
+    return dataclasses.replace(run, call=call)
+
+
 def _nonfinite(run: _GradRun, ref: GradReference, vacuous=frozenset()) -> dict[str, torch.Tensor]:
     """Per gradient, rows with NaN/inf where the oracle's gradient rounded to the gradient's
     dtype is finite (an exact value too large for the dtype correctly rounds to inf). Gradients
     named in `vacuous` (the rule allows more than the dtype's range) have none."""
+    run = _on(run, ref.grads["dq"].device)
     rows = {}
     for name, g in run.grads.items():
         bad = (~torch.isfinite(g.to(torch.float64)) & ~_overflows(g, ref.grads[name])
@@ -196,18 +206,23 @@ def _values(impl, case, run: _GradRun, ref: GradReference, spr: GradReference,
     return verdicts
 
 
-def judge_gradients(impl: Implementation, case: AttentionCase, device, forward=None) -> list[Verdict]:
+def judge_gradients(impl: Implementation, case: AttentionCase, device, forward=None,
+                    judge_on=None) -> list[Verdict]:
     """Every gradient check of `impl` on `case`. `forward` = (out, lse) of the judged forward
-    run, handed (as copies) to an explicit backward; autograd implementations ignore it."""
+    run, handed (as copies) to an explicit backward; autograd implementations ignore it.
+    `judge_on`: where the gradient oracle, the reference and the comparisons compute
+    (judge_device.py; default: `device`)."""
     forward = tuple(t.detach() if t is not None else None for t in forward) \
         if impl.backward_fn is not None and forward is not None else None
+    here = torch.device(judge_on if judge_on is not None else device)
     first = _run(impl, case, device, forward, adversarial=True)
     if first.failure is not None:
         return [first.failure]
     verdicts = list(first.side_effects)
+    first = _on(first, here)
 
-    fresh = materialize(case, device)
-    _, dout = materialize_dout(case, device)
+    fresh = materialize(case, here)
+    _, dout = materialize_dout(case, here)
     ref = oracle_gradients(*fresh.tensors(), dout, case)
     spr = same_precision_gradients(*fresh.tensors(), dout, case, impl.caps.fp32_matmul)
 
@@ -231,6 +246,7 @@ def judge_gradients(impl: Implementation, case: AttentionCase, device, forward=N
         if second.failure is not None:
             return verdicts + [dataclasses.replace(second.failure,
                                                    detail="second run: " + second.failure.detail)]
+        second = _on(second, here)
         differs = [name for name in NAMES
                    if not torch.equal(as_bits(first.grads[name]), as_bits(second.grads[name]))]
         verdicts.append(Verdict(impl=impl.name, case=case, check="grad_nondeterministic",

@@ -25,6 +25,7 @@ from fuzzattn.contract.implementation import Implementation
 from fuzzattn.engine import execute
 from fuzzattn.engine.error_statistics import out_rms_bound
 from fuzzattn.engine.gradients import judge_gradients
+from fuzzattn.engine.judge_device import judge_device, moved
 from fuzzattn.engine.inputs import Inputs, as_bits, check_budget, inputs_sha256, materialize
 from fuzzattn.engine.poison import (UninitializedMemoryIsZero, prime_allocator,
                                     uninitialized_memory_is_nan)
@@ -184,8 +185,17 @@ def _run(impl: Implementation, case: AttentionCase, device, *, adversarial: bool
     return run
 
 
+def _on(run: _Run, device: torch.device) -> _Run:
+    """`run` with its out and lse on `device`, where the judgement computes (judge_device.py)."""
+    if run.out is None or run.out.device == device:
+        return run
+    call = dataclasses.replace(run.call, out=moved(run.out, device), lse=moved(run.lse, device))
+    return dataclasses.replace(run, call=call)
+
+
 def _nonfinite_rows(run: _Run, ref: Reference) -> torch.Tensor:
     """(B, H, Nq) bool: rows with NaN/inf in out (or lse) where the oracle is finite."""
+    run = _on(run, ref.out.device)
     bad = (~torch.isfinite(run.out.to(torch.float64)) & torch.isfinite(ref.out)).any(dim=-1)
     if run.lse is not None:
         bad |= torch.isnan(run.lse) | (torch.isinf(run.lse) & torch.isfinite(ref.lse))
@@ -283,7 +293,8 @@ def judge(impl: Implementation, case: AttentionCase, device=None, *,
         return judged
     judged.verdicts = _judge_runs(impl, case, device, first, pristine)
     if gradients and impl.caps.backward and all(v.passed for v in judged.verdicts):
-        judged.verdicts += judge_gradients(impl, case, device, forward=(first.out, first.lse))
+        judged.verdicts += judge_gradients(impl, case, device, forward=(first.out, first.lse),
+                                           judge_on=judge_device(case, device))
     if not judged.passed:
         judged.inputs_sha256 = judged.inputs_sha256 or inputs_sha256(pristine)
         judged.versions = versions()
@@ -297,8 +308,12 @@ def _judge_runs(impl: Implementation, case: AttentionCase, device, first: _Run,
     verdicts = list(first.side_effects)
 
     # The references only read their inputs, and no implementation run ever sees `pristine`.
-    ref = oracle(*pristine.tensors(), case)
-    spr = same_precision_reference(*pristine.tensors(), case, impl.caps.fp32_matmul)
+    # They, and every comparison with them, compute on the judging device (judge_device.py).
+    here = judge_device(case, device)
+    originals = tuple(moved(t, here) for t in pristine.tensors())
+    ref = oracle(*originals, case)
+    spr = same_precision_reference(*originals, case, impl.caps.fp32_matmul)
+    first = _on(first, here)
 
     nonfinite = _nonfinite_rows(first, ref)
     if bool(nonfinite.any()):
@@ -313,14 +328,16 @@ def _judge_runs(impl: Implementation, case: AttentionCase, device, first: _Run,
                                             detail=second.call.summary)
         verdicts.append(dataclasses.replace(failure, detail="second run: " + failure.detail))
         return verdicts
-    same_out = torch.equal(as_bits(first.out), as_bits(second.out))
-    same_lse = (first.lse is None or second.lse is None
-                or torch.equal(as_bits(first.lse), as_bits(second.lse)))
+    second_here = _on(second, here)
+    same_out = torch.equal(as_bits(first.out), as_bits(second_here.out))
+    same_lse = (first.lse is None or second_here.lse is None
+                or torch.equal(as_bits(first.lse), as_bits(second_here.lse)))
     if all(v.passed for v in verdicts) and not (same_out and same_lse):
         # The rerun is judged on its own only when the first run passed, so one bug is one
         # verdict, and only when its bits differ from the first run's (the same bits would get
         # the same verdicts).
-        verdicts += [v for v in _value_verdicts(impl, case, second, ref, spr, check_out="rerun",
+        verdicts += [v for v in _value_verdicts(impl, case, second_here, ref, spr,
+                                                check_out="rerun",
                                                 check_lse="rerun", check_stat="rerun")
                      if v.check == "rerun"]
     if impl.caps.deterministic:

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# A GPU call after a judge change: process scaling measured again on a quiet GPU (as in
+# gpu_probe.sh, to compare), then a campaign of PARTS isolated parts over every implementation and
+# dtype spread over the visible GPUs, with beside it the changed regression files replayed per
+# implementation, the remaining finding attributed (benchmarks/sdpa_dispatch.py) and explained.
+#     bash benchmarks/gpu_campaign_call.sh [CAMPAIGN_SECONDS=240] [PARTS=28] [SHARD_BASE=300] [SCALING_SECONDS=30]
+set -uo pipefail
+CAMPAIGN_SECONDS=${1:-240}
+PARTS=${2:-28}
+SHARD_BASE=${3:-300}
+SCALING_SECONDS=${4:-30}
+NGPU=$(nvidia-smi -L 2>/dev/null | wc -l); (( NGPU > 0 )) || NGPU=1
+source "$(dirname "$0")/gpu_common.sh"
+mkdir -p "$OUT/campaigns"
+
+scale_run() {   # $1 = processes, $2 = label: K in-process sdpa fp32 fuzzers on GPU 0
+    local k=$1 label=$2 dir="$OUT/scaling/$2"
+    mkdir -p "$dir"
+    CUDA_VISIBLE_DEVICES=0 nvidia-smi dmon -i 0 -s u -d 1 -c "$SCALING_SECONDS" >"$dir/dmon.txt" 2>&1 &
+    for i in $(seq 0 $(( k - 1 ))); do
+        CUDA_VISIBLE_DEVICES=0 OMP_NUM_THREADS=1 timeout $(( SCALING_SECONDS + 60 )) \
+            python3 benchmarks/gpu_campaign.py --impl sdpa --dtype float32 \
+            --seconds "$SCALING_SECONDS" --shard $(( 500 + i )) --gradient-every 4 --out "$dir" \
+            --regressions-dir "$dir/found" >"$dir/log_$i.txt" 2>&1 &
+    done
+    wait
+    python3 benchmarks/scaling_summary.py "$dir" "$k" "$label"
+}
+if (( SCALING_SECONDS > 0 )); then
+    step "scaling over processes on one GPU, sdpa fp32, $SCALING_SECONDS s each"
+    for k in 1 16; do scale_run "$k" "inproc_$k" | tee -a "$OUT/scaling.txt"; done
+fi
+
+step "campaign: $PARTS isolated parts x $CAMPAIGN_SECONDS s on $NGPU GPU(s); beside it replay and attribution"
+for part in $(seq 0 $(( PARTS - 1 ))); do
+    CUDA_VISIBLE_DEVICES=$(( part % NGPU )) OMP_NUM_THREADS=1 timeout $(( CAMPAIGN_SECONDS + 90 )) \
+        python3 benchmarks/gpu_campaign.py --shard $(( SHARD_BASE + part )) \
+        --seconds "$CAMPAIGN_SECONDS" --part "$part/$PARTS" --isolate --timeout 60 \
+        --gradient-every 4 --out "$OUT/campaigns" --regressions-dir "$OUT/found" \
+        >"$OUT/campaign_$part.txt" 2>&1 &
+done
+CHANGED=${CHANGED:-}
+(
+    [[ -n "$CHANGED" ]] && timeout 200 python3 -m fuzzattn.cli replay $CHANGED --isolate --timeout 90 \
+        >"$OUT/replay_changed.txt" 2>&1
+    timeout 120 python3 benchmarks/sdpa_dispatch.py benchmarks/gpu_findings/*.json >"$OUT/dispatch.txt" 2>&1
+    for impl in sdpa sdpa_math sdpa_cudnn sdpa_efficient; do
+        timeout 150 python3 -m fuzzattn.cli replay regressions/ --impl "$impl" --isolate --timeout 60 \
+            >"$OUT/replay_$impl.txt" 2>&1
+    done
+) &
+wait
+tail -n 25 "$OUT"/campaign_*.txt | grep -E "cases|wrote|Error|error" | cut -c1-240 | tail -40
+cat "$OUT/replay_changed.txt" 2>/dev/null | grep -vE "^-" | cut -c1-200 | tail -12
+cat "$OUT/dispatch.txt" | cut -c1-200
+for f in "$OUT"/replay_sdpa*.txt; do echo "-- $f"; tail -n 1 "$f"; grep -E " FAIL | XPASS" "$f" | cut -c1-160; done
+python3 benchmarks/gpu_report.py "$OUT/campaigns" --out "$OUT/GPU_REPORT_call.md" >/dev/null 2>&1 \
+    && grep -E "^\| |total|runs:" "$OUT/GPU_REPORT_call.md" | head -40
+ls "$OUT/found" 2>/dev/null | head -20
+echo; cat "$OUT/scaling.txt" 2>/dev/null
+tar czf /tmp/fuzzattn-gpu.tgz -C "$OUT" . && find "$OUT" -mindepth 1 -delete && mv /tmp/fuzzattn-gpu.tgz "$OUT/results.tgz"
