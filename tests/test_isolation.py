@@ -104,6 +104,33 @@ def test_a_device_fault_in_the_backward_replaces_the_worker(worker):
     assert isolated.judge(case(THRESHOLD - 1)).passed
 
 
+def test_a_context_left_faulted_pins_the_fault_on_the_case_that_left_it(worker):
+    """The worker checks its CUDA context after each judgement (isolation_worker.context_fault):
+    on the H200, SDPA's fp16 backward raised an error that does not say CUDA and left the context
+    faulted, and the next file judged in that worker failed with 'misaligned address'. What the
+    supervisor makes of such a report: the case's crash becomes its device_fault, or a
+    device_fault is added to a case that otherwise passed; the worker is replaced either way."""
+    from fuzzattn.engine.isolation_worker import context_fault
+    from fuzzattn.engine.judge import JudgedCase
+    from fuzzattn.engine.verdict import Verdict
+    assert context_fault("cpu") is None
+    isolated = worker("CORRECT")
+    here = case(THRESHOLD - 1)
+    crashed = JudgedCase("correct", here, [
+        Verdict(impl="correct", case=here, check="out", passed=True),
+        Verdict(impl="correct", case=here, check="grad_crash", passed=False,
+                detail="backward raised: RuntimeError: cuDNN error: EXECUTION_FAILED")])
+    faulted = isolated._left_faulted(crashed, "AcceleratorError: CUDA error: misaligned address")
+    assert [v.check for v in faulted.failures] == ["device_fault"]
+    assert faulted.first_failure.detail.startswith("in the backward: backward raised")
+    assert "left faulted: AcceleratorError: CUDA error: misaligned address" in faulted.first_failure.detail
+    assert faulted.inputs_sha256 and faulted.versions
+    quiet = JudgedCase("correct", here, [Verdict(impl="correct", case=here, check="out", passed=True)])
+    faulted = isolated._left_faulted(quiet, "AcceleratorError: CUDA error: misaligned address")
+    assert [v.check for v in faulted.verdicts] == ["out", "device_fault"]
+    assert faulted.first_failure.detail.startswith("after the call: the CUDA context was left faulted")
+
+
 @pytest.mark.parametrize("name", sorted(BAD))
 def test_campaign_shrinks_to_the_threshold_and_saves_it(name, worker, tmp_path):
     check = BAD[name][0]

@@ -239,7 +239,7 @@ class IsolatedJudge:
 
     # -- requests -------------------------------------------------------------------------------
     def _exchange(self, request: str, payload) -> tuple[str, object]:
-        """Send one request; ('judged'|'declared'|'error', payload) from the worker, or
+        """Send one request; ('judged'|'faulted'|'declared'|'error', payload) from the worker, or
         ('hang', detail) / ('died', detail) decided here. After hang/died a new worker is starting."""
         self._ensure_ready()
         try:
@@ -273,6 +273,11 @@ class IsolatedJudge:
             return self._failed(case, "hang", payload)
         if kind == "died":
             return self._failed(case, "segfault", payload)
+        if kind == "faulted":
+            judged, headline = payload
+            self.stats.device_faults += 1
+            self._replace()
+            return self._left_faulted(judged, headline)
         if kind == "error":
             headline, text = payload
             if is_device_fault(text):
@@ -291,6 +296,25 @@ class IsolatedJudge:
                                                     passed=False, detail=detail)],
                           cli_name=self.cli_name, versions=versions(),
                           inputs_sha256=inputs_sha256(materialize(case, "cpu")))
+
+    def _left_faulted(self, judged: JudgedCase, headline: str) -> JudgedCase:
+        """A judgement after which the worker's CUDA context was found faulted (the worker's
+        context_fault): the case's crash becomes the device_fault it caused, or, when nothing
+        crashed (an asynchronous fault), a device_fault verdict is added."""
+        note = f"the CUDA context was left faulted: {headline}"
+        verdicts, renamed = [], False
+        for v in judged.verdicts:
+            if not v.passed and v.check in ("crash", "grad_crash") and not renamed:
+                where = "" if v.check == "crash" else "in the backward: "
+                v = dataclasses.replace(v, check="device_fault", detail=f"{where}{v.detail}; {note}")
+                renamed = True
+            verdicts.append(v)
+        if not renamed:
+            verdicts.append(Verdict(impl=self.name, case=judged.case, check="device_fault",
+                                    passed=False, detail=f"after the call: {note}"))
+        return dataclasses.replace(
+            judged, verdicts=verdicts, versions=judged.versions or versions(),
+            inputs_sha256=judged.inputs_sha256 or inputs_sha256(materialize(judged.case, "cpu")))
 
     def _classify(self, judged: JudgedCase) -> JudgedCase:
         """Rename CUDA-error crashes, forward or backward, to device_fault and replace the
@@ -319,6 +343,11 @@ class IsolatedJudge:
         if kind == "declared":
             self.fields = payload
             return payload
+        if kind == "faulted":
+            judged, headline = payload
+            self.stats.device_faults += 1
+            self._replace()
+            return self._left_faulted(judged, headline)
         if kind == "error":
             headline, text = payload
             if is_device_fault(text):

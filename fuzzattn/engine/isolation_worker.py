@@ -41,6 +41,26 @@ def is_device_fault(text: str) -> bool:
     return bool(CUDA_FAULT.search(text or ""))
 
 
+def context_fault(device) -> str | None:
+    """The CUDA error a synchronisation raises now, one line, or None (and None off CUDA).
+
+    A CUDA error is sticky: once a kernel faulted, every later call in the process fails. A
+    backward can fault without raising (or raise an error that does not say CUDA, as SDPA's fp16
+    backward on misaligned rows did on the H200), and the next case judged in the same worker
+    then failed with the first one's error. Checking after every judgement pins the fault on the
+    case that caused it, and the supervisor replaces the worker."""
+    import torch
+    if torch.device(device).type != "cuda":
+        return None
+    try:
+        torch.cuda.synchronize(device)
+        torch.zeros(1, device=device).add_(1).item()
+    except Exception as exc:           # any error here means the context is unusable
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        return f"{type(exc).__name__}: {first}"
+    return None
+
+
 def declared(impl: Implementation) -> dict:
     return {f: getattr(impl, f) for f in FIELDS}
 
@@ -131,8 +151,10 @@ def worker_main(conn, spec: str, fields: dict | None, device: str, threads: int 
                 conn.send(("declared", declared(_probe(impl, spec))))
             else:
                 case, expected_sha256, gradients = payload
-                conn.send(("judged", judge(impl, AttentionCase.from_dict(case), device=device,
-                                           expected_sha256=expected_sha256, gradients=gradients)))
+                judged = judge(impl, AttentionCase.from_dict(case), device=device,
+                               expected_sha256=expected_sha256, gradients=gradients)
+                fault = context_fault(device)
+                conn.send(("judged", judged) if fault is None else ("faulted", (judged, fault)))
         except Exception as exc:       # the harness raised: the supervisor decides what it means
             text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
             first = str(exc).splitlines()[0] if str(exc) else ""
