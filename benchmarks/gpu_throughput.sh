@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# A GPU call measuring throughput on one GPU as the issue counts it (the whole host driving it):
+# one process's per-case breakdown, then K concurrent sdpa fp32 fuzzers for K in COUNTS with the
+# default host judging (engine/judge_device.py), and K=16 with every case judged on the device
+# (FUZZATTN_HOST_JUDGE_MACS=0), the before of that change. Then, beside each other: the open
+# findings triaged per SDPA backend, every regression file replayed on sdpa (isolated), and the
+# zoo mutant whose compiled fp32 margin was thinnest, against the TF32 weight term.
+#     bash benchmarks/gpu_throughput.sh [SECONDS_PER_RUN=30] [COUNTS="1 8 16"]
+set -uo pipefail
+SECONDS_PER_RUN=${1:-30}
+COUNTS=${2:-1 8 16}
+source "$(dirname "$0")/gpu_common.sh"
+
+step "throughput, one process, per-case breakdown (host judging)"
+timeout 90 python3 benchmarks/throughput.py --profile gpu --cases 150 --impl sdpa \
+    --dtype float32 --gradient-every 4 2>&1 | tee "$OUT/throughput.txt"
+
+scale_run() {   # $1 = processes, $2 = label: K in-process sdpa fp32 fuzzers on GPU 0
+    local k=$1 label=$2 dir="$OUT/scaling/$2"
+    mkdir -p "$dir"
+    nvidia-smi dmon -i 0 -s u -d 1 -c "$SECONDS_PER_RUN" >"$dir/dmon.txt" 2>&1 &
+    for i in $(seq 0 $(( k - 1 ))); do
+        CUDA_VISIBLE_DEVICES=0 OMP_NUM_THREADS=1 timeout $(( SECONDS_PER_RUN + 60 )) \
+            python3 benchmarks/gpu_campaign.py --impl sdpa --dtype float32 \
+            --seconds "$SECONDS_PER_RUN" --shard $(( 600 + i )) --gradient-every 4 --out "$dir" \
+            --regressions-dir "$dir/found" >"$dir/log_$i.txt" 2>&1 &
+    done
+    wait
+    python3 benchmarks/scaling_summary.py "$dir" "$k" "$label"
+}
+step "scaling over processes on one GPU, sdpa fp32, $SECONDS_PER_RUN s each"
+for k in $COUNTS; do scale_run "$k" "host_judged_$k" | tee -a "$OUT/scaling.txt"; done
+FUZZATTN_HOST_JUDGE_MACS=0 scale_run 16 "device_judged_16" | tee -a "$OUT/scaling.txt"
+
+step "findings triaged, sdpa regressions replayed, the thinnest fp32 mutant (parallel)"
+F=benchmarks/gpu_findings
+for impl in sdpa sdpa_math sdpa_efficient sdpa_cudnn sdpa_flash; do
+    OMP_NUM_THREADS=2 timeout 200 python3 benchmarks/gpu_triage.py $F/*.json --impl "$impl" \
+        >"$OUT/triage_$impl.txt" 2>&1 &
+done
+OMP_NUM_THREADS=2 timeout 200 python3 -m fuzzattn.cli replay regressions/ --impl sdpa --isolate \
+    --timeout 60 >"$OUT/replay_sdpa.txt" 2>&1 &
+OMP_NUM_THREADS=2 timeout 200 python3 -m fuzzattn.cli mutants --only mutant_no_running_max \
+    --dtype float32 --profile gpu --max-examples 200 --seconds 90 --isolate --timeout 30 \
+    >"$OUT/zoo_no_running_max.txt" 2>&1 &
+wait
+cat "$OUT"/triage_*.txt | sort | cut -c1-200
+tail -n 1 "$OUT/replay_sdpa.txt"; grep -E " FAIL | XPASS" "$OUT/replay_sdpa.txt" | cut -c1-160
+grep -vE "^\s*$" "$OUT/zoo_no_running_max.txt" | tail -8 | cut -c1-220
+echo; cat "$OUT/scaling.txt"
+tar czf /tmp/fuzzattn-gpu.tgz -C "$OUT" . && find "$OUT" -mindepth 1 -delete && mv /tmp/fuzzattn-gpu.tgz "$OUT/results.tgz"
