@@ -43,7 +43,8 @@ CHANGED=${CHANGED:-}
 (
     [[ -n "$CHANGED" ]] && timeout 200 python3 -m fuzzattn.cli replay $CHANGED --isolate --timeout 90 \
         >"$OUT/replay_changed.txt" 2>&1
-    timeout 120 python3 benchmarks/sdpa_dispatch.py benchmarks/gpu_findings/*.json >"$OUT/dispatch.txt" 2>&1
+    shopt -s nullglob; FINDINGS=(benchmarks/gpu_findings/*.json)
+    (( ${#FINDINGS[@]} )) && timeout 120 python3 benchmarks/sdpa_dispatch.py "${FINDINGS[@]}" >"$OUT/dispatch.txt" 2>&1
     for impl in sdpa sdpa_math sdpa_cudnn sdpa_efficient; do
         timeout 150 python3 -m fuzzattn.cli replay regressions/ --impl "$impl" --isolate --timeout 60 \
             >"$OUT/replay_$impl.txt" 2>&1
@@ -52,7 +53,7 @@ CHANGED=${CHANGED:-}
 wait
 tail -n 25 "$OUT"/campaign_*.txt | grep -E "cases|wrote|Error|error" | cut -c1-240 | tail -40
 cat "$OUT/replay_changed.txt" 2>/dev/null | grep -vE "^-" | cut -c1-200 | tail -12
-cat "$OUT/dispatch.txt" | cut -c1-200
+cat "$OUT/dispatch.txt" 2>/dev/null | cut -c1-200
 for f in "$OUT"/replay_sdpa*.txt; do echo "-- $f"; tail -n 1 "$f"; grep -E " FAIL | XPASS" "$f" | cut -c1-160; done
 python3 benchmarks/gpu_report.py "$OUT/campaigns" --out "$OUT/GPU_REPORT_call.md" >/dev/null 2>&1 \
     && grep -E "^\| |total|runs:" "$OUT/GPU_REPORT_call.md" | head -40

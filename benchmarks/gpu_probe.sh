@@ -37,21 +37,22 @@ scale_run 16 "isolated_16" --isolate --timeout 60 | tee -a "$OUT/scaling.txt"
 
 step "open findings triaged; regressions replayed compiled (parallel)"
 F=benchmarks/gpu_findings
-OMP_NUM_THREADS=2 timeout 200 python3 benchmarks/gpu_triage.py $F/7fe160d6ac9f.json --impl triton_fa2 \
-    >"$OUT/triage_ptxas.txt" 2>&1 &
-for impl in sdpa sdpa_efficient sdpa_cudnn sdpa_math sdpa_flash; do
-    OMP_NUM_THREADS=2 timeout 200 python3 benchmarks/gpu_triage.py $F/439ea7a26107.json --impl "$impl" \
-        >"$OUT/triage_bf16_$impl.txt" 2>&1 &
-done
-OMP_NUM_THREADS=1 timeout 200 python3 -m fuzzattn.cli explain $F/439ea7a26107.json --impl sdpa \
-    >"$OUT/explain_439ea7a26107.txt" 2>&1 &
+shopt -s nullglob
+FINDINGS=("$F"/*.json)
+if (( ${#FINDINGS[@]} )); then
+    for impl in sdpa sdpa_efficient sdpa_cudnn sdpa_math sdpa_flash triton_fa2; do
+        OMP_NUM_THREADS=2 timeout 200 python3 benchmarks/gpu_triage.py "${FINDINGS[@]}" --impl "$impl" \
+            >"$OUT/triage_$impl.txt" 2>&1 &
+    done
+    OMP_NUM_THREADS=1 timeout 200 python3 benchmarks/sdpa_dispatch.py "${FINDINGS[@]}" \
+        >"$OUT/dispatch.txt" 2>&1 &
+fi
 for impl in sdpa sdpa_efficient sdpa_cudnn sdpa_math sdpa_flash triton_fa2 torch_tiled; do
     OMP_NUM_THREADS=2 timeout 240 python3 -m fuzzattn.cli replay regressions/ --impl "$impl" \
         --isolate --timeout 60 >"$OUT/replay_$impl.txt" 2>&1 &
 done
 wait
-cat "$OUT"/triage_*.txt | cut -c1-220
-tail -n 25 "$OUT/explain_439ea7a26107.txt" | cut -c1-180
+cat "$OUT"/triage_*.txt "$OUT"/dispatch.txt 2>/dev/null | cut -c1-220
 for f in "$OUT"/replay_*.txt; do
     echo "-- $f"; grep -vE "  ok$|^-|^file" "$f" | cut -c1-200 | tail -14
 done

@@ -33,9 +33,11 @@ for k in $COUNTS; do scale_run "$k" "host_judged_$k" | tee -a "$OUT/scaling.txt"
 FUZZATTN_HOST_JUDGE_MACS=0 scale_run 16 "device_judged_16" | tee -a "$OUT/scaling.txt"
 
 step "findings triaged, sdpa regressions replayed, the thinnest fp32 mutant (parallel)"
-F=benchmarks/gpu_findings
+shopt -s nullglob
+FINDINGS=(benchmarks/gpu_findings/*.json)
 for impl in sdpa sdpa_math sdpa_efficient sdpa_cudnn sdpa_flash; do
-    OMP_NUM_THREADS=2 timeout 200 python3 benchmarks/gpu_triage.py $F/*.json --impl "$impl" \
+    (( ${#FINDINGS[@]} )) || break
+    OMP_NUM_THREADS=2 timeout 200 python3 benchmarks/gpu_triage.py "${FINDINGS[@]}" --impl "$impl" \
         >"$OUT/triage_$impl.txt" 2>&1 &
 done
 OMP_NUM_THREADS=2 timeout 200 python3 -m fuzzattn.cli replay regressions/ --impl sdpa --isolate \
@@ -44,7 +46,7 @@ OMP_NUM_THREADS=2 timeout 200 python3 -m fuzzattn.cli mutants --only mutant_no_r
     --dtype float32 --profile gpu --max-examples 200 --seconds 90 --isolate --timeout 30 \
     >"$OUT/zoo_no_running_max.txt" 2>&1 &
 wait
-cat "$OUT"/triage_*.txt | sort | cut -c1-200
+cat "$OUT"/triage_*.txt 2>/dev/null | sort | cut -c1-200
 tail -n 1 "$OUT/replay_sdpa.txt"; grep -E " FAIL | XPASS" "$OUT/replay_sdpa.txt" | cut -c1-160
 grep -vE "^\s*$" "$OUT/zoo_no_running_max.txt" | tail -8 | cut -c1-220
 echo; cat "$OUT/scaling.txt"
