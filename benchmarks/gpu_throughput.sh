@@ -5,15 +5,22 @@
 # (FUZZATTN_HOST_JUDGE_MACS=0), the before of that change. Then, beside each other: the open
 # findings triaged per SDPA backend, every regression file replayed on sdpa (isolated), and the
 # zoo mutant whose compiled fp32 margin was thinnest, against the TF32 weight term.
+# Environment: BLOCKING_COUNTS="8 16" adds runs whose processes block instead of spinning while
+# they wait for the GPU (FUZZATTN_CUDA_BLOCKING_SYNC=1, engine/cuda_waits.py); QUICK=1 skips the
+# breakdown, the device-judged run and the checks (a scaling-only call).
 #     bash benchmarks/gpu_throughput.sh [SECONDS_PER_RUN=30] [COUNTS="1 8 16"]
 set -uo pipefail
 SECONDS_PER_RUN=${1:-30}
 COUNTS=${2:-1 8 16}
+BLOCKING_COUNTS=${BLOCKING_COUNTS:-}
+QUICK=${QUICK:-0}
 source "$(dirname "$0")/gpu_common.sh"
 
-step "throughput, one process, per-case breakdown (host judging)"
-timeout 90 python3 benchmarks/throughput.py --profile gpu --cases 150 --impl sdpa \
-    --dtype float32 --gradient-every 4 2>&1 | tee "$OUT/throughput.txt"
+if [[ "$QUICK" != 1 ]]; then
+    step "throughput, one process, per-case breakdown (host judging)"
+    timeout 90 python3 benchmarks/throughput.py --profile gpu --cases 150 --impl sdpa \
+        --dtype float32 --gradient-every 4 2>&1 | tee "$OUT/throughput.txt"
+fi
 
 scale_run() {   # $1 = processes, $2 = label: K in-process sdpa fp32 fuzzers on GPU 0
     local k=$1 label=$2 dir="$OUT/scaling/$2"
@@ -30,6 +37,14 @@ scale_run() {   # $1 = processes, $2 = label: K in-process sdpa fp32 fuzzers on 
 }
 step "scaling over processes on one GPU, sdpa fp32, $SECONDS_PER_RUN s each"
 for k in $COUNTS; do scale_run "$k" "host_judged_$k" | tee -a "$OUT/scaling.txt"; done
+for k in $BLOCKING_COUNTS; do
+    FUZZATTN_CUDA_BLOCKING_SYNC=1 scale_run "$k" "blocking_$k" | tee -a "$OUT/scaling.txt"
+done
+grep -h "waits:" "$OUT"/scaling/*/log_0.txt | sed 's/.*waits: /waits: /' | sort | uniq -c
+if [[ "$QUICK" == 1 ]]; then
+    tar czf /tmp/fuzzattn-gpu.tgz -C "$OUT" . && find "$OUT" -mindepth 1 -delete && mv /tmp/fuzzattn-gpu.tgz "$OUT/results.tgz"
+    exit 0
+fi
 FUZZATTN_HOST_JUDGE_MACS=0 scale_run 16 "device_judged_16" | tee -a "$OUT/scaling.txt"
 
 step "findings triaged, sdpa regressions replayed, the thinnest fp32 mutant (parallel)"

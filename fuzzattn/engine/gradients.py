@@ -33,7 +33,7 @@ from fuzzattn.contract.implementation import Implementation
 from fuzzattn.engine import execute
 from fuzzattn.engine.grad_oracle import NAMES, GradReference, oracle_gradients, same_precision_gradients
 from fuzzattn.engine.judge_device import moved
-from fuzzattn.engine.inputs import as_bits, materialize, materialize_dout, place, place_flat
+from fuzzattn.engine.inputs import as_bits, changed_storages, materialize, materialize_dout, place, place_flat
 from fuzzattn.engine.poison import prime_allocator, uninitialized_memory_is_nan
 from fuzzattn.engine.tolerance import grad_allowance, grad_bound
 from fuzzattn.engine.verdict import Verdict, heatmap, locate
@@ -85,8 +85,7 @@ def _run(impl: Implementation, case: AttentionCase, device, forward, *, adversar
         detail = call.summary if call.status == execute.CONTRACT else f"backward {what}: {call.summary}"
         run.failure = Verdict(check="grad_crash", passed=False, detail=detail, **verdict)
         return run
-    changed = [name for name, s in storages.items()
-               if not torch.equal(as_bits(s), as_bits(snapshot[name]))]
+    changed = changed_storages(storages, snapshot)
     run.side_effects.append(Verdict(
         check="grad_inputs_mutated", passed=not changed,
         detail=f"storage of {', '.join(changed)} changed by the backward" if changed else "",

@@ -84,8 +84,18 @@ class Inputs:
 
     def changed_since(self, snapshot: dict[str, torch.Tensor]) -> list[str]:
         """Names of storages whose bytes differ from the snapshot (NaN-safe: compares bits)."""
-        return [name for name, buf in self.storages.items()
-                if not torch.equal(as_bits(buf), as_bits(snapshot[name]))]
+        return changed_storages(self.storages, snapshot)
+
+
+def changed_storages(storages: dict[str, torch.Tensor], snapshot: dict[str, torch.Tensor]) -> list[str]:
+    """Names of `storages` whose bits differ from `snapshot`'s, read back in one transfer: on a
+    GPU shared by several processes each read is a wait for this process's time slice, and a
+    torch.equal per storage was one each."""
+    names = list(storages)
+    if not names:
+        return []
+    differs = torch.stack([(as_bits(storages[n]) != as_bits(snapshot[n])).any() for n in names])
+    return [name for name, changed in zip(names, differs.tolist()) if changed]
 
 
 def as_bits(t: torch.Tensor) -> torch.Tensor:
