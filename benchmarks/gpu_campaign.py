@@ -180,9 +180,6 @@ def _run_campaign(impl, dtype, *, profile, seconds, shard, regressions_dir, know
 def main(argv=None) -> int:
     args = parse_args(argv)
     import torch
-    from fuzzattn.engine import cuda_waits
-    # Before anything creates this process's CUDA context (registering SDPA probes its backends).
-    waits = cuda_waits.block_while_waiting() if cuda_waits.requested() else "spin (CUDA's default)"
     from fuzzattn import settings
     from fuzzattn.cli import common
     from fuzzattn.engine.judge import default_device
@@ -205,7 +202,7 @@ def main(argv=None) -> int:
     per_campaign = args.seconds / max(1, len(plan))
     started = datetime.datetime.now(datetime.timezone.utc)
     print(f"gpu_campaign: shard {shard}, {len(plan)} campaigns x {per_campaign:.1f} s, profile "
-          f"{profile.name}, device {settings.device_description()}; waits: {waits}", flush=True)
+          f"{profile.name}, device {settings.device_description()}", flush=True)
     campaigns = []
     with settings.one_cpu_thread():
         for impl, dtype in plan:
@@ -220,7 +217,7 @@ def main(argv=None) -> int:
                   + (f": {note}" if note else ""), flush=True)
     result = dict(schema=1, date=started.isoformat(timespec="seconds"), shard=shard,
                   profile=profile.name, seconds_budget=args.seconds,
-                  gradient_every=args.gradient_every, isolated=args.isolate, cuda_waits=waits,
+                  gradient_every=args.gradient_every, isolated=args.isolate,
                   versions=dict(versions(), cuda=torch.version.cuda),
                   device=settings.device_description(), device_type=device_type,
                   backend=settings.backend_description(), campaigns=campaigns)

@@ -5,14 +5,12 @@
 # (FUZZATTN_HOST_JUDGE_MACS=0), the before of that change. Then, beside each other: the open
 # findings triaged per SDPA backend, every regression file replayed on sdpa (isolated), and the
 # zoo mutant whose compiled fp32 margin was thinnest, against the TF32 weight term.
-# Environment: BLOCKING_COUNTS="8 16" adds runs whose processes block instead of spinning while
-# they wait for the GPU (FUZZATTN_CUDA_BLOCKING_SYNC=1, engine/cuda_waits.py); QUICK=1 skips the
-# breakdown, the device-judged run and the checks (a scaling-only call).
+# Environment: QUICK=1 skips the breakdown, the device-judged run and the checks (a scaling-only
+# call).
 #     bash benchmarks/gpu_throughput.sh [SECONDS_PER_RUN=30] [COUNTS="1 8 16"]
 set -uo pipefail
 SECONDS_PER_RUN=${1:-30}
 COUNTS=${2:-1 8 16}
-BLOCKING_COUNTS=${BLOCKING_COUNTS:-}
 QUICK=${QUICK:-0}
 source "$(dirname "$0")/gpu_common.sh"
 
@@ -37,10 +35,6 @@ scale_run() {   # $1 = processes, $2 = label: K in-process sdpa fp32 fuzzers on 
 }
 step "scaling over processes on one GPU, sdpa fp32, $SECONDS_PER_RUN s each"
 for k in $COUNTS; do scale_run "$k" "host_judged_$k" | tee -a "$OUT/scaling.txt"; done
-for k in $BLOCKING_COUNTS; do
-    FUZZATTN_CUDA_BLOCKING_SYNC=1 scale_run "$k" "blocking_$k" | tee -a "$OUT/scaling.txt"
-done
-grep -h "waits:" "$OUT"/scaling/*/log_0.txt | sed 's/.*waits: /waits: /' | sort | uniq -c
 if [[ "$QUICK" == 1 ]]; then
     tar czf /tmp/fuzzattn-gpu.tgz -C "$OUT" . && find "$OUT" -mindepth 1 -delete && mv /tmp/fuzzattn-gpu.tgz "$OUT/results.tgz"
     exit 0
