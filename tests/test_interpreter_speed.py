@@ -47,6 +47,34 @@ def test_tuple_type_names_are_built_when_read():
     assert t == core.tuple_type([tl.int32, tl.float32], ["a", "b"])
 
 
+def test_block_types_of_plain_int_shapes_are_triton_own():
+    """The fast block_type path gives what triton's __init__ gives: a tl.tuple shape (in
+    triton.language.core, `tuple` is triton's own class), the numel, the name when read; and
+    triton's own checks for shapes it cannot take."""
+    import triton.language as tl
+    from triton.language import core
+    t = core.block_type(tl.float32, [16, 32])
+    assert isinstance(t.shape, core.tuple) and list(t.shape) == [16, 32] and t.numel == 512
+    assert "_name" not in t.__dict__ and t.name == "<['16', '32'], fp32>" == str(t)
+    assert t == core.block_type(tl.float32, [tl.constexpr(16), tl.constexpr(32)])
+    assert t != core.block_type(tl.float16, [16, 32]) and t.scalar is tl.float32
+    with pytest.raises(ValueError, match="power of 2"):
+        core.block_type(tl.float32, [16, 24])
+    with pytest.raises(TypeError, match="0d block_type"):
+        core.block_type(tl.float32, [])
+
+
+def test_tensors_get_their_own_tl_tuple_shape_and_numel():
+    import triton.language as tl
+    from triton.language import core
+    ty = core.block_type(tl.float32, [4, 8])
+    a, b = core.tensor(None, ty), core.tensor(None, ty)
+    assert isinstance(a.shape, core.tuple) and [d.value for d in a.shape] == [4, 8]
+    assert a.shape is not b.shape and a.numel.value == 32 and a.dtype is tl.float32
+    scalar = core.tensor(None, tl.int32)
+    assert len(scalar.shape) == 0 and scalar.numel.value == 1
+
+
 if is_interpreted():
     import triton
     import triton.language as tl
