@@ -13,22 +13,9 @@ NGPU=$(nvidia-smi -L 2>/dev/null | wc -l); (( NGPU > 0 )) || NGPU=1
 source "$(dirname "$0")/gpu_common.sh"
 mkdir -p "$OUT/campaigns"
 
-scale_run() {   # $1 = processes, $2 = label: K in-process sdpa fp32 fuzzers on GPU 0
-    local k=$1 label=$2 dir="$OUT/scaling/$2"
-    mkdir -p "$dir"
-    CUDA_VISIBLE_DEVICES=0 nvidia-smi dmon -i 0 -s u -d 1 -c "$SCALING_SECONDS" >"$dir/dmon.txt" 2>&1 &
-    for i in $(seq 0 $(( k - 1 ))); do
-        CUDA_VISIBLE_DEVICES=0 OMP_NUM_THREADS=1 timeout $(( SCALING_SECONDS + 60 )) \
-            python3 benchmarks/gpu_campaign.py --impl sdpa --dtype float32 \
-            --seconds "$SCALING_SECONDS" --shard $(( 500 + i )) --gradient-every 4 --out "$dir" \
-            --regressions-dir "$dir/found" >"$dir/log_$i.txt" 2>&1 &
-    done
-    wait
-    python3 benchmarks/scaling_summary.py "$dir" "$k" "$label"
-}
 if (( SCALING_SECONDS > 0 )); then
     step "scaling over processes on one GPU, sdpa fp32, $SCALING_SECONDS s each"
-    for k in 1 16; do scale_run "$k" "inproc_$k" | tee -a "$OUT/scaling.txt"; done
+    for k in 1 16; do scale_run "$k" "inproc_$k" 500 | tee -a "$OUT/scaling.txt"; done
 fi
 
 step "campaign: $PARTS isolated parts x $CAMPAIGN_SECONDS s on $NGPU GPU(s); beside it replay and attribution"

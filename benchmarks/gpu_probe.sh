@@ -6,7 +6,7 @@
 # regression file replayed compiled (the strict expected failures included).
 #     bash benchmarks/gpu_probe.sh [SECONDS_PER_SCALING_RUN=30] [PROCESS_COUNTS="1 4 8 16"]
 set -uo pipefail
-SECONDS_PER_RUN=${1:-30}
+SCALING_SECONDS=${1:-30}
 COUNTS=${2:-1 4 8 16}
 source "$(dirname "$0")/gpu_common.sh"
 
@@ -18,22 +18,9 @@ timeout 90 python3 benchmarks/throughput.py --profile gpu --cases 150 --impl sdp
     --dtype float32 --gradient-every 4 2>&1 | tee "$OUT/throughput.txt"
 
 # K processes fuzzing sdpa fp32 at once, in-process (no isolation worker), one thread each.
-scale_run() {   # $1 = processes, $2 = label, $3... = extra gpu_campaign.py arguments
-    local k=$1 label=$2; shift 2
-    local dir="$OUT/scaling/$label"
-    mkdir -p "$dir"
-    nvidia-smi dmon -s u -d 1 -c "$SECONDS_PER_RUN" >"$dir/dmon.txt" 2>&1 &
-    for i in $(seq 0 $(( k - 1 ))); do
-        OMP_NUM_THREADS=1 timeout $(( SECONDS_PER_RUN + 60 )) python3 benchmarks/gpu_campaign.py \
-            --impl sdpa --dtype float32 --seconds "$SECONDS_PER_RUN" --shard $(( 500 + i )) \
-            --gradient-every 4 --out "$dir" --regressions-dir "$dir/found" "$@" >"$dir/log_$i.txt" 2>&1 &
-    done
-    wait
-    python3 benchmarks/scaling_summary.py "$dir" "$k" "$label"
-}
-step "scaling over processes, sdpa fp32, $SECONDS_PER_RUN s each"
-for k in $COUNTS; do scale_run "$k" "inproc_$k" | tee -a "$OUT/scaling.txt"; done
-scale_run 16 "isolated_16" --isolate --timeout 60 | tee -a "$OUT/scaling.txt"
+step "scaling over processes, sdpa fp32, $SCALING_SECONDS s each"
+for k in $COUNTS; do scale_run "$k" "inproc_$k" 500 | tee -a "$OUT/scaling.txt"; done
+scale_run 16 "isolated_16" 500 --isolate --timeout 60 | tee -a "$OUT/scaling.txt"
 
 step "open findings triaged; regressions replayed compiled (parallel)"
 F=benchmarks/gpu_findings

@@ -7,9 +7,9 @@
 # zoo mutant whose compiled fp32 margin was thinnest, against the TF32 weight term.
 # Environment: QUICK=1 skips the breakdown, the device-judged run and the checks (a scaling-only
 # call).
-#     bash benchmarks/gpu_throughput.sh [SECONDS_PER_RUN=30] [COUNTS="1 8 16"]
+#     bash benchmarks/gpu_throughput.sh [SCALING_SECONDS=30] [COUNTS="1 8 16"]
 set -uo pipefail
-SECONDS_PER_RUN=${1:-30}
+SCALING_SECONDS=${1:-30}
 COUNTS=${2:-1 8 16}
 QUICK=${QUICK:-0}
 source "$(dirname "$0")/gpu_common.sh"
@@ -20,26 +20,13 @@ if [[ "$QUICK" != 1 ]]; then
         --dtype float32 --gradient-every 4 2>&1 | tee "$OUT/throughput.txt"
 fi
 
-scale_run() {   # $1 = processes, $2 = label: K in-process sdpa fp32 fuzzers on GPU 0
-    local k=$1 label=$2 dir="$OUT/scaling/$2"
-    mkdir -p "$dir"
-    nvidia-smi dmon -i 0 -s u -d 1 -c "$SECONDS_PER_RUN" >"$dir/dmon.txt" 2>&1 &
-    for i in $(seq 0 $(( k - 1 ))); do
-        CUDA_VISIBLE_DEVICES=0 OMP_NUM_THREADS=1 timeout $(( SECONDS_PER_RUN + 60 )) \
-            python3 benchmarks/gpu_campaign.py --impl sdpa --dtype float32 \
-            --seconds "$SECONDS_PER_RUN" --shard $(( 600 + i )) --gradient-every 4 --out "$dir" \
-            --regressions-dir "$dir/found" >"$dir/log_$i.txt" 2>&1 &
-    done
-    wait
-    python3 benchmarks/scaling_summary.py "$dir" "$k" "$label"
-}
-step "scaling over processes on one GPU, sdpa fp32, $SECONDS_PER_RUN s each"
-for k in $COUNTS; do scale_run "$k" "host_judged_$k" | tee -a "$OUT/scaling.txt"; done
+step "scaling over processes on one GPU, sdpa fp32, $SCALING_SECONDS s each"
+for k in $COUNTS; do scale_run "$k" "host_judged_$k" 600 | tee -a "$OUT/scaling.txt"; done
 if [[ "$QUICK" == 1 ]]; then
     tar czf /tmp/fuzzattn-gpu.tgz -C "$OUT" . && find "$OUT" -mindepth 1 -delete && mv /tmp/fuzzattn-gpu.tgz "$OUT/results.tgz"
     exit 0
 fi
-FUZZATTN_HOST_JUDGE_MACS=0 scale_run 16 "device_judged_16" | tee -a "$OUT/scaling.txt"
+FUZZATTN_HOST_JUDGE_MACS=0 scale_run 16 "device_judged_16" 600 | tee -a "$OUT/scaling.txt"
 
 step "findings triaged, sdpa regressions replayed, the thinnest fp32 mutant (parallel)"
 shopt -s nullglob

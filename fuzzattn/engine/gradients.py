@@ -32,8 +32,8 @@ from fuzzattn.contract.dtypes import BY_NAME
 from fuzzattn.contract.implementation import Implementation
 from fuzzattn.engine import execute
 from fuzzattn.engine.grad_oracle import NAMES, GradReference, oracle_gradients, same_precision_gradients
-from fuzzattn.engine.judge_device import moved
 from fuzzattn.engine.inputs import as_bits, changed_storages, materialize, materialize_dout, place, place_flat
+from fuzzattn.engine.judge_device import moved
 from fuzzattn.engine.poison import prime_allocator, uninitialized_memory_is_nan
 from fuzzattn.engine.tolerance import grad_allowance, grad_bound
 from fuzzattn.engine.verdict import Verdict, heatmap, locate

@@ -114,19 +114,26 @@ def _lazy_tuple_type_names() -> None:
         self.types = types
         self.fields = fields or [""] * len(types)
 
+    setattr(__init__, _MARK, True)
+    tuple_type.__init__ = __init__
+    # the string triton 3.6 builds in __init__
+    _name_when_read(tuple_type, lambda t: "[" + ",".join(f"{k}:{v}" for k, v in zip(t.fields, t.types)) + "]")
+
+
+def _name_when_read(cls, build) -> None:
+    """`cls.name`, which triton formats in every __init__ though only printing and error
+    messages read it, as a property that builds it with `build(self)` on first read (and still
+    takes an assignment, as triton's own code may make one)."""
     def name(self):
         cached = self.__dict__.get("_name")
-        if cached is None:      # the string triton 3.6 builds in __init__
-            cached = "[" + ",".join(f"{k}:{v}" for k, v in zip(self.fields, self.types)) + "]"
-            self.__dict__["_name"] = cached
+        if cached is None:
+            cached = self.__dict__["_name"] = build(self)
         return cached
 
     def set_name(self, value):
         self.__dict__["_name"] = value
 
-    setattr(__init__, _MARK, True)
-    tuple_type.__init__ = __init__
-    tuple_type.name = property(name, set_name)
+    cls.name = property(name, set_name)
 
 
 def _plain_block_types() -> None:
@@ -157,18 +164,9 @@ def _plain_block_types() -> None:
         self.shape = tl_tuple(key, found[1])
         self.numel = found[0]
 
-    def name(self):
-        cached = self.__dict__.get("_name")
-        if cached is None:      # the string triton 3.6 builds in __init__
-            cached = self.__dict__["_name"] = f"<{self.shape}, {self.element_ty}>"
-        return cached
-
-    def set_name(self, value):
-        self.__dict__["_name"] = value
-
     setattr(__init__, _MARK, True)
     block_type.__init__ = __init__
-    block_type.name = property(name, set_name)
+    _name_when_read(block_type, lambda t: f"<{t.shape}, {t.element_ty}>")   # triton 3.6's string
 
 
 def _shared_tensor_shapes() -> None:

@@ -25,8 +25,8 @@ from fuzzattn.contract.implementation import Implementation
 from fuzzattn.engine import execute
 from fuzzattn.engine.error_statistics import out_rms_bound
 from fuzzattn.engine.gradients import judge_gradients
-from fuzzattn.engine.judge_device import judge_device, moved
 from fuzzattn.engine.inputs import Inputs, as_bits, check_budget, inputs_sha256, materialize
+from fuzzattn.engine.judge_device import judge_device, moved
 from fuzzattn.engine.poison import (UninitializedMemoryIsZero, prime_allocator,
                                     uninitialized_memory_is_nan)
 from fuzzattn.engine.oracle import Reference, oracle, same_precision_reference
