@@ -57,6 +57,7 @@ def test_block_types_of_plain_int_shapes_are_triton_own():
     assert isinstance(t.shape, core.tuple) and list(t.shape) == [16, 32] and t.numel == 512
     assert "_name" not in t.__dict__ and t.name == "<['16', '32'], fp32>" == str(t)
     assert t == core.block_type(tl.float32, [tl.constexpr(16), tl.constexpr(32)])
+    assert t == core.block_type(tl.float32, core.tuple([16, tl.constexpr(32)]))
     assert t != core.block_type(tl.float16, [16, 32]) and t.scalar is tl.float32
     with pytest.raises(ValueError, match="power of 2"):
         core.block_type(tl.float32, [16, 24])

@@ -23,7 +23,9 @@ Then, on 200 ci cases of triton_fa2 fp32 (the CI's differential campaign, 142 s 
 language frontend the interpreter drives: `tl.tensor.__init__` (680,000 calls, 23 s) rebuilt a
 tuple of fresh constexpr objects per value, and `block_type.__init__` (405,000 calls, 26 s)
 unwrapped, re-validated and formatted the name of shapes it had seen thousands of times. Both
-now share what a shape determines (`_shared_tensor_shapes`, `_plain_block_types`).
+now share what a shape determines (`_shared_tensor_shapes`, `_plain_block_types`): an
+interpreted forward over four fixed cases went from 1.70 s to 1.52 s, then, with shapes given as
+constexprs taking the fast path too, ~17% faster again (alternating runs, same machine).
 
 These edits are wrappers around triton 3.6's interpreter and language internals; if those are
 not where this module expects them it changes nothing (the interpreter is then merely slower).
@@ -137,8 +139,8 @@ def _name_when_read(cls, build) -> None:
 
 
 def _plain_block_types() -> None:
-    """block_type(element_ty, shape) with a shape of plain ints (what the interpreter passes)
-    skips the constexpr unwrapping, checks a shape it has seen once, reuses the shape's tuple
+    """block_type(element_ty, shape) with a shape of ints (plain, or each in one constexpr: what
+    the interpreter passes) skips the unwrapping, checks a shape it has seen once, reuses its tuple
     type, and formats its name when read. Its shape is a fresh `tl.tuple` of the same ints, as
     triton's own __init__ builds (in triton.language.core `tuple` is tl.tuple, not Python's).
     Anything else takes triton's own path."""
@@ -152,12 +154,21 @@ def _plain_block_types() -> None:
         return
     known: dict = {}        # shape (Python tuple of ints) -> (numel, its tuple_type)
 
+    constexpr = core.constexpr
+
+    def plain(d):
+        """d as a plain int (unwrapping one constexpr), or None."""
+        if type(d) is constexpr:
+            d = d.value
+        return d if type(d) is int else None
+
     def __init__(self, element_ty, shape):
-        if not (isinstance(shape, (list, tuple)) and shape and all(type(d) is int for d in shape)):
-            original(self, element_ty, shape)       # constexprs, tl.tuples, errors: triton's way
+        dims = shape.values if isinstance(shape, tl_tuple) else shape
+        key = tuple(plain(d) for d in dims) if isinstance(dims, (list, tuple)) else ()
+        if not key or None in key:
+            original(self, element_ty, shape)       # anything else, and errors: triton's way
             return                                  # (its name lands in the property's setter)
         self.element_ty = element_ty
-        key = tuple(shape)
         found = known.get(key)
         if found is None:
             found = known[key] = (validate(list(key)), tuple_type_of(list(key)))
