@@ -157,3 +157,14 @@ def test_the_scaling_summary_sums_the_runs_of_a_directory(two_runs):
     line = _script("scaling_summary").summary(out, 2, "two_runs")
     assert f"{len(runs):2d} results, {cases:6d} cases" in line and cases > 0
     assert line.endswith("GPU sm% median -1")        # no dmon samples on the CPU
+
+
+@pytest.mark.parametrize("script", sorted((ROOT / "benchmarks").glob("gpu_*.sh")), ids=lambda p: p.name)
+def test_each_gpu_call_script_parses_and_shares_the_preamble(script):
+    """A GPU call is minutes of device time: a script that does not parse, or that lost the
+    shared preamble (output folder, install, scale_run), must fail here, not on the device."""
+    import subprocess
+    parsed = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
+    assert parsed.returncode == 0, parsed.stderr
+    if script.name != "gpu_common.sh":
+        assert 'source "$(dirname "$0")/gpu_common.sh"' in script.read_text()
