@@ -159,9 +159,9 @@ def test_tolerance_is_k_times_reference_error_plus_rounding_noise():
 
 
 def test_tf32_weights_a_unit_apart_are_allowed_and_more_is_not():
-    """The H200 finding behind tolerance.TF32_WEIGHT_ULPS: a one-hot row whose kernel weight
-    1 - 2^-24 truncated to 1 - 2^-11 (TF32) returns trunc(v) (1 - 2^-11), where the reference's
-    weight exp(0) = 1 kept trunc(v). Allowed for TF32 kernels on the max and the rms rule; not
+    """The H200 finding behind tolerance.TF32_WEIGHT_ULPS: a one-hot row returned
+    trunc(v) (1 - 2^-11), its weight read by the tensor cores as 1 - 2^-11 (an fp32 value just
+    below 1, truncated to TF32), where the reference's weight exp(0) = 1 kept trunc(v). Allowed for TF32 kernels on the max and the rms rule; not
     for IEEE ones, and four TF32 units off (a weight bug) fails either way."""
     g = torch.Generator().manual_seed(3)
     v = torch.randn(1, 1, 1, 16, generator=g)

@@ -133,9 +133,11 @@ NORM_ULPS = 2.0
 # at most 2^-10 = 2 u_mm of p_j. Summed over the keys that moves out_i by at most
 # 2 u_mm sum_j p_j |v_j| / l = 2 u_mm A_i (A = oracle.Reference.out_magnitude), added absolutely
 # at max A. Seen without it on the H200: triton_fa2 fp32 at 1.04x on one-hot rows (values=
-# dominant_key), whose kernel weight 1 - 2^-24 truncated to 1 - 2^-11 where the reference's
-# exp(0) = 1 stayed 1: out = trunc(v) (1 - 2^-11) to within 3e-7. The reference, exact in P
-# there, could not count it.
+# dominant_key) returned out = trunc(v) (1 - 2^-11) to within 3e-7 (measured), i.e. a weight
+# TF32 read as 1 - 2^-11, what any fp32 value just below 1 truncates to, where the reference's
+# exp(0) = 1 stayed 1. (Why the kernel's weight fell below 1 was not measured; an exp2 of a
+# tiny negative exponent left by a contracted s * scale - m would do it.) The reference, exact
+# in P there, could not count it.
 TF32_WEIGHT_ULPS = 2.0
 #
 # Other summation orders (split-K over key blocks, tree reductions in P @ V and in l): any order
