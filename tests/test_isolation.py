@@ -116,19 +116,25 @@ def test_a_context_left_faulted_pins_the_fault_on_the_case_that_left_it(worker):
     assert context_fault("cpu") is None
     isolated = worker("CORRECT")
     here = case(THRESHOLD - 1)
+    fault = "AcceleratorError: CUDA error: misaligned address"
     crashed = JudgedCase("correct", here, [
         Verdict(impl="correct", case=here, check="out", passed=True),
         Verdict(impl="correct", case=here, check="grad_crash", passed=False,
                 detail="backward raised: RuntimeError: cuDNN error: EXECUTION_FAILED")])
-    faulted = isolated._left_faulted(crashed, "AcceleratorError: CUDA error: misaligned address")
+    faults, starts = isolated.stats.device_faults, isolated.stats.starts
+    faulted = isolated._classify(crashed, left_faulted=fault)
     assert [v.check for v in faulted.failures] == ["device_fault"]
     assert faulted.first_failure.detail.startswith("in the backward: backward raised")
-    assert "left faulted: AcceleratorError: CUDA error: misaligned address" in faulted.first_failure.detail
+    assert f"left faulted: {fault}" in faulted.first_failure.detail
     assert faulted.inputs_sha256 and faulted.versions
     quiet = JudgedCase("correct", here, [Verdict(impl="correct", case=here, check="out", passed=True)])
-    faulted = isolated._left_faulted(quiet, "AcceleratorError: CUDA error: misaligned address")
+    faulted = isolated._classify(quiet, left_faulted=fault)
     assert [v.check for v in faulted.verdicts] == ["out", "device_fault"]
-    assert faulted.first_failure.detail.startswith("after the call: the CUDA context was left faulted")
+    assert faulted.first_failure.detail.startswith("after the call; the CUDA context was left faulted")
+    assert isolated.stats.device_faults == faults + 2
+    assert isolated.judge(here).passed and isolated.stats.starts == starts + 2
+    # Without a faulted context, a crash that does not say CUDA stays a crash.
+    assert isolated._classify(crashed) is crashed
 
 
 @pytest.mark.parametrize("name", sorted(BAD))

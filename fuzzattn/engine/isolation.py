@@ -275,9 +275,7 @@ class IsolatedJudge:
             return self._failed(case, "segfault", payload)
         if kind == "faulted":
             judged, headline = payload
-            self.stats.device_faults += 1
-            self._replace()
-            return self._left_faulted(judged, headline)
+            return self._classify(judged, left_faulted=headline)
         if kind == "error":
             headline, text = payload
             if is_device_fault(text):
@@ -297,43 +295,36 @@ class IsolatedJudge:
                           cli_name=self.cli_name, versions=versions(),
                           inputs_sha256=inputs_sha256(materialize(case, "cpu")))
 
-    def _left_faulted(self, judged: JudgedCase, headline: str) -> JudgedCase:
-        """A judgement after which the worker's CUDA context was found faulted (the worker's
-        context_fault): the case's crash becomes the device_fault it caused, or, when nothing
-        crashed (an asynchronous fault), a device_fault verdict is added."""
-        note = f"the CUDA context was left faulted: {headline}"
-        verdicts, renamed = [], False
-        for v in judged.verdicts:
-            if not v.passed and v.check in ("crash", "grad_crash") and not renamed:
-                where = "" if v.check == "crash" else "in the backward: "
-                v = dataclasses.replace(v, check="device_fault", detail=f"{where}{v.detail}; {note}")
-                renamed = True
-            verdicts.append(v)
-        if not renamed:
-            verdicts.append(Verdict(impl=self.name, case=judged.case, check="device_fault",
-                                    passed=False, detail=f"after the call: {note}"))
-        return dataclasses.replace(
-            judged, verdicts=verdicts, versions=judged.versions or versions(),
-            inputs_sha256=judged.inputs_sha256 or inputs_sha256(materialize(judged.case, "cpu")))
+    def _classify(self, judged: JudgedCase, left_faulted: str | None = None) -> JudgedCase:
+        """Crashes that faulted the device, forward or backward, become device_fault, and the
+        worker they poisoned is replaced: a CUDA error is sticky, so a worker kept after one fails
+        every later case (seen on the H200: after SDPA's backward faulted with a misaligned
+        address, the next three files replayed in that worker failed with the same error).
 
-    def _classify(self, judged: JudgedCase) -> JudgedCase:
-        """Rename CUDA-error crashes, forward or backward, to device_fault and replace the
-        worker they poisoned: a CUDA error is sticky, so a worker kept after one fails every
-        later case (seen on the H200: SDPA's backward faulting with a misaligned address, and
-        the next three files replayed in that worker failing with the same error)."""
-        faulted = False
-        verdicts = []
+        A crash is the fault when its text says CUDA, or when the worker found its context faulted
+        after the judgement (`left_faulted`, isolation_worker.context_fault: SDPA's fp16 and bf16
+        backwards raised errors that do not say CUDA); with no crash to blame, the fault was
+        asynchronous and a device_fault verdict is added."""
+        note = f"; the CUDA context was left faulted: {left_faulted}" if left_faulted else ""
+        verdicts, faulted = [], False
         for v in judged.verdicts:
-            if not v.passed and v.check in ("crash", "grad_crash") and is_device_fault(v.detail):
-                detail = v.detail if v.check == "crash" else f"in the backward: {v.detail}"
-                v = dataclasses.replace(v, check="device_fault", detail=detail)
+            crashed = not v.passed and v.check in ("crash", "grad_crash")
+            if crashed and (is_device_fault(v.detail) or (left_faulted and not faulted)):
+                where = "" if v.check == "crash" else "in the backward: "
+                v = dataclasses.replace(v, check="device_fault", detail=f"{where}{v.detail}{note}")
                 faulted = True
             verdicts.append(v)
-        if not faulted:
+        if left_faulted and not faulted:
+            verdicts.append(Verdict(impl=self.name, case=judged.case, check="device_fault",
+                                    passed=False, detail=f"after the call{note}"))
+        elif not faulted:
             return judged
         self.stats.device_faults += 1
         self._replace()
-        return dataclasses.replace(judged, verdicts=verdicts)
+        # A judgement that passed in the worker carries no sha256 or versions; a failure needs them.
+        return dataclasses.replace(
+            judged, verdicts=verdicts, versions=judged.versions or versions(),
+            inputs_sha256=judged.inputs_sha256 or inputs_sha256(materialize(judged.case, "cpu")))
 
     def probe(self) -> dict | None:
         """Run the loader's probe call in the worker; the declared fields it yields, or None when
@@ -343,11 +334,6 @@ class IsolatedJudge:
         if kind == "declared":
             self.fields = payload
             return payload
-        if kind == "faulted":
-            judged, headline = payload
-            self.stats.device_faults += 1
-            self._replace()
-            return self._left_faulted(judged, headline)
         if kind == "error":
             headline, text = payload
             if is_device_fault(text):
