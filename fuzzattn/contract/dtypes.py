@@ -43,5 +43,12 @@ def torch_dtype(name: str) -> torch.dtype:
     return BY_NAME[name].torch
 
 
+def reads_tf32(dtype: str | torch.dtype, fp32_matmul: str) -> bool:
+    """Whether an implementation declaring `fp32_matmul` feeds tensor cores TF32 operands for
+    inputs of `dtype`: only fp32 inputs of a "tf32" declaration (bf16/fp16 dots are exact)."""
+    entry = BY_NAME[dtype] if isinstance(dtype, str) else BY_TORCH[dtype]
+    return fp32_matmul == "tf32" and entry.name == "float32"
+
+
 def unit_roundoff(dtype: str | torch.dtype) -> float:
     return (BY_NAME[dtype] if isinstance(dtype, str) else BY_TORCH[dtype]).unit_roundoff

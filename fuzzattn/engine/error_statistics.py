@@ -48,7 +48,7 @@ import math
 
 import torch
 
-from fuzzattn.contract.dtypes import TF32_ROUNDOFF, U32, unit_roundoff
+from fuzzattn.contract.dtypes import TF32_ROUNDOFF, U32, reads_tf32, unit_roundoff
 from fuzzattn.engine import tolerance
 from fuzzattn.engine.tolerance import EPS_ULPS, K_RMS, K_RMS_TF32, RMS_SAMPLING, SCORE_ULPS, ULP32
 
@@ -87,7 +87,8 @@ def out_rms_bound(got: torch.Tensor, reference: torch.Tensor, oracle: torch.Tens
     rows with no visible key, which are left out; `out_magnitude` (the oracle's sum_j p |v| / l
     per element, oracle.Reference) sets the fp32 summation noise, |oracle| standing in without.
     `fp32_matmul="tf32"` (the implementation's declaration) judges fp32 outputs with K_RMS_TF32."""
-    k_rms = K_RMS_TF32 if (fp32_matmul == "tf32" and got.dtype == torch.float32) else K_RMS
+    tf32 = reads_tf32(got.dtype, fp32_matmul)
+    k_rms = K_RMS_TF32 if tf32 else K_RMS
     oracle64 = oracle.to(torch.float64)
     keep = torch.ones(oracle64.shape[:-1], dtype=torch.bool, device=oracle64.device)
     if empty_rows is not None:
@@ -118,7 +119,7 @@ def out_rms_bound(got: torch.Tensor, reference: torch.Tensor, oracle: torch.Tens
     noise = one_element + normalisation + SCORE_ULPS * U32 * score_magnitude * _rms(moved, n)
     # Weights truncated to TF32 a unit apart from the reference's (tolerance.py, TF32_WEIGHT_ULPS)
     # move each element by at most TF32_WEIGHT_ULPS u_mm A: per element, so on the rms too.
-    if tolerance.tf32_weights(got, fp32_matmul):
+    if tf32:
         noise += tolerance.TF32_WEIGHT_ULPS * TF32_ROUNDOFF * _rms(summed.masked_fill(~keep, 0.0), n)
     allowed = k_rms * sampling * ref_rms + noise
     statistic = math.inf if bool(nonfinite.any()) else _rms(err, n)

@@ -19,6 +19,7 @@ import dataclasses
 import torch
 
 from fuzzattn.contract.case import AttentionCase
+from fuzzattn.contract.dtypes import reads_tf32
 from fuzzattn.engine.oracle import (_attend, same_precision_reference, truncate_to_tf32,
                                    visible_keys)
 
@@ -122,8 +123,7 @@ def same_precision_gradients(q, k, v, dout, case: AttentionCase,
     """FlashAttention-2's backward at the input precision (module docstring)."""
     in_dtype = q.dtype
     fwd = same_precision_reference(q, k, v, case, fp32_matmul)
-    tf32 = fp32_matmul == "tf32" and in_dtype == torch.float32
-    operand = truncate_to_tf32 if tf32 else (lambda t: t)
+    operand = truncate_to_tf32 if reads_tf32(in_dtype, fp32_matmul) else (lambda t: t)
 
     def rounded(t):          # a matmul operand in the input dtype (TF32 for TF32 fp32 matmuls)
         return operand(t.to(in_dtype).to(torch.float32))

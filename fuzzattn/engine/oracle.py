@@ -12,6 +12,7 @@ import dataclasses
 import torch
 
 from fuzzattn.contract.case import AttentionCase
+from fuzzattn.contract.dtypes import reads_tf32
 
 
 def visible_keys(seq_q: int, seq_k: int, causal: str, device=None) -> torch.Tensor | None:
@@ -100,6 +101,6 @@ def same_precision_reference(q, k, v, case: AttentionCase, fp32_matmul: str = "i
     to the input dtype. A TF32 implementation is judged against TF32-truncated matmul operands.
     """
     in_dtype = q.dtype
-    tf32 = truncate_to_tf32 if (fp32_matmul == "tf32" and in_dtype == torch.float32) else None
+    tf32 = truncate_to_tf32 if reads_tf32(in_dtype, fp32_matmul) else None
     ref = _attend(q, k, v, case, torch.float32, in_dtype, tf32)
     return dataclasses.replace(ref, out=ref.out.to(in_dtype))

@@ -33,7 +33,7 @@ from __future__ import annotations
 import torch
 
 from fuzzattn.contract.case import AttentionCase
-from fuzzattn.contract.dtypes import TF32_ROUNDOFF, U32, unit_roundoff
+from fuzzattn.contract.dtypes import TF32_ROUNDOFF, U32, reads_tf32, unit_roundoff
 from fuzzattn.contract.implementation import Implementation
 
 FP16_WEIGHT_FLOOR = 2.0 ** -25   # absolute rounding of an fp16 weight below 2^-14 (subnormal)
@@ -45,7 +45,7 @@ class Rounding:
     """The unit roundoffs of the model in the module docstring, for one implementation and case."""
 
     def __init__(self, impl: Implementation, case: AttentionCase):
-        tf32 = case.dtype == "float32" and impl.caps.fp32_matmul == "tf32"
+        tf32 = reads_tf32(case.dtype, impl.caps.fp32_matmul)
         self.u_mm = TF32_ROUNDOFF if tf32 else 0.0
         # fp32 weights are not rounded before P @ V, except as a TF32 operand.
         self.u_p = self.u_mm if case.dtype == "float32" else unit_roundoff(case.dtype)

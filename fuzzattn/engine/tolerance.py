@@ -79,7 +79,7 @@ import math
 
 import torch
 
-from fuzzattn.contract.dtypes import TF32_ROUNDOFF, U32, unit_roundoff
+from fuzzattn.contract.dtypes import TF32_ROUNDOFF, U32, reads_tf32, unit_roundoff
 
 K_OUT = 2.0
 K_LSE = 2.0
@@ -179,17 +179,12 @@ def bound(got: torch.Tensor, reference: torch.Tensor, oracle: torch.Tensor, *, k
     return Bound(_max(err), allowed, _max(ref_err), rows)
 
 
-def tf32_weights(got: torch.Tensor, fp32_matmul: str) -> bool:
-    """Whether `got`'s weights went through TF32 truncation (the TF32_WEIGHT_ULPS term applies)."""
-    return fp32_matmul == "tf32" and got.dtype == torch.float32
-
-
 def out_bound(got, reference, oracle, score_magnitude: float = 0.0, *,
               out_magnitude: torch.Tensor | None = None, fp32_matmul: str = "ieee") -> Bound:
     relative = (EPS_ULPS * unit_roundoff(got.dtype) + NORM_ULPS * ULP32
                 + SCORE_ULPS * U32 * score_magnitude)
     absolute = 0.0
-    if tf32_weights(got, fp32_matmul):
+    if reads_tf32(got.dtype, fp32_matmul):
         summed = oracle.abs() if out_magnitude is None else out_magnitude
         absolute = TF32_WEIGHT_ULPS * TF32_ROUNDOFF * _max(summed.to(torch.float64).nan_to_num(0.0))
     return bound(got, reference, oracle, k=K_OUT, relative_noise=relative, absolute_noise=absolute)
@@ -202,7 +197,7 @@ def lse_bound(got, reference, oracle, score_magnitude: float = 0.0) -> Bound:
 
 def grad_noise(dtype: torch.dtype, fp32_matmul: str, score_magnitude: float, terms: int) -> tuple[float, float, float]:
     """The gradient rule's coefficients of (T, T_delta, T_mag) (module docstring)."""
-    u_mm = TF32_ROUNDOFF if (fp32_matmul == "tf32" and dtype == torch.float32) else 0.0
+    u_mm = TF32_ROUNDOFF if reads_tf32(dtype, fp32_matmul) else 0.0
     u_op = max(unit_roundoff(dtype), u_mm)
     # A backward recomputes P = exp(s - lse) from scores and an lse computed apart (the forward's):
     # each is off by up to SCORE_ULPS u32 S, so P is off by a factor of up to e^(+-2 d), d that
