@@ -14,9 +14,7 @@ PARTS=${2:-12}
 ZOO=${3:-4}
 GRADIENT_EVERY=${4:-4}
 SHARD_BASE=${5:-0}
-NGPU=$(nvidia-smi -L 2>/dev/null | wc -l); (( NGPU > 0 )) || NGPU=1
 source "$(dirname "$0")/gpu_common.sh"
-mkdir -p "$OUT/campaigns"
 
 if [[ "${SKIP_THROUGHPUT:-0}" != 1 ]]; then
     step "throughput, one process, gpu sizes"
@@ -25,13 +23,7 @@ if [[ "${SKIP_THROUGHPUT:-0}" != 1 ]]; then
 fi
 
 step "campaign: $PARTS isolated parts x $CAMPAIGN_SECONDS s, gradients every $GRADIENT_EVERY cases; zoo in $ZOO processes"
-for part in $(seq 0 $(( PARTS - 1 ))); do
-    CUDA_VISIBLE_DEVICES=$(( part % NGPU )) OMP_NUM_THREADS=1 timeout $(( CAMPAIGN_SECONDS + 90 )) \
-        python3 benchmarks/gpu_campaign.py --shard $(( SHARD_BASE + part )) \
-        --seconds "$CAMPAIGN_SECONDS" --part "$part/$PARTS" --isolate --timeout 60 \
-        --gradient-every "$GRADIENT_EVERY" --out "$OUT/campaigns" --regressions-dir "$OUT/found" \
-        >"$OUT/campaign_$part.txt" 2>&1 &
-done
+campaign_parts "$PARTS" "$CAMPAIGN_SECONDS" "$SHARD_BASE" "$GRADIENT_EVERY"
 mapfile -t MUTANTS < <(python3 -m fuzzattn.cli mutants --list 2>/dev/null | awk '/^mutant_/ {print $1}')
 for z in $(seq 0 $(( ZOO - 1 ))); do
     (
@@ -52,11 +44,7 @@ done
 ) &
 wait
 cat "$OUT"/zoo_*.txt 2>/dev/null | sort | tee "$OUT/zoo_compiled.txt"
-tail -n 25 "$OUT"/campaign_*.txt | grep -E "cases|wrote|Error|error" | cut -c1-240
+campaign_summary
 grep -vE "  ok$|^-|^file" "$OUT/replay.txt" | cut -c1-200 | tail -25
 grep -E "^/|passed|failed" "$OUT/triton_tests.txt" | grep -v Warning | tail -12
-
-python3 benchmarks/gpu_report.py "$OUT/campaigns" --out "$OUT/GPU_REPORT_call.md" >/dev/null 2>&1 \
-    && grep -E "^\| |total|runs:" "$OUT/GPU_REPORT_call.md" | head -40
-ls "$OUT/found" 2>/dev/null | head -20
-tar czf /tmp/fuzzattn-gpu.tgz -C "$OUT" . && find "$OUT" -mindepth 1 -delete && mv /tmp/fuzzattn-gpu.tgz "$OUT/results.tgz"
+archive_out

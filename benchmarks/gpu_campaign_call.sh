@@ -9,9 +9,7 @@ CAMPAIGN_SECONDS=${1:-240}
 PARTS=${2:-28}
 SHARD_BASE=${3:-300}
 SCALING_SECONDS=${4:-30}
-NGPU=$(nvidia-smi -L 2>/dev/null | wc -l); (( NGPU > 0 )) || NGPU=1
 source "$(dirname "$0")/gpu_common.sh"
-mkdir -p "$OUT/campaigns"
 
 if (( SCALING_SECONDS > 0 )); then
     step "scaling over processes on one GPU, sdpa fp32, $SCALING_SECONDS s each"
@@ -19,13 +17,7 @@ if (( SCALING_SECONDS > 0 )); then
 fi
 
 step "campaign: $PARTS isolated parts x $CAMPAIGN_SECONDS s on $NGPU GPU(s); beside it replay and attribution"
-for part in $(seq 0 $(( PARTS - 1 ))); do
-    CUDA_VISIBLE_DEVICES=$(( part % NGPU )) OMP_NUM_THREADS=1 timeout $(( CAMPAIGN_SECONDS + 90 )) \
-        python3 benchmarks/gpu_campaign.py --shard $(( SHARD_BASE + part )) \
-        --seconds "$CAMPAIGN_SECONDS" --part "$part/$PARTS" --isolate --timeout 60 \
-        --gradient-every 4 --out "$OUT/campaigns" --regressions-dir "$OUT/found" \
-        >"$OUT/campaign_$part.txt" 2>&1 &
-done
+campaign_parts "$PARTS" "$CAMPAIGN_SECONDS" "$SHARD_BASE" 4
 CHANGED=${CHANGED:-}
 (
     [[ -n "$CHANGED" ]] && timeout 200 python3 -m fuzzattn.cli replay $CHANGED --isolate --timeout 90 \
@@ -38,12 +30,9 @@ CHANGED=${CHANGED:-}
     done
 ) &
 wait
-tail -n 25 "$OUT"/campaign_*.txt | grep -E "cases|wrote|Error|error" | cut -c1-240 | tail -40
+campaign_summary
 cat "$OUT/replay_changed.txt" 2>/dev/null | grep -vE "^-" | cut -c1-200 | tail -12
 cat "$OUT/dispatch.txt" 2>/dev/null | cut -c1-200
 for f in "$OUT"/replay_sdpa*.txt; do echo "-- $f"; tail -n 1 "$f"; grep -E " FAIL | XPASS" "$f" | cut -c1-160; done
-python3 benchmarks/gpu_report.py "$OUT/campaigns" --out "$OUT/GPU_REPORT_call.md" >/dev/null 2>&1 \
-    && grep -E "^\| |total|runs:" "$OUT/GPU_REPORT_call.md" | head -40
-ls "$OUT/found" 2>/dev/null | head -20
 echo; cat "$OUT/scaling.txt" 2>/dev/null
-tar czf /tmp/fuzzattn-gpu.tgz -C "$OUT" . && find "$OUT" -mindepth 1 -delete && mv /tmp/fuzzattn-gpu.tgz "$OUT/results.tgz"
+archive_out

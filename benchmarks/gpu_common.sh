@@ -1,6 +1,7 @@
 # Sourced by the GPU call scripts (benchmarks/gpu_*.sh): the output folder, the environment every
 # step runs in, step headers, the editable install that makes the entry points (implementations,
-# mutants) visible on the image's own torch and triton, and the scaling run they share.
+# mutants) visible on the image's own torch and triton, and the steps they share: the scaling run,
+# the campaign in parts with its summary, and the archive of $OUT.
 OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 FUZZATTN_PROFILE=gpu
@@ -10,6 +11,7 @@ step "install"
 python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1 \
     || { echo "editable install failed"; tail -5 "$OUT/install.log"; }
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
+NGPU=$(nvidia-smi -L 2>/dev/null | wc -l); (( NGPU > 0 )) || NGPU=1
 
 # K in-process sdpa fp32 fuzzers on GPU 0 for $SCALING_SECONDS s (one thread each, gradients on one
 # case in four), its utilisation sampled meanwhile; one summary line (benchmarks/scaling_summary.py).
@@ -26,4 +28,33 @@ scale_run() {   # $1 = processes, $2 = label, $3 = first shard, $4... = more gpu
     done
     wait
     python3 benchmarks/scaling_summary.py "$dir" "$k" "$label"
+}
+
+# PARTS isolated gpu_campaign.py processes over every implementation and dtype, part p on GPU
+# p mod NGPU with shard SHARD_BASE + p, each CAMPAIGN_SECONDS long; started in the background (the
+# caller runs what goes beside them, then waits).
+campaign_parts() {   # $1 = parts, $2 = seconds, $3 = shard base, $4 = gradient every
+    local parts=$1 seconds=$2 base=$3 every=$4
+    mkdir -p "$OUT/campaigns"
+    for part in $(seq 0 $(( parts - 1 ))); do
+        CUDA_VISIBLE_DEVICES=$(( part % NGPU )) OMP_NUM_THREADS=1 timeout $(( seconds + 90 )) \
+            python3 benchmarks/gpu_campaign.py --shard $(( base + part )) \
+            --seconds "$seconds" --part "$part/$parts" --isolate --timeout 60 \
+            --gradient-every "$every" --out "$OUT/campaigns" --regressions-dir "$OUT/found" \
+            >"$OUT/campaign_$part.txt" 2>&1 &
+    done
+}
+
+# After campaign_parts' processes ended: each part's lines, the call's report, the files found.
+campaign_summary() {
+    tail -n 25 "$OUT"/campaign_*.txt | grep -E "cases|wrote|Error|error" | cut -c1-240 | tail -40
+    python3 benchmarks/gpu_report.py "$OUT/campaigns" --out "$OUT/GPU_REPORT_call.md" >/dev/null 2>&1 \
+        && grep -E "^\| |total|runs:" "$OUT/GPU_REPORT_call.md" | head -40
+    ls "$OUT/found" 2>/dev/null | head -20
+}
+
+# Everything under $OUT as one results.tgz (the device tool returns at most 8 files).
+archive_out() {
+    tar czf /tmp/fuzzattn-gpu.tgz -C "$OUT" . && find "$OUT" -mindepth 1 -delete \
+        && mv /tmp/fuzzattn-gpu.tgz "$OUT/results.tgz"
 }

@@ -44,4 +44,4 @@ for f in "$OUT"/replay_*.txt; do
     echo "-- $f"; grep -vE "  ok$|^-|^file" "$f" | cut -c1-200 | tail -14
 done
 echo; cat "$OUT/scaling.txt"
-tar czf /tmp/fuzzattn-gpu.tgz -C "$OUT" . && find "$OUT" -mindepth 1 -delete && mv /tmp/fuzzattn-gpu.tgz "$OUT/results.tgz"
+archive_out

@@ -23,7 +23,7 @@ fi
 step "scaling over processes on one GPU, sdpa fp32, $SCALING_SECONDS s each"
 for k in $COUNTS; do scale_run "$k" "host_judged_$k" 600 | tee -a "$OUT/scaling.txt"; done
 if [[ "$QUICK" == 1 ]]; then
-    tar czf /tmp/fuzzattn-gpu.tgz -C "$OUT" . && find "$OUT" -mindepth 1 -delete && mv /tmp/fuzzattn-gpu.tgz "$OUT/results.tgz"
+    archive_out
     exit 0
 fi
 FUZZATTN_HOST_JUDGE_MACS=0 scale_run 16 "device_judged_16" 600 | tee -a "$OUT/scaling.txt"
@@ -46,4 +46,4 @@ cat "$OUT"/triage_*.txt 2>/dev/null | sort | cut -c1-200
 tail -n 1 "$OUT/replay_sdpa.txt"; grep -E " FAIL | XPASS" "$OUT/replay_sdpa.txt" | cut -c1-160
 grep -vE "^\s*$" "$OUT/zoo_no_running_max.txt" | tail -8 | cut -c1-220
 echo; cat "$OUT/scaling.txt"
-tar czf /tmp/fuzzattn-gpu.tgz -C "$OUT" . && find "$OUT" -mindepth 1 -delete && mv /tmp/fuzzattn-gpu.tgz "$OUT/results.tgz"
+archive_out

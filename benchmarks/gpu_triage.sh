@@ -38,4 +38,4 @@ timeout 120 python3 -m pytest -q -p no:cacheprovider -n 8 -rf --tb=line tests/te
 
 step "forward speed, bf16, quiet GPU"
 timeout 200 python3 benchmarks/bench_forward.py --head-dim 64 128 2>&1 | tee "$OUT/bench_forward.txt"
-tar czf /tmp/fuzzattn-gpu.tgz -C "$OUT" . && find "$OUT" -mindepth 1 -delete && mv /tmp/fuzzattn-gpu.tgz "$OUT/results.tgz"
+archive_out
