@@ -291,10 +291,11 @@ def judge(impl: Implementation, case: AttentionCase, device=None, *,
     if first.call.declared_refusal:
         judged.refused = first.call.summary
         return judged
-    judged.verdicts = _judge_runs(impl, case, device, first, pristine)
+    here = judge_device(case, device)      # where the references and the checks compute
+    judged.verdicts = _judge_runs(impl, case, device, first, pristine, here)
     if gradients and impl.caps.backward and all(v.passed for v in judged.verdicts):
         judged.verdicts += judge_gradients(impl, case, device, forward=(first.out, first.lse),
-                                           judge_on=judge_device(case, device))
+                                           judge_on=here)
     if not judged.passed:
         judged.inputs_sha256 = judged.inputs_sha256 or inputs_sha256(pristine)
         judged.versions = versions()
@@ -302,14 +303,13 @@ def judge(impl: Implementation, case: AttentionCase, device=None, *,
 
 
 def _judge_runs(impl: Implementation, case: AttentionCase, device, first: _Run,
-                pristine: Inputs) -> list[Verdict]:
+                pristine: Inputs, here: torch.device) -> list[Verdict]:
     if first.failure is not None:
         return [first.failure]
     verdicts = list(first.side_effects)
 
     # The references only read their inputs, and no implementation run ever sees `pristine`.
-    # They, and every comparison with them, compute on the judging device (judge_device.py).
-    here = judge_device(case, device)
+    # They, and every comparison with them, compute on `here` (judge_device.py).
     originals = tuple(moved(t, here) for t in pristine.tensors())
     ref = oracle(*originals, case)
     spr = same_precision_reference(*originals, case, impl.caps.fp32_matmul)
