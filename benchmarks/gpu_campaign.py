@@ -60,6 +60,10 @@ def parse_args(argv):
                         "(the budget split over those): N processes with parts 0/N..N-1/N cover "
                         "the plan between them; with N above the plan's length, part I runs "
                         "campaign I mod length (default: every campaign)")
+    p.add_argument("--palette", type=int, default=None, metavar="N",
+                   help="compile palette for compiled Triton kernels (strategies/palette.py); default: "
+                        "each Hypothesis seed's own. A second run with another --shard and the same "
+                        "--palette draws new cases over the variants the first one compiled")
     p.add_argument("--gradient-every", type=int, default=1, metavar="N",
                    help="judge gradients on one drawn case in N (campaign.fuzz); default 1: all")
     p.add_argument("--isolate", action="store_true",
@@ -135,10 +139,10 @@ def run_campaign(impl, dtype, *, isolate=False, timeout=120.0, **kw):
 
 
 def _run_campaign(impl, dtype, *, profile, seconds, shard, regressions_dir, known, device_type,
-                  gradient_every=1, judge_fn=None):
+                  gradient_every=1, judge_fn=None, palette=None):
     from fuzzattn.campaigns.campaign import fuzz
     from strategies.cases import attention_cases
-    strategy = attention_cases(impl.caps, dtype=dtype, profile=profile)
+    from fuzzattn.campaigns.compile_palette import campaign_palette
     entry = dict(impl=impl.name, dtype=dtype, cases=0, seconds=0.0, refused={}, failures=[],
                  errors=[], hypothesis_seeds=[])
     start = time.perf_counter()
@@ -148,6 +152,9 @@ def _run_campaign(impl, dtype, *, profile, seconds, shard, regressions_dir, know
             break
         seed = SEEDS_PER_SHARD * shard + run
         entry["hypothesis_seeds"].append(seed)
+        # A compiled Triton kernel draws from the seed's compile palette (strategies/palette.py).
+        strategy = attention_cases(impl.caps, dtype=dtype, profile=profile,
+                                   palette=campaign_palette(impl, seed if palette is None else palette))
         result = fuzz(impl, strategy, max_examples=profile.max_examples, seconds=left,
                       hypothesis_seed_value=seed, save_to_file=True, regressions_dir=regressions_dir,
                       gradient_every=gradient_every, judge_fn=judge_fn)
@@ -209,7 +216,7 @@ def main(argv=None) -> int:
             entry = run_campaign(impl, dtype, profile=profile, seconds=per_campaign, shard=shard,
                                  regressions_dir=regressions_dir, known=known,
                                  device_type=device_type, gradient_every=args.gradient_every,
-                                 isolate=args.isolate, timeout=args.timeout)
+                                 isolate=args.isolate, timeout=args.timeout, palette=args.palette)
             campaigns.append(entry)
             note = "; ".join(f"{f['check']} {f['case_text']}" for f in entry["failures"])
             print(f"  {impl.name:16} {dtype:9} {entry['cases']:6} cases {entry['seconds']:7.1f} s"

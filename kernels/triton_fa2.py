@@ -264,7 +264,18 @@ def _attend_key_blocks(
     return acc, l_i, m_i
 
 
-@triton.jit
+# Compiled Triton builds a binary per class of every integer argument (1, divisible by 16, other).
+# Lengths, the GQA group, the causal shift and the batch/head strides only feed per-program
+# scalar arithmetic (bounds, base offsets): specialising them buys nothing and makes nearly every
+# ragged shape a new compile (benchmarks/compile_variants.py). Row and element strides stay
+# specialised: they shape the tile's addressing (vectorised, aligned loads).
+FORWARD_UNSPECIALIZED = (
+    "stride_qb", "stride_qh", "stride_kb", "stride_kh", "stride_vb", "stride_vh",
+    "stride_ob", "stride_oh", "stride_lb", "stride_lh",
+    "N_QUERIES", "N_KEYS", "HEAD_DIM", "GROUP_SIZE", "CAUSAL_SHIFT")
+
+
+@triton.jit(do_not_specialize=FORWARD_UNSPECIALIZED)
 def fa2_fwd_kernel(
     Q, K, V, O, L,
     stride_qb, stride_qh, stride_qm, stride_qd,

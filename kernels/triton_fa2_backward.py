@@ -142,7 +142,17 @@ CAPS = Capabilities(
 )
 
 
-@triton.jit
+# As in the forward (kernels/triton_fa2.py: FORWARD_UNSPECIALIZED): lengths, the group, the
+# shift and batch/head strides are per-program scalars, not specialised; row and element strides
+# are.
+_SCALARS = ("N_QUERIES", "N_KEYS", "HEAD_DIM", "GROUP_SIZE", "CAUSAL_SHIFT")
+PREPROCESS_UNSPECIALIZED = ("stride_ob", "stride_oh", "stride_dob", "stride_doh", "N_QUERIES",
+                            "HEAD_DIM")
+GRADIENT_UNSPECIALIZED = _SCALARS + tuple(
+    f"stride_{t}{d}" for t in ("q", "k", "v", "do", "l", "dk", "dv", "dq") for d in "bh")
+
+
+@triton.jit(do_not_specialize=PREPROCESS_UNSPECIALIZED)
 def bwd_preprocess_kernel(
     O, DO, Delta,
     stride_ob, stride_oh, stride_om, stride_od,
@@ -174,7 +184,7 @@ def bwd_preprocess_kernel(
     tl.store(delta_base + offs_m, delta, mask=mask_m)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=[n for n in GRADIENT_UNSPECIALIZED if not n.startswith("stride_dq")])
 def bwd_dkdv_kernel(
     Q, K, V, DO, L, Delta, DK, DV,
     stride_qb, stride_qh, stride_qm, stride_qd,
@@ -279,7 +289,8 @@ def bwd_dkdv_kernel(
              dv.to(DV.dtype.element_ty), mask=kv_mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=[n for n in GRADIENT_UNSPECIALIZED
+                                if not n.startswith(("stride_dk", "stride_dv"))])
 def bwd_dq_kernel(
     Q, K, V, DO, L, Delta, DQ,
     stride_qb, stride_qh, stride_qm, stride_qd,

@@ -9,8 +9,9 @@ from fuzzattn.contract import Capabilities
 from fuzzattn.contract.profiles import Profile, active
 
 from .configs import configs, constrained_length
-from .layouts import layouts
-from .lengths import head_dims, seq_lens, seq_shapes
+from .layouts import layout_choices, layouts
+from .lengths import head_dim_choices, seq_lens, seq_shapes
+from .palette import subset
 from .values import value_profiles
 
 # Softmax scales other than the default 1/sqrt(D) (None), drawn in half the cases.
@@ -18,13 +19,18 @@ OTHER_SCALES = (1.0, 0.5, 0.125, 2.0, 0.3)
 
 
 def attention_cases(caps: Capabilities = Capabilities(), *, dtype: str | None = None,
-                    profile: Profile | None = None) -> st.SearchStrategy[AttentionCase]:
-    """Cases inside `caps`, sized by `profile` (default: the active one); `dtype` pins one."""
+                    profile: Profile | None = None, palette: int | None = None
+                    ) -> st.SearchStrategy[AttentionCase]:
+    """Cases inside `caps`, sized by `profile` (default: the active one); `dtype` pins one.
+
+    `palette`: draw the axes that decide a compiled kernel's variants (head dim, layouts,
+    configuration) from a small subset numbered `palette` (see strategies.palette), so that a
+    campaign's compiled variants repeat; None draws from everything declared."""
     if dtype is not None and dtype not in caps.dtypes:
         raise InvalidArgument(f"dtype={dtype!r} is not among the declared dtypes {sorted(caps.dtypes)}")
     profile = profile or active()
     dtypes = [dtype] if dtype is not None else [d for d in DTYPES if d in caps.dtypes]
-    return _cases(caps, tuple(dtypes), profile)
+    return _cases(caps, tuple(dtypes), profile, palette)
 
 
 class _Parts:
@@ -32,10 +38,12 @@ class _Parts:
     built inside the composite on every draw costs more than drawing from it (measured: 5.3 ms
     per sdpa draw with them rebuilt, see benchmarks/throughput.py)."""
 
-    def __init__(self, caps: Capabilities, dtypes: tuple[str, ...], profile: Profile):
+    def __init__(self, caps: Capabilities, dtypes: tuple[str, ...], profile: Profile,
+                 palette: int | None):
         self.caps = caps                  # kept alive: the cache below is keyed by its id
+        self.palette = palette
         self.dtype = st.sampled_from(dtypes)
-        self.head_dim = head_dims(caps.head_dims, max_head_dim=caps.max_head_dim)
+        dims = head_dim_choices(caps.head_dims, max_head_dim=caps.max_head_dim)
         self.batch = st.integers(1, profile.max_batch)
         self.kv_heads = st.integers(1, profile.max_kv_heads)
         self.group = st.integers(1, profile.max_group) if caps.gqa else st.just(1)
@@ -43,7 +51,12 @@ class _Parts:
         self.causal = {family: st.sampled_from(_causal_choices(caps, family))
                        for family in ("decode", "chunk", "tall", None)}
         self.scale = st.one_of(st.none(), st.sampled_from(OTHER_SCALES))
-        self.layout = layouts(caps)
+        if palette is None:
+            self.head_dim = st.sampled_from(dims)
+            self.layout = layouts(caps)
+        else:
+            self.head_dim = st.sampled_from(subset(dims, palette, "head_dim"))
+            self.layout = st.sampled_from(subset(layout_choices(caps), palette, "layout"))
         self.values = value_profiles()
         self.data_seed = st.integers(0, 2**31 - 1)
 
@@ -51,16 +64,18 @@ class _Parts:
 _PARTS: dict = {}
 
 
-def _parts(caps: Capabilities, dtypes: tuple[str, ...], profile: Profile) -> _Parts:
-    key = (id(caps), dtypes, profile)
+def _parts(caps: Capabilities, dtypes: tuple[str, ...], profile: Profile,
+           palette: int | None) -> _Parts:
+    key = (id(caps), dtypes, profile, palette)
     if key not in _PARTS:
-        _PARTS[key] = _Parts(caps, dtypes, profile)
+        _PARTS[key] = _Parts(caps, dtypes, profile, palette)
     return _PARTS[key]
 
 
 @st.composite
-def _cases(draw, caps: Capabilities, dtypes: tuple[str, ...], profile: Profile) -> AttentionCase:
-    parts = _parts(caps, dtypes, profile)
+def _cases(draw, caps: Capabilities, dtypes: tuple[str, ...], profile: Profile,
+           palette: int | None = None) -> AttentionCase:
+    parts = _parts(caps, dtypes, profile, palette)
     dtype = draw(parts.dtype)
     head_dim = draw(parts.head_dim)
     batch = draw(parts.batch)
@@ -76,7 +91,7 @@ def _cases(draw, caps: Capabilities, dtypes: tuple[str, ...], profile: Profile) 
     case = AttentionCase(batch=batch, heads=kv_heads * group, kv_heads=kv_heads, seq_q=seq_q,
                          seq_k=seq_k, head_dim=head_dim, dtype=dtype, causal=causal, scale=scale,
                          layout=layout, values=values, data_seed=data_seed)
-    case = case.replace(config=draw(configs(caps, case)))
+    case = case.replace(config=draw(configs(caps, case, parts.palette)))
     _label(case)
     return case
 

@@ -14,6 +14,8 @@ from hypothesis import strategies as st
 from fuzzattn.contract.capabilities import Capabilities
 from fuzzattn.contract.case import AttentionCase
 
+from .palette import subset
+
 
 def valid_configs(caps: Capabilities, case: AttentionCase) -> list[tuple[tuple[str, object], ...]]:
     """Every declared combination the rule allows for `case`, in declaration order (the first
@@ -25,19 +27,20 @@ class _Entry:
     """The valid combinations for one (declaration, head dim, dtype, causal), what resource rules
     read (Capabilities.config_rule), and the strategy drawing them; built once."""
 
-    def __init__(self, caps: Capabilities, case: AttentionCase):
+    def __init__(self, caps: Capabilities, case: AttentionCase, palette: int | None):
         self.caps = caps                   # kept alive: the cache below is keyed by its id
         self.combos = _valid_configs(caps, case)
-        self.strategy = st.sampled_from(self.combos) if self.combos else st.nothing()
+        drawn = self.combos if palette is None else subset(self.combos, palette, "config")
+        self.strategy = st.sampled_from(drawn) if drawn else st.nothing()
 
 
 _ENTRIES: dict = {}
 
 
-def _entry(caps: Capabilities, case: AttentionCase) -> _Entry:
-    key = (id(caps), case.head_dim, case.dtype, case.causal)
+def _entry(caps: Capabilities, case: AttentionCase, palette: int | None = None) -> _Entry:
+    key = (id(caps), case.head_dim, case.dtype, case.causal, palette)
     if key not in _ENTRIES:
-        _ENTRIES[key] = _Entry(caps, case)
+        _ENTRIES[key] = _Entry(caps, case, palette)
     return _ENTRIES[key]
 
 
@@ -51,11 +54,13 @@ def _valid_configs(caps: Capabilities, case: AttentionCase) -> list:
     return combos
 
 
-def configs(caps: Capabilities, case: AttentionCase) -> st.SearchStrategy[tuple]:
-    """A valid configuration for `case` (the empty one for configless implementations)."""
+def configs(caps: Capabilities, case: AttentionCase,
+            palette: int | None = None) -> st.SearchStrategy[tuple]:
+    """A valid configuration for `case` (the empty one for configless implementations); with a
+    `palette`, one of that palette's few (strategies.palette)."""
     if not caps.configs:
         return st.just(())
-    return _entry(caps, case).strategy
+    return _entry(caps, case, palette).strategy
 
 
 def constrained_length(caps: Capabilities, length: st.SearchStrategy[int],

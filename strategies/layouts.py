@@ -1,6 +1,8 @@
 """Memory layouts for q, k and v, drawn independently per tensor."""
 from __future__ import annotations
 
+import itertools
+
 from hypothesis import strategies as st
 
 from fuzzattn.contract.case import KV_ONLY_LAYOUTS, LAYOUTS
@@ -10,6 +12,12 @@ from fuzzattn.contract import Capabilities
 def _allowed(caps: Capabilities, tensor: str) -> list[str]:
     return [l for l in LAYOUTS if caps.accepts_layout(l)
             and not (tensor == "q" and l in KV_ONLY_LAYOUTS)]
+
+
+def layout_choices(caps: Capabilities) -> list[tuple[str, str, str]]:
+    """Every (q, k, v) combination the capabilities accept, all-contiguous first."""
+    plain = ("contiguous",) * 3
+    return [plain] + [c for c in itertools.product(*(_allowed(caps, t) for t in "qkv")) if c != plain]
 
 
 def layouts(caps: Capabilities) -> st.SearchStrategy[tuple[str, str, str]]:

@@ -113,14 +113,19 @@ def seq_shapes(*, max_len: int = 40, max_large_len: int | None = None, tile: int
     return st.sampled_from(draws).flatmap(branches.__getitem__)
 
 
-def head_dims(declared, *, max_head_dim: int = 256) -> st.SearchStrategy[int]:
+def head_dim_choices(declared, *, max_head_dim: int = 256) -> list[int]:
     """Declared head dims (a set), or for `None` (any) powers of two first, then odd sizes."""
     if declared is not None:
         dims = sorted(declared, key=lambda d: (d not in POW2_HEAD_DIMS, d))
         if not dims:
             raise InvalidArgument("declared=set() leaves no head dim to draw")
-        return st.sampled_from(dims)
+        return dims
     dims = [d for d in POW2_HEAD_DIMS + ODD_HEAD_DIMS if d <= max_head_dim]
     if not dims:
         raise InvalidArgument(f"max_head_dim={max_head_dim} leaves no head dim to draw")
-    return st.sampled_from(dims)
+    return dims
+
+
+def head_dims(declared, *, max_head_dim: int = 256) -> st.SearchStrategy[int]:
+    """A head dim of `head_dim_choices`, shrinking toward the first."""
+    return st.sampled_from(head_dim_choices(declared, max_head_dim=max_head_dim))

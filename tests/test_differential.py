@@ -17,6 +17,7 @@ from fuzzattn.campaigns.campaign import check_case
 from fuzzattn.contract.case import DTYPES
 from fuzzattn.engine.judge import skip_reason
 from strategies import attention_cases
+from fuzzattn.campaigns.compile_palette import campaign_palette
 
 PARAMS = [pytest.param(impl, dtype, id=f"{impl.name}-{dtype}")
           for impl in run_settings.implementations() for dtype in DTYPES if dtype in impl.caps.dtypes]
@@ -26,7 +27,8 @@ def _campaign(shard: int, shards: int):
     @pytest.mark.parametrize("impl,dtype", PARAMS)
     @given(data=st.data())
     def test(impl, dtype, data):
-        case = data.draw(attention_cases(impl.caps, dtype=dtype), label="case")
+        case = data.draw(attention_cases(impl.caps, dtype=dtype,
+                                         palette=campaign_palette(impl, shard)), label="case")
         reason = skip_reason(impl, case)
         if reason is not None:
             pytest.skip(reason)   # e.g. bf16 under an interpreter whose dot cannot be repaired

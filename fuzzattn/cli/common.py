@@ -157,6 +157,7 @@ def run_campaign(impl, dtype: str | None, *, profile, max_examples: int, seconds
     from fuzzattn import settings
     from fuzzattn.campaigns.campaign import fuzz
     from strategies.cases import attention_cases
+    from fuzzattn.campaigns.compile_palette import campaign_palette
 
     label = f"{impl.name} {dtype or 'all dtypes'}"
     caps = impl.caps
@@ -166,7 +167,8 @@ def run_campaign(impl, dtype: str | None, *, profile, max_examples: int, seconds
     if dtype is None and broken_bf16 and "bfloat16" in caps.dtypes and len(caps.dtypes) > 1:
         caps = dataclasses.replace(caps, dtypes=caps.dtypes - {"bfloat16"})
     try:
-        strategy = attention_cases(caps, dtype=dtype, profile=profile)
+        strategy = attention_cases(caps, dtype=dtype, profile=profile,
+                                   palette=campaign_palette(impl, hypothesis_seed))
     except HypothesisException as exc:
         return Outcome(stage, label, ERROR, False, detail=one_line(exc), message=one_line(exc))
     strategy = progress.track(strategy, f"{stage} {label}", max_examples)

@@ -1,0 +1,85 @@
+"""Compile palettes (strategies/palette.py) and the compile variants of triton_fa2: a campaign on a
+compiled kernel repeats its variants without giving up ragged lengths."""
+from __future__ import annotations
+
+import inspect
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+from fuzzattn.campaigns.compile_palette import campaign_palette
+from fuzzattn.contract.profiles import PROFILES
+from fuzzattn.engine import registry
+from kernels import triton_fa2, triton_fa2_backward
+from strategies import attention_cases
+from strategies.configs import valid_configs
+from strategies.layouts import layout_choices
+from strategies.lengths import head_dim_choices
+from strategies.palette import CHOICES_PER_AXIS, subset
+
+
+def test_a_subset_keeps_the_first_choice_and_is_the_same_everywhere():
+    choices = list(range(40))
+    for number in range(20):
+        picked = subset(choices, number, "head_dim")
+        assert picked[0] == 0 and len(picked) == CHOICES_PER_AXIS == len(set(picked))
+        assert picked == subset(choices, number, "head_dim")      # no salted hash involved
+    # Different numbers and different axes pick different subsets: the shards of a run spread.
+    assert len({tuple(subset(choices, n, "head_dim")) for n in range(20)}) > 10
+    assert subset(choices, 3, "layout") != subset(choices, 3, "head_dim")
+    assert subset([7], 5, "config") == [7]
+
+
+def test_a_palette_narrows_only_the_compile_axes():
+    impl = registry.get("triton_fa2")
+    profile = PROFILES["gpu"]
+    dims = set(subset(head_dim_choices(impl.caps.head_dims, max_head_dim=impl.caps.max_head_dim),
+                      4, "head_dim"))
+    layouts = set(subset(layout_choices(impl.caps), 4, "layout"))
+    seen = []
+
+    @settings(max_examples=150, database=None, deadline=None,
+              suppress_health_check=list(HealthCheck))
+    @given(attention_cases(impl.caps, dtype="float16", profile=profile, palette=4))
+    def draw(case):
+        seen.append(case)
+
+    draw()
+    assert {c.head_dim for c in seen} <= dims and {c.layout for c in seen} <= layouts
+    for case in seen:
+        allowed = subset(valid_configs(impl.caps, case), 4, "config")
+        assert case.config in allowed
+    # Lengths stay free: ragged, tile multiples and single rows all still come.
+    lengths = {n for c in seen for n in (c.seq_q, c.seq_k)}
+    assert any(n % 16 for n in lengths) and any(n and n % 16 == 0 for n in lengths)
+    assert len(lengths) > 40
+
+
+def test_only_compiled_triton_kernels_draw_from_a_palette(monkeypatch):
+    sdpa, triton = registry.get("sdpa"), registry.get("triton_fa2")
+    assert campaign_palette(sdpa, 7) is None
+    import fuzzattn.campaigns.compile_palette as module
+    monkeypatch.setattr(module, "is_interpreted", lambda: True)
+    assert campaign_palette(triton, 7) is None        # the interpreter compiles nothing
+    monkeypatch.setattr(module, "is_interpreted", lambda: False)
+    assert campaign_palette(triton, 7) == 7
+
+
+@pytest.mark.parametrize("kernel, names", [
+    (triton_fa2.fa2_fwd_kernel, triton_fa2.FORWARD_UNSPECIALIZED),
+    (triton_fa2_backward.bwd_preprocess_kernel, triton_fa2_backward.PREPROCESS_UNSPECIALIZED),
+    (triton_fa2_backward.bwd_dkdv_kernel, triton_fa2_backward.GRADIENT_UNSPECIALIZED),
+    (triton_fa2_backward.bwd_dq_kernel, triton_fa2_backward.GRADIENT_UNSPECIALIZED)],
+    ids=["forward", "preprocess", "dkdv", "dq"])
+def test_unspecialised_arguments_are_real_scalars_of_the_kernel(kernel, names):
+    """Triton ignores a do_not_specialize name that is not a parameter: a typo would silently
+    keep the compile per length. Each name is a parameter of the kernel (the dK/dV and dQ kernels
+    share one list, each has the part for its own outputs), and none of them is a row or element
+    stride, which shape the tile's addressing and stay specialised."""
+    params = inspect.signature(getattr(kernel, "fn", kernel)).parameters
+    own = [n for n in names if n in params]
+    assert own and all(not n.endswith(("m", "n", "d")) or not n.startswith("stride_") for n in own)
+    assert {"N_QUERIES", "HEAD_DIM"} <= set(own)
+    missing = [n for n in names if n not in params and not n.startswith(("stride_dq", "stride_dk",
+                                                                          "stride_dv"))]
+    assert not missing, f"not parameters of {kernel}: {missing}"
