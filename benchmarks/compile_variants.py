@@ -57,6 +57,7 @@ def main() -> None:
     p.add_argument("--cases", type=int, default=2000)
     p.add_argument("--gradient-every", type=int, default=4,
                    help="the campaign's setting: the backward runs on one case in this many")
+    p.add_argument("--dtype", default=None, help="one dtype (a campaign's); default: all declared")
     p.add_argument("--seed", type=int, default=0, help="Hypothesis seed")
     p.add_argument("--palette", type=int, default=None,
                    help="draw configurations from a campaign palette of this shard (see strategies.configs)")
@@ -74,7 +75,7 @@ def main() -> None:
 
     counts: list[tuple[int, int, int]] = []
     extra = {} if args.palette is None else {"palette": args.palette}
-    strategy = attention_cases(impl.caps, profile=PROFILES["gpu"], **extra)
+    strategy = attention_cases(impl.caps, dtype=args.dtype, profile=PROFILES["gpu"], **extra)
 
     @seed(args.seed)
     @settings(max_examples=args.cases, database=None, deadline=None, phases=[Phase.generate],
@@ -89,7 +90,7 @@ def main() -> None:
         counts.append((len(counts) + 1, len(forward_seen), len(backward_seen)))
 
     draw()
-    print(f"palette={args.palette} gradient_every={args.gradient_every}")
+    print(f"palette={args.palette} dtype={args.dtype or 'all'} gradient_every={args.gradient_every}")
     print("cases  forward_variants  backward_variants  (new variants per 100 cases at the end)")
     marks = [n for n in (100, 250, 500, 1000, 2000, 5000, 10000) if n <= len(counts)] + [len(counts)]
     for n in sorted(set(marks)):

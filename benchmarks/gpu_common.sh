@@ -13,18 +13,23 @@ python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
 NGPU=$(nvidia-smi -L 2>/dev/null | wc -l); (( NGPU > 0 )) || NGPU=1
 
-# K in-process sdpa fp32 fuzzers on GPU 0 for $SCALING_SECONDS s (one thread each, gradients on one
-# case in four), its utilisation sampled meanwhile; one summary line (benchmarks/scaling_summary.py).
+# K in-process fuzzers on GPU 0 for $SCALING_SECONDS s (one thread each, gradients on one case in
+# four; SCALE_IMPL and SCALE_DTYPE, default sdpa float32; with SCALE_PALETTES=N process i draws
+# with compile palette i mod N), its utilisation sampled meanwhile; one summary line
+# (benchmarks/scaling_summary.py). SCALE_TREE runs another checkout's gpu_campaign.py (a before).
 scale_run() {   # $1 = processes, $2 = label, $3 = first shard, $4... = more gpu_campaign.py arguments
-    local k=$1 label=$2 base=$3 dir="$OUT/scaling/$2"
+    local k=$1 label=$2 base=$3 dir="$OUT/scaling/$2" tree=${SCALE_TREE:-.}
     shift 3
     mkdir -p "$dir"
     nvidia-smi dmon -i 0 -s u -d 1 -c "$SCALING_SECONDS" >"$dir/dmon.txt" 2>&1 &
     for i in $(seq 0 $(( k - 1 ))); do
-        CUDA_VISIBLE_DEVICES=0 OMP_NUM_THREADS=1 timeout $(( SCALING_SECONDS + 60 )) \
-            python3 benchmarks/gpu_campaign.py --impl sdpa --dtype float32 \
-            --seconds "$SCALING_SECONDS" --shard $(( base + i )) --gradient-every 4 --out "$dir" \
-            --regressions-dir "$dir/found" "$@" >"$dir/log_$i.txt" 2>&1 &
+        local palette=()
+        [[ -n "${SCALE_PALETTES:-}" ]] && palette=(--palette $(( i % SCALE_PALETTES )))
+        CUDA_VISIBLE_DEVICES=0 OMP_NUM_THREADS=1 PYTHONPATH="$tree" timeout $(( SCALING_SECONDS + 60 )) \
+            python3 "$tree/benchmarks/gpu_campaign.py" --impl "${SCALE_IMPL:-sdpa}" \
+            --dtype "${SCALE_DTYPE:-float32}" --seconds "$SCALING_SECONDS" --shard $(( base + i )) \
+            --gradient-every 4 --out "$dir" --regressions-dir "$dir/found" "${palette[@]}" "$@" \
+            >"$dir/log_$i.txt" 2>&1 &
     done
     wait
     python3 benchmarks/scaling_summary.py "$dir" "$k" "$label"

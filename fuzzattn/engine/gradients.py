@@ -32,8 +32,9 @@ from fuzzattn.contract.dtypes import BY_NAME
 from fuzzattn.contract.implementation import Implementation
 from fuzzattn.engine import execute
 from fuzzattn.engine.grad_oracle import NAMES, GradReference, oracle_gradients, same_precision_gradients
-from fuzzattn.engine.inputs import as_bits, changed_storages, materialize, materialize_dout, place, place_flat
-from fuzzattn.engine.judge_device import moved
+from fuzzattn.engine.inputs import (Inputs, as_bits, changed_flags, materialize, materialize_dout,
+                                     place, place_flat)
+from fuzzattn.engine.judge_device import moved, read_back
 from fuzzattn.engine.poison import prime_allocator, uninitialized_memory_is_nan
 from fuzzattn.engine.tolerance import grad_allowance, grad_bound
 from fuzzattn.engine.verdict import Verdict, heatmap, locate
@@ -46,6 +47,8 @@ class _GradRun:
     call: execute.Call
     failure: Verdict | None = None
     side_effects: list[Verdict] = dataclasses.field(default_factory=list)
+    inputs: Inputs | None = None            # q, k, v it ran on (their host copy: the oracle's)
+    delivered: tuple | None = None          # (device, grads): the gradients where they are judged
 
     @property
     def grads(self) -> dict[str, torch.Tensor]:
@@ -61,9 +64,10 @@ def _prime(case: AttentionCase, device, byte: int) -> None:
 
 
 def _run(impl: Implementation, case: AttentionCase, device, forward, *, adversarial: bool,
-         pad_value: float = float("nan"), poison: bool = True) -> _GradRun:
+         pad_value: float = float("nan"), poison: bool = True, here=None) -> _GradRun:
     """One gradient call on freshly materialised q, k, v, dO (and copies of the forward's out
-    and lse for an explicit backward)."""
+    and lse for an explicit backward); the gradients are also delivered to `here` (default:
+    `device`), in the same transfer as the input-mutation check's verdicts."""
     inputs = materialize(case, device, pad_value=pad_value)
     storages = dict(inputs.storages)
     storages["dout"], dout = materialize_dout(case, device, pad_value)
@@ -78,14 +82,19 @@ def _run(impl: Implementation, case: AttentionCase, device, forward, *, adversar
     poisoned = uninitialized_memory_is_nan() if adversarial and poison else contextlib.nullcontext()
     with poisoned:
         call = execute.call_gradients(impl, *inputs.tensors(), dout, case, out=out, lse=lse)
-    run = _GradRun(call)
+    run = _GradRun(call, inputs=inputs)
     verdict = dict(impl=impl.name, case=case)
     if not call.answered:
         what = "refused a case its forward accepts" if call.status == execute.REFUSED else "raised"
         detail = call.summary if call.status == execute.CONTRACT else f"backward {what}: {call.summary}"
         run.failure = Verdict(check="grad_crash", passed=False, detail=detail, **verdict)
         return run
-    changed = changed_storages(storages, snapshot)
+    names = list(storages)
+    flags = changed_flags(storages, snapshot)
+    here = torch.device(here or device)
+    flags, *grads = read_back([flags, *call.grads], here)
+    run.delivered = (here, tuple(grads))
+    changed = [name for name, flag in zip(names, flags.tolist()) if flag]
     run.side_effects.append(Verdict(
         check="grad_inputs_mutated", passed=not changed,
         detail=f"storage of {', '.join(changed)} changed by the backward" if changed else "",
@@ -105,7 +114,11 @@ def _on(run: _GradRun, device: torch.device) -> _GradRun:
     """`run` with its gradients on `device`, where the judgement computes (judge_device.py)."""
     if run.call.grads is None or all(g.device == device for g in run.call.grads):
         return run
-    call = dataclasses.replace(run.call, grads=tuple(moved(g, device) for g in run.call.grads))
+    if run.delivered is not None and run.delivered[0] == device:
+        grads = run.delivered[1]
+    else:
+        grads = tuple(moved(g, device) for g in run.call.grads)
+    call = dataclasses.replace(run.call, grads=grads)
     return dataclasses.replace(run, call=call)
 
 
@@ -147,9 +160,11 @@ def _attribute(impl, case, device, forward, ref: GradReference,
         return run.failure is None and not any(bool(b.any()) for b in
                                                _nonfinite(run, ref, vacuous).values())
 
-    if finite(_run(impl, case, device, forward, adversarial=True, poison=False)):
+    here = ref.grads["dq"].device
+    if finite(_run(impl, case, device, forward, adversarial=True, poison=False, here=here)):
         return "grad_unwritten", "NaN appears only when the gradients' memory starts as NaN"
-    if finite(_run(impl, case, device, forward, adversarial=True, poison=False, pad_value=0.0)):
+    if finite(_run(impl, case, device, forward, adversarial=True, poison=False, pad_value=0.0,
+                   here=here)):
         return ("grad_out_of_bounds_read",
                 "NaN appears only when the storage around q, k, v, dO (out, lse) holds NaN")
     return "grad_nonfinite", "NaN/inf with clean padding and clean gradient memory"
@@ -214,13 +229,16 @@ def judge_gradients(impl: Implementation, case: AttentionCase, device, forward=N
     forward = tuple(t.detach() if t is not None else None for t in forward) \
         if impl.backward_fn is not None and forward is not None else None
     here = torch.device(judge_on if judge_on is not None else device)
-    first = _run(impl, case, device, forward, adversarial=True)
+    first = _run(impl, case, device, forward, adversarial=True, here=here)
     if first.failure is not None:
         return [first.failure]
     verdicts = list(first.side_effects)
     first = _on(first, here)
 
-    fresh = materialize(case, here)
+    # The oracle's q, k, v: the first run's host copy when judging on the host (never handed to
+    # the implementation), else materialised again.
+    host = first.inputs.host
+    fresh = host if host is not None and here.type == "cpu" else materialize(case, here)
     _, dout = materialize_dout(case, here)
     ref = oracle_gradients(*fresh.tensors(), dout, case)
     spr = same_precision_gradients(*fresh.tensors(), dout, case, impl.caps.fp32_matmul)
@@ -241,7 +259,7 @@ def judge_gradients(impl: Implementation, case: AttentionCase, device, forward=N
     verdicts += _values(impl, case, first, ref, spr, allowances, vacuous)
 
     if impl.caps.deterministic_backward:
-        second = _run(impl, case, device, forward, adversarial=False)
+        second = _run(impl, case, device, forward, adversarial=False, here=here)
         if second.failure is not None:
             return verdicts + [dataclasses.replace(second.failure,
                                                    detail="second run: " + second.failure.detail)]

@@ -66,9 +66,21 @@ class Inputs:
     k: torch.Tensor
     v: torch.Tensor
     storages: dict[str, torch.Tensor]   # the whole buffer each view lives in, guards included
+    # On an accelerator: the CPU storages they were moved from, same bits and views. A judgement
+    # computing on the host reads these instead of copying the inputs back (judge_device.py).
+    host: "Inputs | None" = None
 
     def tensors(self):
         return self.q, self.k, self.v
+
+    def on(self, device: torch.device) -> "Inputs":
+        """These inputs on `device`: themselves, their host copy, or moved there."""
+        device = torch.device(device)
+        if _same_device(self.q.device, device):
+            return self
+        if self.host is not None and device.type == "cpu":
+            return self.host
+        return _moved(self, device)
 
     def snapshot(self) -> dict[str, torch.Tensor]:
         return {name: buf.clone() for name, buf in self.storages.items()}
@@ -78,24 +90,14 @@ class Inputs:
         cloned on the device: what a new materialisation would give, without generating the
         values on the CPU and moving them again (the larger part of a GPU case's set-up)."""
         storages = {name: buf.clone() for name, buf in self.storages.items()}
-        views = {name: storages[name].as_strided(t.shape, t.stride(), t.storage_offset())
-                 for name, t in zip("qkv", self.tensors())}
-        return Inputs(views["q"], views["k"], views["v"], storages)
-
-    def changed_since(self, snapshot: dict[str, torch.Tensor]) -> list[str]:
-        """Names of storages whose bytes differ from the snapshot (NaN-safe: compares bits)."""
-        return changed_storages(self.storages, snapshot)
+        return _viewed(self, storages, host=self.host)
 
 
-def changed_storages(storages: dict[str, torch.Tensor], snapshot: dict[str, torch.Tensor]) -> list[str]:
-    """Names of `storages` whose bits differ from `snapshot`'s, read back in one transfer: on a
-    GPU shared by several processes each read is a wait for this process's time slice, and a
-    torch.equal per storage was one each."""
-    names = list(storages)
-    if not names:
-        return []
-    differs = torch.stack([(as_bits(storages[n]) != as_bits(snapshot[n])).any() for n in names])
-    return [name for name, changed in zip(names, differs.tolist()) if changed]
+def changed_flags(storages: dict[str, torch.Tensor], before: dict[str, torch.Tensor]) -> torch.Tensor:
+    """One bool per storage, in `storages`' order: do its bits differ from `before`'s (NaN-safe)?
+    Left on the device, unread: the caller reads it back with the run's other results
+    (judge_device.read_back), where a read per storage would each wait for the GPU."""
+    return torch.stack([(as_bits(storages[n]) != as_bits(before[n])).any() for n in storages])
 
 
 def as_bits(t: torch.Tensor) -> torch.Tensor:
@@ -186,12 +188,37 @@ def _storage_and_view(logical: torch.Tensor, layout: str, dtype: torch.dtype, pa
 
 def materialize(case: AttentionCase, device: str | torch.device = "cpu",
                 pad_value: float = float("nan")) -> Inputs:
-    """Deterministic inputs for `case` on `device`, bit-identical on every machine."""
+    """Deterministic inputs for `case` on `device`, bit-identical on every machine; on an
+    accelerator they keep their CPU storages as `host`."""
     dtype = torch_dtype(case.dtype)
     storages, views = {}, {}
     for name, logical, layout in zip("qkv", logical_values(case), case.layout):
-        storages[name], views[name] = place(logical, layout, dtype, device, pad_value)
-    return Inputs(views["q"], views["k"], views["v"], storages)
+        storages[name], views[name] = _storage_and_view(logical, layout, dtype, pad_value)
+    host = Inputs(views["q"], views["k"], views["v"], storages)
+    device = torch.device(device)
+    return host if device.type == "cpu" else _moved(host, device)
+
+
+def _moved(inputs: Inputs, device: torch.device) -> Inputs:
+    """`inputs`' storages copied to `device` whole and viewed there the same way. From the CPU to
+    CUDA the copies go from pinned memory without blocking: the stream orders them before any
+    kernel, and no case's set-up waits for the GPU (on a GPU shared by several processes, each
+    wait is a wait for this process's time slice)."""
+    to_cuda = device.type == "cuda" and inputs.q.device.type == "cpu"
+    storages = {name: (buf.pin_memory() if to_cuda else buf).to(device, non_blocking=to_cuda)
+                for name, buf in inputs.storages.items()}
+    return _viewed(inputs, storages, host=inputs if inputs.q.device.type == "cpu" else inputs.host)
+
+
+def _viewed(inputs: Inputs, storages: dict[str, torch.Tensor], *, host: Inputs | None) -> Inputs:
+    """Inputs over `storages` with `inputs`' views (shapes, strides, offsets)."""
+    views = {name: storages[name].as_strided(t.shape, t.stride(), t.storage_offset())
+             for name, t in zip("qkv", inputs.tensors())}
+    return Inputs(views["q"], views["k"], views["v"], storages, host=host)
+
+
+def _same_device(a: torch.device, b: torch.device) -> bool:
+    return a.type == b.type and (a.index is None or b.index is None or a.index == b.index)
 
 
 def place(logical: torch.Tensor, layout: str, dtype: torch.dtype, device,
@@ -233,7 +260,7 @@ def materialize_dout(case: AttentionCase, device: str | torch.device = "cpu",
 def inputs_sha256(inputs: Inputs) -> str:
     """Hash of the logical input values (not padding or layout): what a fixture pins."""
     h = hashlib.sha256()
-    for t in inputs.tensors():
+    for t in inputs.on(torch.device("cpu")).tensors():
         h.update(str(tuple(t.shape)).encode())
         h.update(str(t.dtype).encode())
         h.update(as_bits(t.detach().to("cpu").contiguous()).numpy().tobytes())

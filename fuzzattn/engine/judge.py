@@ -25,8 +25,9 @@ from fuzzattn.contract.implementation import Implementation
 from fuzzattn.engine import execute
 from fuzzattn.engine.error_statistics import out_rms_bound
 from fuzzattn.engine.gradients import judge_gradients
-from fuzzattn.engine.inputs import Inputs, as_bits, check_budget, inputs_sha256, materialize
-from fuzzattn.engine.judge_device import judge_device, moved
+from fuzzattn.engine.inputs import (Inputs, as_bits, changed_flags, check_budget, inputs_sha256,
+                                     materialize)
+from fuzzattn.engine.judge_device import judge_device, moved, read_back
 from fuzzattn.engine.poison import (UninitializedMemoryIsZero, prime_allocator,
                                     uninitialized_memory_is_nan)
 from fuzzattn.engine.oracle import Reference, oracle, same_precision_reference
@@ -107,10 +108,11 @@ class _GuardedBuffer:
         self.tensor = self.storage[guard:guard + numel].view(shape)
         self.tensor.fill_(float("nan"))
 
-    def canary_intact(self) -> bool:
+    def canary_broken(self) -> torch.Tensor:
+        """A 0-dim bool tensor on the buffer's device (read back with the run's other results)."""
         bits = as_bits(self.storage)
         g = self.guard
-        return bool((bits[:g] == self.pattern).all() and (bits[-g:] == self.pattern).all())
+        return (bits[:g] != self.pattern).any() | (bits[-g:] != self.pattern).any()
 
 
 def _prime_allocator(case: AttentionCase, device, byte: int) -> None:
@@ -122,10 +124,11 @@ def _prime_allocator(case: AttentionCase, device, byte: int) -> None:
 # -- running ----------------------------------------------------------------------------------
 @dataclasses.dataclass
 class _Run:
-    call: execute.Call
+    call: execute.Call                      # the outputs where the implementation left them
     inputs: Inputs
     failure: Verdict | None = None          # crash or contract: nothing else can be judged
     side_effects: list[Verdict] = dataclasses.field(default_factory=list)
+    delivered: tuple | None = None          # (device, out, lse): the outputs where they are judged
 
     @property
     def out(self):
@@ -137,11 +140,17 @@ class _Run:
 
 
 def _run(impl: Implementation, case: AttentionCase, device, *, adversarial: bool,
-         pad_value: float = float("nan"), poison: bool = True, inputs: Inputs | None = None) -> _Run:
-    """One call of `impl` on freshly materialised inputs (or on `inputs`, materialised for this
-    run and not used by any other)."""
-    inputs = inputs if inputs is not None else materialize(case, device, pad_value=pad_value)
-    snapshot = inputs.snapshot()
+         pad_value: float = float("nan"), poison: bool = True, inputs: Inputs | None = None,
+         pristine: Inputs | None = None, here: torch.device | None = None) -> _Run:
+    """One call of `impl` on freshly materialised inputs, or on `inputs`: a copy of `pristine`
+    made for this run and used by no other, whose storages the input-mutation check compares
+    against (no snapshot needed). The outputs are also delivered to `here`, where the judgement
+    computes (default: `device`)."""
+    if inputs is None:
+        inputs = materialize(case, device, pad_value=pad_value)
+        before = inputs.snapshot()
+    else:
+        before = pristine.storages if pristine is not None else inputs.snapshot()
     guarded = None
     buffers = {}
     if adversarial and impl.caps.out_buffer:
@@ -172,12 +181,22 @@ def _run(impl: Implementation, case: AttentionCase, device, *, adversarial: bool
         run.failure = Verdict(check="contract", passed=False,
                               detail="declares returns_lse but returned no lse", **verdict)
         return run
-    changed = inputs.changed_since(snapshot)
+    # Which input storages changed, whether the canaries survived, and the outputs for the
+    # judgement, read back in one transfer (judge_device.read_back).
+    names = list(inputs.storages)
+    flags = changed_flags(inputs.storages, before)
+    if guarded is not None:
+        flags = torch.cat([flags, torch.stack([g.canary_broken() for g in guarded])])
+    here = torch.device(here or device)
+    flags, out, lse = read_back([flags, call.out, call.lse], here)
+    flags = flags.tolist()
+    run.delivered = (here, out, lse)
+    changed = [name for name, flag in zip(names, flags) if flag]
     run.side_effects.append(Verdict(check="inputs_mutated", passed=not changed,
                                     detail=f"storage of {', '.join(changed)} changed" if changed else "",
                                     **verdict))
     if guarded is not None:
-        broken = [name for name, g in zip(("out", "lse"), guarded) if not g.canary_intact()]
+        broken = [name for name, flag in zip(("out", "lse"), flags[len(names):]) if flag]
         run.side_effects.append(Verdict(
             check="out_of_bounds_write", passed=not broken,
             detail=f"canary next to the {', '.join(broken)} buffer overwritten" if broken else "",
@@ -189,8 +208,11 @@ def _on(run: _Run, device: torch.device) -> _Run:
     """`run` with its out and lse on `device`, where the judgement computes (judge_device.py)."""
     if run.out is None or run.out.device == device:
         return run
-    call = dataclasses.replace(run.call, out=moved(run.out, device), lse=moved(run.lse, device))
-    return dataclasses.replace(run, call=call)
+    if run.delivered is not None and run.delivered[0] == device:
+        out, lse = run.delivered[1:]
+    else:
+        out, lse = moved(run.out, device), moved(run.lse, device)
+    return dataclasses.replace(run, call=dataclasses.replace(run.call, out=out, lse=lse))
 
 
 def _nonfinite_rows(run: _Run, ref: Reference) -> torch.Tensor:
@@ -210,9 +232,10 @@ def _attribute_nonfinite(impl, case, device, ref: Reference) -> tuple[str, str]:
     def finite(run: _Run) -> bool:
         return run.failure is None and run.call.answered and not bool(_nonfinite_rows(run, ref).any())
 
-    if finite(_run(impl, case, device, adversarial=True, poison=False)):
+    here = ref.out.device
+    if finite(_run(impl, case, device, adversarial=True, poison=False, here=here)):
         return "unwritten_output", "NaN appears only when the output memory starts as NaN"
-    if finite(_run(impl, case, device, adversarial=True, poison=False, pad_value=0.0)):
+    if finite(_run(impl, case, device, adversarial=True, poison=False, pad_value=0.0, here=here)):
         return "out_of_bounds_read", "NaN appears only when the storage around the inputs holds NaN"
     return "nonfinite", "NaN/inf with clean padding and clean output memory"
 
@@ -287,11 +310,12 @@ def judge(impl: Implementation, case: AttentionCase, device=None, *,
                 detail=f"the case now materialises sha256 {judged.inputs_sha256[:16]}..., the "
                        f"file pins {expected_sha256[:16]}...; not running on different inputs"))
             return judged
-    first = _run(impl, case, device, adversarial=True, inputs=pristine.copy())
+    here = judge_device(case, device)      # where the references and the checks compute
+    first = _run(impl, case, device, adversarial=True, inputs=pristine.copy(), pristine=pristine,
+                 here=here)
     if first.call.declared_refusal:
         judged.refused = first.call.summary
         return judged
-    here = judge_device(case, device)      # where the references and the checks compute
     judged.verdicts = _judge_runs(impl, case, device, first, pristine, here)
     if gradients and impl.caps.backward and all(v.passed for v in judged.verdicts):
         judged.verdicts += judge_gradients(impl, case, device, forward=(first.out, first.lse),
@@ -310,7 +334,7 @@ def _judge_runs(impl: Implementation, case: AttentionCase, device, first: _Run,
 
     # The references only read their inputs, and no implementation run ever sees `pristine`.
     # They, and every comparison with them, compute on `here` (judge_device.py).
-    originals = tuple(moved(t, here) for t in pristine.tensors())
+    originals = pristine.on(here).tensors()
     ref = oracle(*originals, case)
     spr = same_precision_reference(*originals, case, impl.caps.fp32_matmul)
     first = _on(first, here)
@@ -322,7 +346,8 @@ def _judge_runs(impl: Implementation, case: AttentionCase, device, first: _Run,
                                 where=locate(nonfinite), heatmap=heatmap(nonfinite), detail=detail))
     verdicts += _value_verdicts(impl, case, first, ref, spr)
 
-    second = _run(impl, case, device, adversarial=False, inputs=pristine.copy())
+    second = _run(impl, case, device, adversarial=False, inputs=pristine.copy(), pristine=pristine,
+                  here=here)
     if second.failure is not None or not second.call.answered:
         failure = second.failure or Verdict(impl=impl.name, case=case, check="crash", passed=False,
                                             detail=second.call.summary)

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# GPU calls of the throughput work (issue #11), each a before/after in one call on one H200:
+#   bash benchmarks/gpu_speed_call.sh sdpa      the judge's correctness checks on the GPU, then K
+#                                               concurrent sdpa fp32 fuzzers, this tree (K = 1, 16)
+#                                               and the BEFORE tree (K = 16)
+#   bash benchmarks/gpu_speed_call.sh triton    compiled triton_fa2 fp16, 16 processes: this tree
+#                                               warms its compile palettes (WARM s), then is timed
+#                                               on new cases of the same palettes; the BEFORE tree
+#                                               timed the same way (it has no palettes)
+# BEFORE is a tarball of the tree to compare with (git archive <rev> -o benchmarks/_before.tar).
+set -uo pipefail
+MODE=${1:-sdpa}
+SCALING_SECONDS=${SCALING_SECONDS:-30}
+WARM=${WARM:-90}
+source "$(dirname "$0")/gpu_common.sh"
+BEFORE=/tmp/before
+if [[ -f benchmarks/_before.tar ]]; then
+    mkdir -p "$BEFORE" && tar xf benchmarks/_before.tar -C "$BEFORE"
+fi
+
+if [[ "$MODE" == sdpa ]]; then
+    step "the judge on the GPU: engine, checks, gradients, judge device, palette tests; replays"
+    timeout 240 python3 -m pytest -q -p no:cacheprovider -n 8 -rfs --tb=short tests/test_engine.py \
+        tests/test_checks.py tests/test_gradients.py tests/test_judge_device.py tests/test_palette.py \
+        tests/test_fixtures.py >"$OUT/pytest_gpu.txt" 2>&1 &
+    timeout 240 python3 -m fuzzattn.cli replay regressions/ --impl sdpa --isolate --timeout 60 \
+        >"$OUT/replay_sdpa.txt" 2>&1 &
+    timeout 240 python3 -m fuzzattn.cli replay regressions/ --impl triton_fa2 --isolate --timeout 90 \
+        >"$OUT/replay_triton.txt" 2>&1 &
+    wait
+    tail -n 15 "$OUT/pytest_gpu.txt" | cut -c1-220
+    for f in replay_sdpa replay_triton; do
+        echo "-- $f"; tail -n 1 "$OUT/$f.txt"; grep -E " FAIL | XPASS|rror" "$OUT/$f.txt" | cut -c1-200 | head
+    done
+    step "sdpa fp32 scaling, $SCALING_SECONDS s each"
+    for k in 1 16; do scale_run "$k" "after_$k" 600 | tee -a "$OUT/scaling.txt"; done
+    [[ -d "$BEFORE" ]] && SCALE_TREE=$BEFORE scale_run 16 "before_16" 700 | tee -a "$OUT/scaling.txt"
+elif [[ "$MODE" == triton ]]; then
+    export SCALE_IMPL=triton_fa2 SCALE_DTYPE=float16
+    step "compiled triton_fa2 fp16: warm-up, 16 processes over 4 palettes, $WARM s"
+    SCALING_SECONDS=$WARM SCALE_PALETTES=4 scale_run 16 "triton_warmup" 800 | tee -a "$OUT/scaling.txt"
+    step "compiled triton_fa2 fp16: timed on new cases of the same palettes, $SCALING_SECONDS s"
+    SCALE_PALETTES=4 scale_run 16 "triton_after_16" 900 | tee -a "$OUT/scaling.txt"
+    SCALE_PALETTES=4 scale_run 1 "triton_after_1" 950 | tee -a "$OUT/scaling.txt"
+    [[ -d "$BEFORE" ]] && SCALE_TREE=$BEFORE scale_run 16 "triton_before_16" 1000 \
+        | tee -a "$OUT/scaling.txt"
+fi
+echo; cat "$OUT/scaling.txt"
+archive_out
