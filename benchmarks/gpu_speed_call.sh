@@ -19,19 +19,23 @@ if [[ -f benchmarks/_before.tar ]]; then
 fi
 
 if [[ "$MODE" == sdpa ]]; then
-    step "the judge on the GPU: engine, checks, gradients, judge device, palette tests; replays"
-    timeout 240 python3 -m pytest -q -p no:cacheprovider -n 8 -rfs --tb=short tests/test_engine.py \
-        tests/test_checks.py tests/test_gradients.py tests/test_judge_device.py tests/test_palette.py \
-        tests/test_fixtures.py >"$OUT/pytest_gpu.txt" 2>&1 &
-    timeout 240 python3 -m fuzzattn.cli replay regressions/ --impl sdpa --isolate --timeout 60 \
-        >"$OUT/replay_sdpa.txt" 2>&1 &
-    timeout 240 python3 -m fuzzattn.cli replay regressions/ --impl triton_fa2 --isolate --timeout 90 \
-        >"$OUT/replay_triton.txt" 2>&1 &
+    step "the judge on the GPU: engine, checks, gradients, transfer, palette tests, this tree and BEFORE"
+    TESTS="tests/test_engine.py tests/test_checks.py tests/test_gradients.py tests/test_judge_device.py
+           tests/test_fixtures.py"
+    # SIGINT at the limit: pytest still prints its summary of failures.
+    timeout -s INT 200 python3 -m pytest -q -p no:cacheprovider -n 6 -rfs --tb=no $TESTS \
+        tests/test_transfer.py tests/test_palette.py >"$OUT/pytest_gpu.txt" 2>&1 &
+    if [[ -d "$BEFORE" ]]; then
+        (cd "$BEFORE" && PYTHONPATH=. timeout -s INT 200 python3 -m pytest -q -p no:cacheprovider \
+            -n 6 -rfs --tb=no $TESTS) >"$OUT/pytest_gpu_before.txt" 2>&1 &
+    fi
+    timeout 200 python3 -m fuzzattn.cli replay regressions/5c3e8c48af81.json --impl triton_fa2 \
+        >"$OUT/replay_ptxas.txt" 2>&1 &
     wait
-    tail -n 15 "$OUT/pytest_gpu.txt" | cut -c1-220
-    for f in replay_sdpa replay_triton; do
-        echo "-- $f"; tail -n 1 "$OUT/$f.txt"; grep -E " FAIL | XPASS|rror" "$OUT/$f.txt" | cut -c1-200 | head
+    for f in pytest_gpu pytest_gpu_before; do
+        echo "-- $f"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/$f.txt" | cut -c1-200 | head -30
     done
+    tail -n 3 "$OUT/replay_ptxas.txt" | cut -c1-200
     step "sdpa fp32 scaling, $SCALING_SECONDS s each"
     for k in 1 16; do scale_run "$k" "after_$k" 600 | tee -a "$OUT/scaling.txt"; done
     [[ -d "$BEFORE" ]] && SCALE_TREE=$BEFORE scale_run 16 "before_16" 700 | tee -a "$OUT/scaling.txt"

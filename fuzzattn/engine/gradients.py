@@ -34,7 +34,8 @@ from fuzzattn.engine import execute
 from fuzzattn.engine.grad_oracle import NAMES, GradReference, oracle_gradients, same_precision_gradients
 from fuzzattn.engine.inputs import (Inputs, as_bits, changed_flags, materialize, materialize_dout,
                                      place, place_flat)
-from fuzzattn.engine.judge_device import moved, read_back
+from fuzzattn.engine.judge_device import moved
+from fuzzattn.engine.transfer import read_back
 from fuzzattn.engine.poison import prime_allocator, uninitialized_memory_is_nan
 from fuzzattn.engine.tolerance import grad_allowance, grad_bound
 from fuzzattn.engine.verdict import Verdict, heatmap, locate

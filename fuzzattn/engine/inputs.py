@@ -18,6 +18,7 @@ import torch
 
 from fuzzattn.contract.case import AttentionCase
 from fuzzattn.contract.dtypes import BY_NAME, torch_dtype
+from fuzzattn.engine.transfer import packed_to, same_device
 
 # The most memory one judged case may take, checked before anything is allocated: inputs in
 # their padded storage (sliced layouts double the rows), outputs, and the float64 oracle's
@@ -76,7 +77,7 @@ class Inputs:
     def on(self, device: torch.device) -> "Inputs":
         """These inputs on `device`: themselves, their host copy, or moved there."""
         device = torch.device(device)
-        if _same_device(self.q.device, device):
+        if same_device(self.q.device, device):
             return self
         if self.host is not None and device.type == "cpu":
             return self.host
@@ -96,7 +97,7 @@ class Inputs:
 def changed_flags(storages: dict[str, torch.Tensor], before: dict[str, torch.Tensor]) -> torch.Tensor:
     """One bool per storage, in `storages`' order: do its bits differ from `before`'s (NaN-safe)?
     Left on the device, unread: the caller reads it back with the run's other results
-    (judge_device.read_back), where a read per storage would each wait for the GPU."""
+    (transfer.read_back), where a read per storage would each wait for the GPU."""
     return torch.stack([(as_bits(storages[n]) != as_bits(before[n])).any() for n in storages])
 
 
@@ -200,25 +201,25 @@ def materialize(case: AttentionCase, device: str | torch.device = "cpu",
 
 
 def _moved(inputs: Inputs, device: torch.device) -> Inputs:
-    """`inputs`' storages copied to `device` whole and viewed there the same way. From the CPU to
-    CUDA the copies go from pinned memory without blocking: the stream orders them before any
-    kernel, and no case's set-up waits for the GPU (on a GPU shared by several processes, each
-    wait is a wait for this process's time slice)."""
-    to_cuda = device.type == "cuda" and inputs.q.device.type == "cpu"
-    storages = {name: (buf.pin_memory() if to_cuda else buf).to(device, non_blocking=to_cuda)
-                for name, buf in inputs.storages.items()}
+    """`inputs`' storages on `device` in one copy (transfer.packed_to: on a GPU shared by
+    several processes each copy waits for this process's time slice), viewed there the same way.
+    Each storage starts on a 512-byte boundary, as a separate allocation would, and the bytes
+    between storages hold 0xFF (NaN in every float dtype), so a read past one storage's guard
+    still finds NaN."""
+    storages = dict(zip(inputs.storages, packed_to(list(inputs.storages.values()), device)))
     return _viewed(inputs, storages, host=inputs if inputs.q.device.type == "cpu" else inputs.host)
 
 
 def _viewed(inputs: Inputs, storages: dict[str, torch.Tensor], *, host: Inputs | None) -> Inputs:
-    """Inputs over `storages` with `inputs`' views (shapes, strides, offsets)."""
-    views = {name: storages[name].as_strided(t.shape, t.stride(), t.storage_offset())
-             for name, t in zip("qkv", inputs.tensors())}
+    """Inputs over `storages` with `inputs`' views: shapes, strides, and offsets from the start of
+    each storage (a storage may itself start inside a larger allocation: transfer.packed_to)."""
+    views = {}
+    for name, t in zip("qkv", inputs.tensors()):
+        offset = t.storage_offset() - inputs.storages[name].storage_offset()
+        views[name] = storages[name].as_strided(t.shape, t.stride(),
+                                                storages[name].storage_offset() + offset)
     return Inputs(views["q"], views["k"], views["v"], storages, host=host)
 
-
-def _same_device(a: torch.device, b: torch.device) -> bool:
-    return a.type == b.type and (a.index is None or b.index is None or a.index == b.index)
 
 
 def place(logical: torch.Tensor, layout: str, dtype: torch.dtype, device,

@@ -27,7 +27,8 @@ from fuzzattn.engine.error_statistics import out_rms_bound
 from fuzzattn.engine.gradients import judge_gradients
 from fuzzattn.engine.inputs import (Inputs, as_bits, changed_flags, check_budget, inputs_sha256,
                                      materialize)
-from fuzzattn.engine.judge_device import judge_device, moved, read_back
+from fuzzattn.engine.judge_device import judge_device, moved
+from fuzzattn.engine.transfer import read_back
 from fuzzattn.engine.poison import (UninitializedMemoryIsZero, prime_allocator,
                                     uninitialized_memory_is_nan)
 from fuzzattn.engine.oracle import Reference, oracle, same_precision_reference
@@ -182,7 +183,7 @@ def _run(impl: Implementation, case: AttentionCase, device, *, adversarial: bool
                               detail="declares returns_lse but returned no lse", **verdict)
         return run
     # Which input storages changed, whether the canaries survived, and the outputs for the
-    # judgement, read back in one transfer (judge_device.read_back).
+    # judgement, read back in one transfer (transfer.read_back).
     names = list(inputs.storages)
     flags = changed_flags(inputs.storages, before)
     if guarded is not None:

@@ -57,17 +57,3 @@ def moved(t: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
     """`t` on `device` (itself when already there); None stays None."""
     return t if t is None or t.device == device else t.to(device)
 
-
-def read_back(tensors, device) -> list:
-    """`tensors` (None stays None) on `device`, after at most one wait: from CUDA to the host every
-    copy is queued without blocking (into pinned memory) and the stream is synchronised once,
-    where a copy each would wait for this process's GPU time slice once each."""
-    device = torch.device(device)
-    away = [t for t in tensors if t is not None and t.device != device]
-    queued = device.type == "cpu" and bool(away) and all(t.device.type == "cuda" for t in away)
-    result = [t if t is None or t.device == device else t.to(device, non_blocking=queued)
-              for t in tensors]
-    if queued:
-        for source in {t.device for t in away}:
-            torch.cuda.current_stream(source).synchronize()
-    return result
