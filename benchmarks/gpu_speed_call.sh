@@ -3,13 +3,17 @@
 #   bash benchmarks/gpu_speed_call.sh sdpa      the judge's correctness checks on the GPU, then K
 #                                               concurrent sdpa fp32 fuzzers, this tree (K = 1, 16)
 #                                               and the BEFORE tree (K = 16)
+#   bash benchmarks/gpu_speed_call.sh ab        K = 1 and 16 concurrent sdpa_math fp32 fuzzers (no known
+#                                               upstream defect, so no shrinking or fault confounds the
+#                                               rate), this tree and BEFORE alternately
 #   bash benchmarks/gpu_speed_call.sh triton    compiled triton_fa2 fp16, 16 processes: this tree
 #                                               warms its compile palettes (WARM s), then is timed
 #                                               on new cases of the same palettes; the BEFORE tree
 #                                               timed the same way (it has no palettes)
+# Several modes run one after the other: bash benchmarks/gpu_speed_call.sh triton ab
 # BEFORE is a tarball of the tree to compare with (git archive <rev> -o benchmarks/_before.tar).
 set -uo pipefail
-MODE=${1:-sdpa}
+MODES=("${@:-sdpa}")
 SCALING_SECONDS=${SCALING_SECONDS:-30}
 WARM=${WARM:-90}
 source "$(dirname "$0")/gpu_common.sh"
@@ -18,6 +22,7 @@ if [[ -f benchmarks/_before.tar ]]; then
     mkdir -p "$BEFORE" && tar xf benchmarks/_before.tar -C "$BEFORE"
 fi
 
+for MODE in "${MODES[@]}"; do
 if [[ "$MODE" == sdpa ]]; then
     step "the judge on the GPU: engine, checks, gradients, transfer, palette tests, this tree and BEFORE"
     TESTS="tests/test_engine.py tests/test_checks.py tests/test_gradients.py tests/test_judge_device.py
@@ -48,6 +53,16 @@ elif [[ "$MODE" == triton ]]; then
     SCALE_PALETTES=4 scale_run 1 "triton_after_1" 950 | tee -a "$OUT/scaling.txt"
     [[ -d "$BEFORE" ]] && SCALE_TREE=$BEFORE scale_run 16 "triton_before_16" 1000 \
         | tee -a "$OUT/scaling.txt"
+elif [[ "$MODE" == ab ]]; then
+    export SCALE_IMPL=sdpa_math SCALE_DTYPE=float32
+    step "sdpa_math fp32, this tree and BEFORE alternately, $SCALING_SECONDS s each"
+    for k in 1 16; do
+        scale_run "$k" "math_after_$k" $(( 1100 + 100 * k )) | tee -a "$OUT/scaling.txt"
+        [[ -d "$BEFORE" ]] && SCALE_TREE=$BEFORE scale_run "$k" "math_before_$k" $(( 1150 + 100 * k )) \
+            | tee -a "$OUT/scaling.txt"
+    done
+    unset SCALE_IMPL SCALE_DTYPE
 fi
+done
 echo; cat "$OUT/scaling.txt"
 archive_out
