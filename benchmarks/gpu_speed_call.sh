@@ -53,6 +53,17 @@ elif [[ "$MODE" == triton ]]; then
     SCALE_PALETTES=4 scale_run 1 "triton_after_1" 950 | tee -a "$OUT/scaling.txt"
     [[ -d "$BEFORE" ]] && SCALE_TREE=$BEFORE scale_run 16 "triton_before_16" 1000 \
         | tee -a "$OUT/scaling.txt"
+elif [[ "$MODE" == triage ]]; then
+    step "open findings of benchmarks/gpu_findings: explained on this tree, replayed on BEFORE"
+    for f in benchmarks/gpu_findings/*.json; do
+        timeout 150 python3 -m fuzzattn.cli explain "$f" --impl triton_fa2 >"$OUT/explain_$(basename "$f" .json).txt" 2>&1 &
+        if [[ -d "$BEFORE" ]]; then
+            (cd "$BEFORE" && PYTHONPATH=. timeout 150 python3 -m fuzzattn.cli replay "$OLDPWD/$f" \
+                --impl triton_fa2) >"$OUT/before_$(basename "$f" .json).txt" 2>&1 &
+        fi
+    done
+    wait
+    for f in "$OUT"/explain_*.txt "$OUT"/before_*.txt; do echo "-- $f"; cut -c1-220 "$f" | tail -40; done
 elif [[ "$MODE" == ab ]]; then
     export SCALE_IMPL=sdpa_math SCALE_DTYPE=float32
     step "sdpa_math fp32, this tree and BEFORE alternately, $SCALING_SECONDS s each"
