@@ -257,3 +257,42 @@ def test_triton_fa2_gives_the_same_bits_with_the_speedups_off(tmp_path):
     for (out, lse), (out0, lse0) in zip(results["1"], results["0"]):
         assert torch.equal(out.view(torch.uint8), out0.view(torch.uint8))
         assert torch.equal(lse.view(torch.uint8), lse0.view(torch.uint8))
+
+
+def test_unwrapping_plain_values_first_is_triton_own():
+    """core._unwrap_if_constexpr: the same object (or equal unwrapped contents) as triton's for
+    constexprs, tensors, dtypes, Python scalars, lists, tuples and tl.tuples of them."""
+    import triton.language as tl
+    from triton.language import core
+    fast = core._unwrap_if_constexpr
+    assert getattr(fast, "_fuzzattn_speed", False)
+    t = core.tensor(None, tl.int32)
+    values = [tl.constexpr(3), tl.constexpr(None), tl.constexpr(tl.float16), t, tl.float32,
+              tl.pointer_type(tl.int8), core.block_type(tl.float32, [4]), None, True, 7, 0.5, "s",
+              [tl.constexpr(1), 2], (tl.constexpr(1), t), core.tuple([tl.constexpr(4), 5])]
+    for value in values:
+        mine, theirs = fast(value), fast.__wrapped__(value)
+        assert type(mine) is type(theirs)
+        if isinstance(mine, (list, tuple, core.tuple)):
+            assert list(mine) == list(theirs)
+        else:
+            assert mine is theirs
+
+
+def test_tensors_kept_first_is_triton_own():
+    """to_tensor returns a tensor itself, and converts everything else as triton does."""
+    import triton.language as tl
+    from triton.runtime import interpreter
+    sem, values = _values()
+    fast = type(sem).to_tensor
+    assert getattr(fast, "_fuzzattn_speed", False)
+    for value in values + [3, -2.5, True, 2**40, tl.constexpr(5)]:
+        mine, theirs = fast(sem, value, False), fast.__wrapped__(sem, value, False)
+        if isinstance(value, tl.tensor):
+            assert mine is value is theirs
+        else:
+            assert _same_value(mine, theirs)
+    assert fast(sem, "text", False) == "text" == fast.__wrapped__(sem, "text", False)
+    with pytest.raises(TypeError, match="cannot convert"):
+        fast(sem, "text")
+    assert isinstance(interpreter.interpreter_semantic, type(sem))

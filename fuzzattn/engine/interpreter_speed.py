@@ -61,6 +61,8 @@ def install() -> None:
     _binary_type_decisions_once(interp)
     _expand_dims_by_shape(interp)
     _lean_builtin_calls(interp)
+    _plain_values_unwrapped_first()
+    _tensors_kept_first(interp)
 
 
 def _sanitizer_off(interp) -> None:
@@ -495,3 +497,53 @@ def _lean_builtin_calls(interp) -> None:
     setattr(_patch_attr, _MARK, True)
     _patch_attr.__wrapped__ = original      # triton's own, for tests and debugging
     interp._patch_attr = _patch_attr
+
+
+def _plain_values_unwrapped_first() -> None:
+    """triton.language.core._unwrap_if_constexpr (~160,000 calls per bench_interpreter run: every
+    builtin unwraps its flags and axes, every dtype `==` its operand) tests a value against list,
+    tuple, tl.tuple and constexpr in turn. A value whose class is exactly constexpr gives its
+    value and one whose class is exactly a tensor, a dtype, None, bool, int, float or str comes
+    back as it is, as triton's tests end for them (none is a list, a tuple or a constexpr);
+    anything else, subclasses included, goes to triton's own. core's functions look the name up
+    in core's globals, so replacing it there reaches them."""
+    from triton.language import core
+    original = getattr(core, "_unwrap_if_constexpr", None)
+    constexpr = getattr(core, "constexpr", None)
+    if None in (original, constexpr) or getattr(original, _MARK, False):
+        return
+    as_is = {core.tensor, core.dtype, core.pointer_type, core.block_type, type(None), bool, int,
+             float, str}
+
+    def _unwrap_if_constexpr(o):
+        cls = type(o)
+        if cls is constexpr:
+            return o.value
+        if cls in as_is:
+            return o
+        return original(o)
+
+    setattr(_unwrap_if_constexpr, _MARK, True)
+    _unwrap_if_constexpr.__wrapped__ = original      # triton's own, for tests and debugging
+    core._unwrap_if_constexpr = _unwrap_if_constexpr
+
+
+def _tensors_kept_first(interp) -> None:
+    """The interpreter rewrites every assignment in a kernel `x = value` into
+    `x = interpreter_semantic.to_tensor(value, False)` (~34,000 calls per bench_interpreter run),
+    and TritonSemantic.to_tensor tests bool, int, float and constexpr before it returns a tensor
+    as it is. A value whose class is exactly the semantic's tensor class is returned at once,
+    as triton's tests end for it; anything else goes to triton's own."""
+    semantic_cls = getattr(interp, "TritonSemantic", None)
+    original = getattr(semantic_cls, "to_tensor", None)
+    if original is None or getattr(original, _MARK, False) or not hasattr(semantic_cls, "tensor"):
+        return
+
+    def to_tensor(self, x, check_type=True):
+        if type(x) is self.tensor:
+            return x
+        return original(self, x, check_type)
+
+    setattr(to_tensor, _MARK, True)
+    to_tensor.__wrapped__ = original      # triton's own, for tests and debugging
+    semantic_cls.to_tensor = to_tensor
