@@ -106,7 +106,8 @@ def _same_value(a, b):
     x, y = a.handle.data, b.handle.data
     return (a.type == b.type and a.handle.dtype == b.handle.dtype and x.dtype == y.dtype
             and x.shape == y.shape and x.strides == y.strides
-            and np.array_equal(np.ascontiguousarray(x).view(np.uint8), np.ascontiguousarray(y).view(np.uint8)))
+            and np.array_equal(np.ascontiguousarray(x).view(np.uint8),
+                               np.ascontiguousarray(y).view(np.uint8)))
 
 
 def _outcome(fn, *args):
@@ -214,7 +215,8 @@ def test_patched_builtins_call_the_function_with_the_interpreter_semantic():
     assert (x, y) == (1, 2) and isinstance(semantic, interpreter.TritonSemantic)
     assert semantic.builder is interpreter.interpreter_builder
     assert holder.plain(5) == "plain" and seen[-1][0] == (5,)
-    assert list(seen[-1][1]) == ["_semantic"] and isinstance(seen[-1][1]["_semantic"], interpreter.TritonSemantic)
+    assert list(seen[-1][1]) == ["_semantic"]
+    assert isinstance(seen[-1][1]["_semantic"], interpreter.TritonSemantic)
     scope.restore()
     assert holder.member is member and holder.plain is plain
 

@@ -1,4 +1,4 @@
-"""Two costs of Triton's CPU interpreter that change no result, removed.
+"""Costs of Triton's CPU interpreter that change no result, removed.
 
 Measured with cProfile on 30 ci-profile cases of triton_fa2 (fp32, two interpreted forwards per
 case; `python benchmarks/throughput.py` reproduces the rates): 55 s in all, of which
@@ -27,6 +27,30 @@ now share what a shape determines (`_shared_tensor_shapes`, `_plain_block_types`
 interpreted forward over four fixed cases went from 1.70 s to 1.52 s, then, with shapes given as
 constexprs taking the fast path too, ~17% faster again (alternating runs, same machine).
 
+Then the per-operation cost of the language frontend, profiled with cProfile over the twelve
+timed forwards of benchmarks/bench_interpreter.py (4.4 s and 6.7 million Python calls profiled
+before, 2.5 s and 3.1 million after, with interpreter_semantic.py's edits; each figure below is
+that function's cumulative profiled time):
+
+* `tl.tensor.__init__` (~75,000 calls, 0.51 s): shape and numel, which semantic rarely reads
+  (it reads `.type`), now built on first read (`_shared_tensor_shapes`): 0.06 s.
+* Each patched builtin's lambda and @builtin wrapper (~67,000 calls, 0.25 s of their own time):
+  one closure calling the wrapped function (`_lean_builtin_calls`): 0.07 s.
+* `_unwrap_if_constexpr` (~160,000 calls, 0.22 s): exact classes answered first
+  (`_plain_values_unwrapped_first`): 0.08 s.
+* TritonSemantic's broadcasts, binary-op type checks, expand_dims and to_tensor: see
+  fuzzattn/engine/interpreter_semantic.py (1.72 s -> 0.70 s for the binary-op checks).
+
+Together, alternating runs of bench_interpreter (min of 5 in-process repeats): 1.34 -> 0.85 s;
+`benchmarks/throughput.py --impl triton_fa2 --dtype float32 --gradient-every 1000000 --cases 100`:
+14.9 -> 23.3 judged cases/s, implementation runs 316 -> 155 ms per case (one pair, same hour).
+
+Every edit keeps triton's own function (`__wrapped__` on the patched one, where a test compares
+the two) and hands it anything it does not recognise: other builders, types without a key
+(`interpreter_semantic._type_key`), errors (triton raises its own). FUZZATTN_INTERPRETER_SPEED=0
+installs none of them (triton's interpreter as shipped, sanitizer included), which the tests use
+to check that triton_fa2 gives the same bits either way.
+
 These edits are wrappers around triton 3.6's interpreter and language internals; if those are
 not where this module expects them it changes nothing (the interpreter is then merely slower).
 """
@@ -41,15 +65,12 @@ _patched_in_launch: set | None = None      # module ids patched by the launch no
 
 def install() -> None:
     """Idempotent; call only under the interpreter, before kernels run."""
-    global _scalar_type, _pointer_type
     if os.environ.get("FUZZATTN_INTERPRETER_SPEED", "1") in ("0", "false", "no"):
         return                                  # triton's interpreter as shipped (to compare with)
     try:
         from triton.runtime import interpreter as interp
-        from triton.language import core
     except ImportError:
         return
-    _scalar_type, _pointer_type = getattr(core, "dtype", None), getattr(core, "pointer_type", None)
     if os.environ.get("FUZZATTN_SANITIZE_OVERFLOW", "0") not in ("1", "true", "yes"):
         _sanitizer_off(interp)
     _patch_once_per_launch(interp)
@@ -57,12 +78,10 @@ def install() -> None:
     _np_dtype_table_once(interp)
     _plain_block_types()
     _shared_tensor_shapes()
-    _broadcast_by_shape(interp)
-    _binary_type_decisions_once(interp)
-    _expand_dims_by_shape(interp)
     _lean_builtin_calls(interp)
     _plain_values_unwrapped_first()
-    _tensors_kept_first(interp)
+    from fuzzattn.engine import interpreter_semantic
+    interpreter_semantic.install(interp)
 
 
 def _sanitizer_off(interp) -> None:
@@ -269,204 +288,6 @@ def _np_dtype_table_once(interp) -> None:
     interp._get_np_dtype = _get_np_dtype
 
 
-def _type_key(ty):
-    """A hashable stand-in for a scalar or pointer dtype, equal for two types exactly when
-    triton's own __eq__ says they are (dtypes compare by name, pointer types by pointee, address
-    space and constness); None for any other type, which the callers then leave to triton.
-    (pointer_type and block_type define __eq__ without __hash__: they cannot be keys themselves.)"""
-    cls = type(ty)
-    if cls is _scalar_type:
-        return ty.name
-    if cls is _pointer_type:
-        inner = _type_key(ty.element_ty)
-        return None if inner is None else ("ptr", inner, ty.address_space, ty.const)
-    return None
-
-
-_scalar_type = _pointer_type = None     # triton.language.core's dtype and pointer_type, once installed
-_block_types: dict = {}     # (element type key, dims) -> (block_type, its IR type under the interpreter)
-
-
-def _block_type_for(element_ty, dims: tuple, builder):
-    """(block_type(element_ty, dims), its to_ir(builder)), built once per (element type, dims)
-    and shared after. Triton itself shares type objects between values (an op's result takes
-    its operand's `type`); nothing mutates one. The IR type is triton's own to_ir result: under
-    the interpreter a pure function of the type (an equal block_type)."""
-    key = (_type_key(element_ty), dims)
-    found = _block_types.get(key)
-    if found is None:
-        from triton.language import core
-        ty = core.block_type(element_ty, list(dims))
-        found = _block_types[key] = (ty, ty.to_ir(builder))
-    return found
-
-
-def _broadcast_by_shape(interp) -> None:
-    """TritonSemantic.broadcast_impl_value (~30,000 calls per bench_interpreter run, a third of
-    the profiled time) compares block shapes as tl.tuples (each `!=` unwraps both into new
-    tuples) and builds a new block_type and its IR type for each splat and broadcast. Here the
-    same decisions are taken on the shapes' plain int lists, with block types shared per (element
-    type, shape); the builder calls are triton's own. Scalar/scalar, equal shapes, scalar/block
-    and same-rank broadcasts take this path; different ranks, mismatches (errors), builders
-    other than the interpreter's and types without a key go to triton's own."""
-    semantic_cls = getattr(interp, "TritonSemantic", None)
-    builder_cls = getattr(interp, "InterpreterBuilder", None)
-    original = getattr(semantic_cls, "broadcast_impl_value", None)
-    from triton.language import core
-    block_type = getattr(core, "block_type", None)
-    if None in (original, builder_cls, block_type) or getattr(original, _MARK, False):
-        return
-
-    def splat(semantic, value, dims):
-        ty, ir_ty = _block_type_for(value.type, dims, semantic.builder)
-        return semantic.tensor(semantic.builder.create_splat(ir_ty, value.handle), ty)
-
-    def broadcast(semantic, value, out):
-        ty, _ = _block_type_for(value.type.element_ty, tuple(out), semantic.builder)
-        return semantic.tensor(semantic.builder.create_broadcast(value.handle, out), ty)
-
-    def broadcast_impl_value(self, lhs, rhs):
-        lhs_ty, rhs_ty = lhs.type, rhs.type
-        lhs_block, rhs_block = type(lhs_ty) is block_type, type(rhs_ty) is block_type
-        if type(self.builder) is not builder_cls or (
-                not lhs_block and _type_key(lhs_ty) is None) or (not rhs_block and _type_key(rhs_ty) is None):
-            return original(self, lhs, rhs)
-        if lhs_block and rhs_block:
-            lhs_dims, rhs_dims = lhs_ty.shape.values, rhs_ty.shape.values
-            if lhs_dims == rhs_dims:
-                return lhs, rhs
-            if len(lhs_dims) != len(rhs_dims) or _type_key(lhs_ty.element_ty) is None \
-                    or _type_key(rhs_ty.element_ty) is None:
-                return original(self, lhs, rhs)
-            out = []
-            for left, right in zip(lhs_dims, rhs_dims):
-                if left == 1:
-                    out.append(right)
-                elif right == 1 or right == left:
-                    out.append(left)
-                else:
-                    return original(self, lhs, rhs)          # triton raises its own error
-            if lhs_dims != out:
-                lhs = broadcast(self, lhs, out)
-            if rhs_dims != out:
-                rhs = broadcast(self, rhs, out)
-            return lhs, rhs
-        if lhs_block:
-            return lhs, splat(self, rhs, tuple(lhs_ty.shape.values))
-        if rhs_block:
-            return splat(self, lhs, tuple(rhs_ty.shape.values)), rhs
-        return lhs, rhs
-
-    setattr(broadcast_impl_value, _MARK, True)
-    broadcast_impl_value.__wrapped__ = original      # triton's own, for tests and debugging
-    semantic_cls.broadcast_impl_value = broadcast_impl_value
-
-
-def _binary_type_decisions_once(interp) -> None:
-    """TritonSemantic.binary_op_type_checking_impl (every binary op: ~24,000 calls per
-    bench_interpreter run) re-derives, per call, the pointer checks, the computation type and
-    which operand needs a cast, all functions of the two scalar types (by name), which operand
-    is a Python number and the call's flags; here they are derived by triton's own functions
-    once per such key and kept. Per call, as triton does: Python numbers become tensors,
-    value-dependent checks (a negative or out-of-range number for an integer type; on failure
-    triton's own function runs and raises its own error), the casts that change a type, and the
-    broadcast. A cast to the type a value already has is skipped: triton's cast returns its
-    input unchanged then. Types without a key (not a plain dtype or pointer) go to triton's own."""
-    import numbers
-    semantic_cls = getattr(interp, "TritonSemantic", None)
-    original = getattr(semantic_cls, "binary_op_type_checking_impl", None)
-    if original is None or getattr(original, _MARK, False) or not all(
-            hasattr(semantic_cls, name) for name in
-            ("check_ptr_type_impl", "computation_type_impl", "cast", "scalar_constant", "to_tensor")):
-        return
-    decisions: dict = {}   # key -> None (no arithmetic conversion) or (result picker, cast lhs, cast rhs)
-
-    def decide(self, lhs_ty, lhs_is_scalar, rhs_ty, rhs_is_scalar, allow_lhs_ptr, allow_rhs_ptr,
-               arithmetic_check, div_or_mod):
-        """triton's checks (they raise on a bad pair, and then nothing is kept) and result type,
-        as (0: lhs's type, 1: rhs's type, 2: the third item), whether lhs, rhs need a cast."""
-        self.check_ptr_type_impl(lhs_ty, rhs_ty, allow_lhs_ptr)
-        self.check_ptr_type_impl(rhs_ty, lhs_ty, allow_rhs_ptr)
-        if not arithmetic_check or lhs_ty.is_ptr() or rhs_ty.is_ptr():
-            return None
-        ret = self.computation_type_impl(lhs_ty, lhs_is_scalar, rhs_ty, rhs_is_scalar, div_or_mod)
-        pick = 0 if ret is lhs_ty else 1 if ret is rhs_ty else 2
-        return pick, ret, _type_key(lhs_ty) != _type_key(ret), _type_key(rhs_ty) != _type_key(ret)
-
-    def in_range(value, ty):
-        """value (a Python number) passes triton's checks against the result type ty."""
-        if not ty.is_int():
-            return True
-        if value < 0 and ty.is_int_unsigned():
-            return False
-        return ty.get_int_min_value() <= value <= ty.get_int_max_value()
-
-    def binary_op_type_checking_impl(self, lhs, rhs, allow_lhs_ptr=False, allow_rhs_ptr=False,
-                                     arithmetic_check=True, div_or_mod=False):
-        lhs_is_scalar = isinstance(lhs, numbers.Number)
-        rhs_is_scalar = isinstance(rhs, numbers.Number)
-        lhs_t = self.to_tensor(lhs) if lhs_is_scalar else lhs
-        rhs_t = self.to_tensor(rhs) if rhs_is_scalar else rhs
-        lhs_ty, rhs_ty = lhs_t.type.scalar, rhs_t.type.scalar
-        lhs_key, rhs_key = _type_key(lhs_ty), _type_key(rhs_ty)
-        if lhs_key is None or rhs_key is None:
-            return original(self, lhs, rhs, allow_lhs_ptr, allow_rhs_ptr, arithmetic_check, div_or_mod)
-        key = (lhs_key, lhs_is_scalar, rhs_key, rhs_is_scalar, allow_lhs_ptr, allow_rhs_ptr,
-               arithmetic_check, div_or_mod)
-        if key in decisions:
-            decided = decisions[key]
-        else:
-            decided = decisions[key] = decide(self, lhs_ty, lhs_is_scalar, rhs_ty, rhs_is_scalar,
-                                              allow_lhs_ptr, allow_rhs_ptr, arithmetic_check, div_or_mod)
-        if decided is not None:
-            pick, fixed, cast_lhs, cast_rhs = decided
-            ret = (lhs_ty, rhs_ty, fixed)[pick]
-            if (lhs_is_scalar and not in_range(lhs, ret)) or (rhs_is_scalar and not in_range(rhs, ret)):
-                return original(self, lhs, rhs, allow_lhs_ptr, allow_rhs_ptr, arithmetic_check, div_or_mod)
-            if lhs_is_scalar:
-                lhs_t = self.scalar_constant(lhs, dtype=ret)
-            elif cast_lhs:
-                lhs_t = self.cast(lhs_t, ret)
-            if rhs_is_scalar:
-                rhs_t = self.scalar_constant(rhs, dtype=ret)
-            elif cast_rhs:
-                rhs_t = self.cast(rhs_t, ret)
-        return self.broadcast_impl_value(lhs_t, rhs_t)
-
-    setattr(binary_op_type_checking_impl, _MARK, True)
-    binary_op_type_checking_impl.__wrapped__ = original      # triton's own, for tests and debugging
-    semantic_cls.binary_op_type_checking_impl = binary_op_type_checking_impl
-
-
-def _expand_dims_by_shape(interp) -> None:
-    """TritonSemantic.expand_dims (every `x[:, None]`: ~7,000 calls per bench_interpreter run)
-    unwraps the tensor's constexpr shape and builds a new block_type; here the new shape is the
-    block type's own int list with the 1 inserted as triton inserts it, its block type shared
-    (_block_type_for), the builder call triton's own. Scalars (splat), other builders and types
-    without a key go to triton's own."""
-    from triton.language import core
-    semantic_cls = getattr(interp, "TritonSemantic", None)
-    builder_cls = getattr(interp, "InterpreterBuilder", None)
-    original = getattr(semantic_cls, "expand_dims", None)
-    block_type = getattr(core, "block_type", None)
-    if None in (original, builder_cls, block_type) or getattr(original, _MARK, False):
-        return
-
-    def expand_dims(self, input, axis):
-        ty = input.type
-        if type(ty) is not block_type or type(self.builder) is not builder_cls \
-                or _type_key(ty.element_ty) is None:
-            return original(self, input, axis)
-        dims = list(ty.shape.values)
-        dims.insert(axis, 1)
-        new_ty, _ = _block_type_for(ty.element_ty, tuple(dims), self.builder)
-        return self.tensor(self.builder.create_expand_dims(input.handle, axis), new_ty)
-
-    setattr(expand_dims, _MARK, True)
-    expand_dims.__wrapped__ = original      # triton's own, for tests and debugging
-    semantic_cls.expand_dims = expand_dims
-
-
 def _lean_builtin_calls(interp) -> None:
     """Every tl builtin the interpreter patches (~67,000 calls per bench_interpreter run) ran
     through a lambda that copied its keyword arguments without `_semantic` into a new dict, then
@@ -526,24 +347,3 @@ def _plain_values_unwrapped_first() -> None:
     setattr(_unwrap_if_constexpr, _MARK, True)
     _unwrap_if_constexpr.__wrapped__ = original      # triton's own, for tests and debugging
     core._unwrap_if_constexpr = _unwrap_if_constexpr
-
-
-def _tensors_kept_first(interp) -> None:
-    """The interpreter rewrites every assignment in a kernel `x = value` into
-    `x = interpreter_semantic.to_tensor(value, False)` (~34,000 calls per bench_interpreter run),
-    and TritonSemantic.to_tensor tests bool, int, float and constexpr before it returns a tensor
-    as it is. A value whose class is exactly the semantic's tensor class is returned at once,
-    as triton's tests end for it; anything else goes to triton's own."""
-    semantic_cls = getattr(interp, "TritonSemantic", None)
-    original = getattr(semantic_cls, "to_tensor", None)
-    if original is None or getattr(original, _MARK, False) or not hasattr(semantic_cls, "tensor"):
-        return
-
-    def to_tensor(self, x, check_type=True):
-        if type(x) is self.tensor:
-            return x
-        return original(self, x, check_type)
-
-    setattr(to_tensor, _MARK, True)
-    to_tensor.__wrapped__ = original      # triton's own, for tests and debugging
-    semantic_cls.to_tensor = to_tensor
