@@ -41,9 +41,11 @@ that function's cumulative profiled time):
 * TritonSemantic's broadcasts, binary-op type checks, expand_dims and to_tensor: see
   fuzzattn/engine/interpreter_semantic.py (1.72 s -> 0.70 s for the binary-op checks).
 
-Together, alternating runs of bench_interpreter (min of 5 in-process repeats): 1.34 -> 0.85 s;
-`benchmarks/throughput.py --impl triton_fa2 --dtype float32 --gradient-every 1000000 --cases 100`:
-14.9 -> 23.3 judged cases/s, implementation runs 316 -> 155 ms per case (one pair, same hour).
+Together, alternating runs of `benchmarks/bench_interpreter.py` (main tree, then this one):
+2.01 -> 1.29, 1.57 -> 1.04, 1.45 -> 0.94, 1.41 -> 0.81 s. `benchmarks/throughput.py --impl
+triton_fa2 --dtype float32 --gradient-every 1000000 --cases 100`, three alternating pairs: 14.9 ->
+23.3, 15.3 -> 18.6 (the machine slowed during the second run: its drawing took 1.5x longer), 15.2
+-> 20.5 judged cases/s; implementation runs (profiled) 316 -> 155, 269 -> 223, 294 -> 152 ms/case.
 
 Every edit keeps triton's own function (`__wrapped__` on the patched one, where a test compares
 the two) and hands it anything it does not recognise: other builders, types without a key
