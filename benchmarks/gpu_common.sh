@@ -16,7 +16,8 @@ NGPU=$(nvidia-smi -L 2>/dev/null | wc -l); (( NGPU > 0 )) || NGPU=1
 # K in-process fuzzers on GPU 0 for $SCALING_SECONDS s (one thread each, gradients on one case in
 # four; SCALE_IMPL and SCALE_DTYPE, default sdpa float32; with SCALE_PALETTES=N process i draws
 # with compile palette i mod N), its utilisation sampled meanwhile; one summary line
-# (benchmarks/scaling_summary.py). SCALE_TREE runs another checkout's gpu_campaign.py (a before).
+# (benchmarks/scaling_summary.py). SCALE_TREE runs another checkout's gpu_campaign.py (a before);
+# SCALE_GPU="" hides the GPU (the same fuzzers on the CPU alone).
 scale_run() {   # $1 = processes, $2 = label, $3 = first shard, $4... = more gpu_campaign.py arguments
     local k=$1 label=$2 base=$3 dir="$OUT/scaling/$2" tree=${SCALE_TREE:-.}
     shift 3
@@ -25,7 +26,7 @@ scale_run() {   # $1 = processes, $2 = label, $3 = first shard, $4... = more gpu
     for i in $(seq 0 $(( k - 1 ))); do
         local palette=()
         [[ -n "${SCALE_PALETTES:-}" ]] && palette=(--palette $(( i % SCALE_PALETTES )))
-        CUDA_VISIBLE_DEVICES=0 OMP_NUM_THREADS=1 PYTHONPATH="$tree" timeout $(( SCALING_SECONDS + 60 )) \
+        CUDA_VISIBLE_DEVICES=${SCALE_GPU-0} OMP_NUM_THREADS=1 PYTHONPATH="$tree" timeout $(( SCALING_SECONDS + 60 )) \
             python3 "$tree/benchmarks/gpu_campaign.py" --impl "${SCALE_IMPL:-sdpa}" \
             --dtype "${SCALE_DTYPE:-float32}" --seconds "$SCALING_SECONDS" --shard $(( base + i )) \
             --gradient-every 4 --out "$dir" --regressions-dir "$dir/found" "${palette[@]}" "$@" \

@@ -10,6 +10,9 @@
 #                                               warms its compile palettes (WARM s), then is timed
 #                                               on new cases of the same palettes; the BEFORE tree
 #                                               timed the same way (it has no palettes)
+#   bash benchmarks/gpu_speed_call.sh ceiling   the host's cores; 16 sdpa fp32 fuzzers with the GPU
+#                                               hidden (the CPU's own ceiling), then K = 1, 8, 16 on it
+#   bash benchmarks/gpu_speed_call.sh triage    the open findings explained (this tree), replayed (BEFORE)
 # Several modes run one after the other: bash benchmarks/gpu_speed_call.sh triton ab
 # BEFORE is a tarball of the tree to compare with (git archive <rev> -o benchmarks/_before.tar).
 set -uo pipefail
@@ -64,6 +67,12 @@ elif [[ "$MODE" == triage ]]; then
     done
     wait
     for f in "$OUT"/explain_*.txt "$OUT"/before_*.txt; do echo "-- $f"; cut -c1-220 "$f" | tail -40; done
+elif [[ "$MODE" == ceiling ]]; then
+    step "the host's cores"
+    lscpu | grep -E "^CPU\(s\)|Thread|Core|Socket|Model name"
+    step "sdpa fp32: the same 16 fuzzers with the GPU hidden (CPU only), then on the GPU, K = 1, 8, 16"
+    SCALE_GPU="" scale_run 16 "cpu_only_16" 1300 | tee -a "$OUT/scaling.txt"
+    for k in 1 8 16; do scale_run "$k" "final_$k" $(( 1400 + 20 * k )) | tee -a "$OUT/scaling.txt"; done
 elif [[ "$MODE" == ab ]]; then
     export SCALE_IMPL=sdpa_math SCALE_DTYPE=float32
     step "sdpa_math fp32, this tree and BEFORE alternately, $SCALING_SECONDS s each"
