@@ -224,7 +224,7 @@ def main(argv=None) -> int:
                   + (f": {note}" if note else ""), flush=True)
     result = dict(schema=1, date=started.isoformat(timespec="seconds"), shard=shard,
                   profile=profile.name, seconds_budget=args.seconds,
-                  gradient_every=args.gradient_every, isolated=args.isolate,
+                  gradient_every=args.gradient_every, isolated=args.isolate, palette=args.palette,
                   versions=dict(versions(), cuda=torch.version.cuda),
                   device=settings.device_description(), device_type=device_type,
                   backend=settings.backend_description(), campaigns=campaigns)

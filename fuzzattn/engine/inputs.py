@@ -221,7 +221,6 @@ def _viewed(inputs: Inputs, storages: dict[str, torch.Tensor], *, host: Inputs |
     return Inputs(views["q"], views["k"], views["v"], storages, host=host)
 
 
-
 def place(logical: torch.Tensor, layout: str, dtype: torch.dtype, device,
           pad_value: float = float("nan")) -> tuple[torch.Tensor, torch.Tensor]:
     """(storage, view): `logical` (B, H, N, D), rounded to `dtype` on the CPU, inside a padded
