@@ -454,3 +454,16 @@ def test_mutants_runs_an_outside_seeded_bug(capsys, broken):
     status, out, _ = run(capsys, "mutants", "--impl", f"{broken}:drop_last_key", "--max-examples", "20")
     assert status == 0, out
     assert "drop_last_key" in out and "killed" in out and "1/1 killed" in out
+
+
+@pytest.mark.parametrize("name, value, message", [
+    ("FUZZATTN_PALETTE", "sometimes", "FUZZATTN_PALETTE='sometimes' is not one of auto, off, on"),
+    ("FUZZATTN_HOST_JUDGE_MACS", "many", "FUZZATTN_HOST_JUDGE_MACS='many' is not an integer"),
+])
+def test_a_bad_environment_setting_is_one_line_before_anything_runs(capsys, monkeypatch, name,
+                                                                      value, message):
+    monkeypatch.setenv(name, value)
+    assert cli.main(["fuzz", "--impl", "sdpa", "--dtype", "float32", "--max-examples", "1"]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.startswith(f"fuzzattn: error: {message}") and captured.err.count("\n") == 1
+    assert "judged" not in captured.out

@@ -57,12 +57,21 @@ def test_a_palette_narrows_only_the_compile_axes():
 
 def test_only_compiled_triton_kernels_draw_from_a_palette(monkeypatch):
     sdpa, triton = registry.get("sdpa"), registry.get("triton_fa2")
+    monkeypatch.delenv("FUZZATTN_PALETTE", raising=False)
     assert campaign_palette(sdpa, 7) is None
     import fuzzattn.campaigns.compile_palette as module
     monkeypatch.setattr(module, "is_interpreted", lambda: True)
     assert campaign_palette(triton, 7) is None        # the interpreter compiles nothing
     monkeypatch.setattr(module, "is_interpreted", lambda: False)
     assert campaign_palette(triton, 7) == 7
+    monkeypatch.setenv("FUZZATTN_PALETTE", "off")
+    assert campaign_palette(triton, 7) is None
+    monkeypatch.setattr(module, "is_interpreted", lambda: True)
+    monkeypatch.setenv("FUZZATTN_PALETTE", "on")
+    assert campaign_palette(triton, 7) == 7 and campaign_palette(sdpa, 7) is None
+    monkeypatch.setenv("FUZZATTN_PALETTE", "sometimes")
+    with pytest.raises(ValueError, match="FUZZATTN_PALETTE='sometimes' is not one of auto, off, on"):
+        campaign_palette(triton, 7)
 
 
 @pytest.mark.parametrize("kernel, names", [

@@ -1,14 +1,35 @@
-"""Which compile palette (strategies/palette.py) a campaign draws with."""
+"""Which compile palette (strategies/palette.py) a campaign draws with.
+
+FUZZATTN_PALETTE chooses: `auto` (the default) narrows only compiled Triton kernels, whose new
+variants are compiles; `off` draws from everything declared for every implementation (a
+campaign that values reach over speed); `on` narrows every Triton kernel, interpreted too (how
+the CPU measures what palettes cost in bugs found: benchmarks/THROUGHPUT.md).
+"""
 from __future__ import annotations
+
+import os
 
 from fuzzattn.contract import Implementation
 from fuzzattn.engine.triton_backend import is_interpreted
 
+ENV = "FUZZATTN_PALETTE"
+CHOICES = ("auto", "off", "on")
+
+
+def palette_mode() -> str:
+    mode = os.environ.get(ENV, "auto") or "auto"
+    if mode not in CHOICES:
+        raise ValueError(f"{ENV}={mode!r} is not one of {', '.join(CHOICES)}")
+    return mode
+
 
 def campaign_palette(impl: Implementation, number: int) -> int | None:
     """The palette a campaign numbered `number` (its Hypothesis seed or shard) draws with: that
-    number for a compiled Triton kernel, whose new variants are compiles; None (everything
-    declared) for anything else, where narrowing the drawn axes would buy nothing."""
-    if impl.backend != "triton" or is_interpreted():
+    number for a compiled Triton kernel; None (everything declared) for anything else, where
+    narrowing the drawn axes would buy nothing. FUZZATTN_PALETTE overrides (module docstring)."""
+    mode = palette_mode()
+    if impl.backend != "triton" or mode == "off":
         return None
-    return number
+    if mode == "on" or not is_interpreted():
+        return number
+    return None

@@ -67,6 +67,18 @@ def _profile_restored():
             os.environ["FUZZATTN_PROFILE"] = env
 
 
+def _check_environment() -> None:
+    """Settings read from the environment deep inside a run, checked up front: a bad value is a
+    one-line usage error before anything runs, not an internal error halfway through."""
+    from fuzzattn.campaigns.compile_palette import palette_mode
+    from fuzzattn.engine.judge_device import host_judge_macs
+    for check in (palette_mode, host_judge_macs):
+        try:
+            check()
+        except ValueError as exc:
+            raise CLIError(str(exc)) from None
+
+
 def main(argv=None) -> int:
     from fuzzattn import settings
     parser = build_parser()
@@ -85,6 +97,7 @@ def main(argv=None) -> int:
                                 category=DeprecationWarning)
         try:
             settings.choose_backend()
+            _check_environment()
             return args.run(args)
         except (CLIError, settings.BackendError) as exc:
             print(f"fuzzattn: error: {one_line(exc)}", file=sys.stderr)
