@@ -30,11 +30,9 @@ def test_a_subset_keeps_the_first_choice_and_is_the_same_everywhere():
     assert subset([7], 5, "config") == [7]
 
 
-def test_a_palette_narrows_only_the_compile_axes():
+def test_a_palette_narrows_only_layouts_and_configurations():
     impl = registry.get("triton_fa2")
     profile = PROFILES["gpu"]
-    dims = set(subset(head_dim_choices(impl.caps.head_dims, max_head_dim=impl.caps.max_head_dim),
-                      4, "head_dim"))
     layouts = set(subset(layout_choices(impl.caps), 4, "layout"))
     seen = []
 
@@ -45,11 +43,14 @@ def test_a_palette_narrows_only_the_compile_axes():
         seen.append(case)
 
     draw()
-    assert {c.head_dim for c in seen} <= dims and {c.layout for c in seen} <= layouts
+    assert {c.layout for c in seen} <= layouts
     for case in seen:
         allowed = subset(valid_configs(impl.caps, case), 4, "config")
         assert case.config in allowed
-    # Lengths stay free: ragged, tile multiples and single rows all still come.
+    # Head dims stay free (a palette of two let head-dim bugs of the zoo survive), and so do
+    # lengths: ragged, tile multiples and single rows all still come.
+    dims = head_dim_choices(impl.caps.head_dims, max_head_dim=impl.caps.max_head_dim)
+    assert len({c.head_dim for c in seen}) > len(dims) // 2
     lengths = {n for c in seen for n in (c.seq_q, c.seq_k)}
     assert any(n % 16 for n in lengths) and any(n and n % 16 == 0 for n in lengths)
     assert len(lengths) > 40
