@@ -12,7 +12,8 @@
 #                                               timed the same way (it has no palettes)
 #   bash benchmarks/gpu_speed_call.sh ceiling   the host's cores; 16 sdpa fp32 fuzzers with the GPU
 #                                               hidden (the CPU's own ceiling), then K = 1, 8, 16 on it
-#   bash benchmarks/gpu_speed_call.sh triage    the open findings explained (this tree), replayed (BEFORE)
+#   bash benchmarks/gpu_speed_call.sh triage    the open findings explained (this tree), replayed (BEFORE),
+#                                               and their rows' raw lse and out (probe_rows.py)
 # Several modes run one after the other: bash benchmarks/gpu_speed_call.sh triton ab
 # BEFORE is a tarball of the tree to compare with (git archive <rev> -o benchmarks/_before.tar).
 set -uo pipefail
@@ -66,7 +67,13 @@ elif [[ "$MODE" == triage ]]; then
         fi
     done
     wait
-    for f in "$OUT"/explain_*.txt "$OUT"/before_*.txt; do echo "-- $f"; cut -c1-220 "$f" | tail -40; done
+    for f in benchmarks/gpu_findings/*.json; do
+        timeout 150 python3 benchmarks/probe_rows.py "$f" --vary BLOCK_N=32 --vary scale=none \
+            --vary dtype=bfloat16 --vary values=normal >"$OUT/rows_$(basename "$f" .json).txt" 2>&1
+    done
+    for f in "$OUT"/explain_*.txt "$OUT"/before_*.txt "$OUT"/rows_*.txt; do
+        echo "-- $f"; cut -c1-220 "$f" | tail -40
+    done
 elif [[ "$MODE" == ceiling ]]; then
     step "the host's cores"
     lscpu | grep -E "^CPU\(s\)|Thread|Core|Socket|Model name"

@@ -168,3 +168,21 @@ def test_each_gpu_call_script_parses_and_shares_the_preamble(script):
     assert parsed.returncode == 0, parsed.stderr
     if script.name != "gpu_common.sh":
         assert 'source "$(dirname "$0")/gpu_common.sh"' in script.read_text()
+
+
+def test_probe_rows_prints_the_kernels_and_the_oracles_rows_for_each_variant(capsys):
+    """benchmarks/probe_rows.py, on a finding file with a configuration: the recorded case, a
+    configuration change and a field change each print rows of lse and out beside the oracle's;
+    a variant the implementation refuses says so in a line and the others still run."""
+    probe = _script("probe_rows")
+    finding = ROOT / "benchmarks" / "gpu_findings" / "31366c6d544e.json"
+    assert probe.main([str(finding), "--vary", "BLOCK_N=32", "--vary", "scale=none",
+                       "--vary", "dtype=float64", "--rows", "1"]) == 0
+    out = capsys.readouterr().out
+    for header in ("-- as recorded", "-- BLOCK_N=32", "-- scale=none", "-- dtype=float64"):
+        assert header in out
+    rows = [line for line in out.splitlines() if "lse" in line and "oracle" in line]
+    assert len(rows) == 3 * 12            # three runnable variants x 12 heads x 1 row
+    assert all("nonfinite out 0/32" in line for line in rows)        # the interpreter passes it
+    refused = out.split("-- dtype=float64")[1]
+    assert "Error" in refused and "lse" not in refused
