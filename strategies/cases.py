@@ -10,7 +10,7 @@ from fuzzattn.contract.profiles import Profile, active
 
 from .configs import configs, constrained_length
 from .layouts import layout_choices, layouts
-from .lengths import head_dim_choices, seq_lens, seq_shapes
+from .lengths import head_dims, seq_lens, seq_shapes
 from .palette import subset
 from .values import value_profiles
 
@@ -43,7 +43,6 @@ class _Parts:
         self.caps = caps                  # kept alive: the cache below is keyed by its id
         self.palette = palette
         self.dtype = st.sampled_from(dtypes)
-        dims = head_dim_choices(caps.head_dims, max_head_dim=caps.max_head_dim)
         self.batch = st.integers(1, profile.max_batch)
         self.kv_heads = st.integers(1, profile.max_kv_heads)
         self.group = st.integers(1, profile.max_group) if caps.gqa else st.just(1)
@@ -53,7 +52,7 @@ class _Parts:
         self.scale = st.one_of(st.none(), st.sampled_from(OTHER_SCALES))
         # Head dims are never narrowed: bugs that only some head dims show (a mask past D, a
         # truncated head dim) survived a palette that kept two (strategies/palette.py).
-        self.head_dim = st.sampled_from(dims)
+        self.head_dim = head_dims(caps.head_dims, max_head_dim=caps.max_head_dim)
         if palette is None:
             self.layout = layouts(caps)
         else:

@@ -35,7 +35,7 @@ from fuzzattn.engine.grad_oracle import NAMES, GradReference, oracle_gradients, 
 from fuzzattn.engine.inputs import (Inputs, as_bits, changed_flags, materialize, materialize_dout,
                                      place, place_flat)
 from fuzzattn.engine.judge_device import moved
-from fuzzattn.engine.transfer import read_back
+from fuzzattn.engine.transfer import read_back, same_device
 from fuzzattn.engine.poison import prime_allocator, uninitialized_memory_is_nan
 from fuzzattn.engine.tolerance import grad_allowance, grad_bound
 from fuzzattn.engine.verdict import Verdict, heatmap, locate
@@ -113,9 +113,9 @@ def _overflows(g: torch.Tensor, exact: torch.Tensor) -> torch.Tensor:
 
 def _on(run: _GradRun, device: torch.device) -> _GradRun:
     """`run` with its gradients on `device`, where the judgement computes (judge_device.py)."""
-    if run.call.grads is None or all(g.device == device for g in run.call.grads):
+    if run.call.grads is None or all(same_device(g.device, device) for g in run.call.grads):
         return run
-    if run.delivered is not None and run.delivered[0] == device:
+    if run.delivered is not None and same_device(run.delivered[0], device):
         grads = run.delivered[1]
     else:
         grads = tuple(moved(g, device) for g in run.call.grads)

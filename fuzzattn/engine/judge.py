@@ -28,7 +28,7 @@ from fuzzattn.engine.gradients import judge_gradients
 from fuzzattn.engine.inputs import (Inputs, as_bits, changed_flags, check_budget, inputs_sha256,
                                      materialize)
 from fuzzattn.engine.judge_device import judge_device, moved
-from fuzzattn.engine.transfer import read_back
+from fuzzattn.engine.transfer import read_back, same_device
 from fuzzattn.engine.poison import (UninitializedMemoryIsZero, prime_allocator,
                                     uninitialized_memory_is_nan)
 from fuzzattn.engine.oracle import Reference, oracle, same_precision_reference
@@ -207,9 +207,9 @@ def _run(impl: Implementation, case: AttentionCase, device, *, adversarial: bool
 
 def _on(run: _Run, device: torch.device) -> _Run:
     """`run` with its out and lse on `device`, where the judgement computes (judge_device.py)."""
-    if run.out is None or run.out.device == device:
+    if run.out is None or same_device(run.out.device, device):
         return run
-    if run.delivered is not None and run.delivered[0] == device:
+    if run.delivered is not None and same_device(run.delivered[0], device):
         out, lse = run.delivered[1:]
     else:
         out, lse = moved(run.out, device), moved(run.lse, device)

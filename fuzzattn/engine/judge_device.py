@@ -26,6 +26,7 @@ import os
 import torch
 
 from fuzzattn.contract.case import AttentionCase
+from fuzzattn.engine.transfer import same_device
 
 HOST_JUDGE_MACS = 2 ** 21
 ENV = "FUZZATTN_HOST_JUDGE_MACS"
@@ -55,5 +56,5 @@ def judge_device(case: AttentionCase, device) -> torch.device:
 
 def moved(t: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
     """`t` on `device` (itself when already there); None stays None."""
-    return t if t is None or t.device == device else t.to(device)
+    return t if t is None or same_device(t.device, device) else t.to(device)
 
