@@ -14,6 +14,11 @@
 #                                               hidden (the CPU's own ceiling), then K = 1, 8, 16 on it
 #   bash benchmarks/gpu_speed_call.sh triage    the open findings explained (this tree), replayed (BEFORE),
 #                                               and their rows' raw lse and out (probe_rows.py)
+#   bash benchmarks/gpu_speed_call.sh fma       finding 10's regression files replayed compiled: this
+#                                               tree, BEFORE, and BEFORE with FMA contraction off
+#   bash benchmarks/gpu_speed_call.sh census    kernels, copies and waits per judged case (launch_census.py)
+#   bash benchmarks/gpu_speed_call.sh suite     the judge's tests on the GPU (engine, checks, gradients,
+#                                               fixtures, transfer ...): which fail there, by name
 # Several modes run one after the other: bash benchmarks/gpu_speed_call.sh triton ab
 # BEFORE is a tarball of the tree to compare with (git archive <rev> -o benchmarks/_before.tar).
 set -uo pipefail
@@ -26,7 +31,16 @@ if [[ -f benchmarks/_before.tar ]]; then
     mkdir -p "$BEFORE" && tar xf benchmarks/_before.tar -C "$BEFORE"
 fi
 
+SUITE_PID=
+wait_suite() {   # the background suite's summary, once it ended
+    [[ -n "$SUITE_PID" ]] || return 0
+    wait "$SUITE_PID"; SUITE_PID=
+    step "the judge's tests on the GPU: summary"
+    grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/suite_gpu.txt" | cut -c1-220 | head -60
+}
+
 for MODE in "${MODES[@]}"; do
+[[ "$MODE" =~ ^(sdpa|ab|triton|ceiling)$ ]] && wait_suite
 if [[ "$MODE" == sdpa ]]; then
     step "the judge on the GPU: engine, checks, gradients, transfer, palette tests, this tree and BEFORE"
     TESTS="tests/test_engine.py tests/test_checks.py tests/test_gradients.py tests/test_judge_device.py
@@ -55,7 +69,7 @@ elif [[ "$MODE" == triton ]]; then
     step "compiled triton_fa2 fp16: timed on new cases of the same palettes, $SCALING_SECONDS s"
     SCALE_PALETTES=4 scale_run 16 "triton_after_16" 900 | tee -a "$OUT/scaling.txt"
     SCALE_PALETTES=4 scale_run 1 "triton_after_1" 950 | tee -a "$OUT/scaling.txt"
-    [[ -d "$BEFORE" ]] && SCALE_TREE=$BEFORE scale_run 16 "triton_before_16" 1000 \
+    [[ -d "$BEFORE" && -z "${SKIP_BEFORE:-}" ]] && SCALE_TREE=$BEFORE scale_run 16 "triton_before_16" 1000 \
         | tee -a "$OUT/scaling.txt"
 elif [[ "$MODE" == triage ]]; then
     step "open findings of benchmarks/gpu_findings: explained on this tree, replayed on BEFORE"
@@ -74,6 +88,34 @@ elif [[ "$MODE" == triage ]]; then
     for f in "$OUT"/explain_*.txt "$OUT"/before_*.txt "$OUT"/rows_*.txt; do
         echo "-- $f"; cut -c1-220 "$f" | tail -40
     done
+elif [[ "$MODE" == fma ]]; then
+    step "finding 10: its regression files compiled, this tree / BEFORE / BEFORE without FMA contraction"
+    FILES="regressions/0763cfda3c65.json regressions/31366c6d544e.json"
+    timeout 150 python3 -m fuzzattn.cli replay $FILES --impl triton_fa2 2>&1 | tail -n 4
+    if [[ -d "$BEFORE" ]]; then
+        for fusion in 1 0; do
+            echo "-- BEFORE, TRITON_DEFAULT_FP_FUSION=$fusion"
+            (cd "$BEFORE" && TRITON_DEFAULT_FP_FUSION=$fusion PYTHONPATH=. timeout 150 python3 -m \
+                fuzzattn.cli replay $(for f in $FILES; do echo "$OLDPWD/$f"; done) --impl triton_fa2) \
+                2>&1 | tail -n 4 | cut -c1-220
+        done
+    fi
+elif [[ "$MODE" == census ]]; then
+    step "kernels, copies and waits per judged case"
+    for spec in "sdpa_math float32" "sdpa float32" "sdpa float16"; do
+        set -- $spec
+        timeout 200 python3 benchmarks/launch_census.py --impl "$1" --dtype "$2" --cases 200 \
+            >"$OUT/census_$1_$2.txt" 2>&1
+        cut -c1-160 "$OUT/census_$1_$2.txt" | head -60
+    done
+elif [[ "$MODE" == suite ]]; then
+    # In the background, beside the untimed modes after it; a timed mode waits for it first.
+    step "the judge's tests on the GPU, failures by name (in the background)"
+    timeout -s INT 300 python3 -m pytest -q -p no:cacheprovider -n 8 -rfEs --tb=line \
+        tests/test_engine.py tests/test_checks.py tests/test_gradients.py tests/test_judge_device.py \
+        tests/test_fixtures.py tests/test_transfer.py tests/test_palette.py tests/test_regression_files.py \
+        >"$OUT/suite_gpu.txt" 2>&1 &
+    SUITE_PID=$!
 elif [[ "$MODE" == ceiling ]]; then
     step "the host's cores"
     lscpu | grep -E "^CPU\(s\)|Thread|Core|Socket|Model name"
@@ -92,5 +134,6 @@ elif [[ "$MODE" == ab ]]; then
     unset SCALE_IMPL SCALE_DTYPE
 fi
 done
-echo; cat "$OUT/scaling.txt"
+wait_suite
+echo; cat "$OUT/scaling.txt" 2>/dev/null
 archive_out

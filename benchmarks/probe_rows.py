@@ -5,7 +5,7 @@ float64 oracle's, for the recorded case and for variants of it (one factor chang
 that is finite next to an out that is inf points at the accumulator or its normalisation, an lse
 that is NaN or inf at the running max or the row sum.
 
-    python benchmarks/probe_rows.py benchmarks/gpu_findings/0763cfda3c65.json \
+    python benchmarks/probe_rows.py regressions/0763cfda3c65.json \
         --vary BLOCK_N=32 --vary scale=none --vary dtype=bfloat16
 
 Backward configuration keys (bwd_) are dropped: this probes the forward. Runs wherever the

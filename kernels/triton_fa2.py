@@ -248,7 +248,13 @@ def _attend_key_blocks(
             m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         else:
             m_safe = m_new
-        p = tl.math.exp2(s - m_safe[:, None])
+        # p <= 1 is what makes the fp16 cast below safe, and it holds only for the rounded s the
+        # max was taken over. Compiled, s - m may be contracted into one FMA of the unrounded
+        # product, so the row's own max key gives its rounding error instead of 0: up to half an
+        # ulp of s, i.e. 2**32 for scores near -1e9, and p = 2**32 is inf in fp16 (finding 10 of
+        # benchmarks/GPU_REPORT.md; regressions/0763cfda3c65.json). Clamping at 0 restores the
+        # bound whatever the compiler contracts; NaN still propagates (a NaN score stays NaN).
+        p = tl.math.exp2(tl.minimum(s - m_safe[:, None], 0.0, propagate_nan=tl.PropagateNan.ALL))
         alpha = tl.math.exp2(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, axis=1)
         acc = acc * alpha[:, None]

@@ -175,7 +175,7 @@ def test_probe_rows_prints_the_kernels_and_the_oracles_rows_for_each_variant(cap
     configuration change and a field change each print rows of lse and out beside the oracle's;
     a variant the implementation refuses says so in a line and the others still run."""
     probe = _script("probe_rows")
-    finding = ROOT / "benchmarks" / "gpu_findings" / "31366c6d544e.json"
+    finding = ROOT / "regressions" / "31366c6d544e.json"
     assert probe.main([str(finding), "--vary", "BLOCK_N=32", "--vary", "scale=none",
                        "--vary", "dtype=float64", "--rows", "1"]) == 0
     out = capsys.readouterr().out

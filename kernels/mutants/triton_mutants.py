@@ -171,7 +171,10 @@ KERNEL_BUGS = (
        "l_i = (l_i * alpha + tl.sum(p, axis=1)).to(q.dtype).to(tl.float32)")]),
     ("mutant_no_running_max",
      "no running maximum: p = exp(s) without subtracting m, which overflows for large scores",
-     [("m_new = tl.maximum(m_i, tl.max(s, axis=1))", "m_new = tl.zeros_like(m_i)")]),
+     # Both edits: a kernel without a running max has no p <= 1 bound to clamp to either.
+     [("m_new = tl.maximum(m_i, tl.max(s, axis=1))", "m_new = tl.zeros_like(m_i)"),
+      ("tl.math.exp2(tl.minimum(s - m_safe[:, None], 0.0, propagate_nan=tl.PropagateNan.ALL))",
+       "tl.math.exp2(s - m_safe[:, None])")]),
     ("mutant_row_sum_not_rescaled",
      "online softmax forgets to rescale the row sum l by alpha when the running max grows",
      [("l_i = l_i * alpha + tl.sum(p, axis=1)", "l_i = l_i + tl.sum(p, axis=1)")]),
