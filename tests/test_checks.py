@@ -212,3 +212,18 @@ def test_unwritten_output_is_named_so_whatever_the_heap_held():
         del blocks
         seen.add(judge(impl, AttentionCase(1, 1, 1, 3, 1, 16)).first_failure.check)
     assert seen == {"unwritten_output"}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_guarded_buffer_sees_a_write_into_either_guard_and_none_into_its_body(dtype):
+    from fuzzattn.engine.judge import _GuardedBuffer
+    for where in ("before", "after", "body", None):
+        buffer = _GuardedBuffer((2, 3, 5), dtype, "cpu")
+        assert torch.isnan(buffer.tensor).all()
+        if where == "before":
+            buffer.storage[buffer.guard - 1] = 0.0
+        elif where == "after":
+            buffer.storage[-1] = 0.0
+        elif where == "body":
+            buffer.tensor.fill_(1.0)
+        assert bool(buffer.canary_broken()) == (where in ("before", "after")), where

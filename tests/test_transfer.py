@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from fuzzattn import AttentionCase
-from fuzzattn.engine.inputs import Inputs, _viewed, as_bits, materialize
-from fuzzattn.engine.transfer import ALIGN, FILL, packed, read_back, unpacked
+from fuzzattn.engine.inputs import Inputs, _viewed, as_bits, changed_anywhere, changed_flags, materialize
+from fuzzattn.engine.transfer import ALIGN, FILL, packed, packed_buffer_to, read_back, unpacked
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device: moves host <-> GPU")
 
@@ -72,3 +72,62 @@ def test_reading_back_from_the_gpu_is_one_copy_with_the_same_bits():
     assert got[0].tolist() == [False, True] and got[2] is None
     assert torch.equal(as_bits(got[1]), as_bits(out.cpu().contiguous())) and got[1].shape == out.shape
     assert torch.equal(got[3], lse.cpu())
+
+
+def _packed_on_cpu(inputs: Inputs) -> Inputs:
+    """`inputs` as an accelerator holds them (one packed buffer, storages as views of it),
+    built on the CPU so the packed paths run without a GPU."""
+    buffer, moved = packed_buffer_to(list(inputs.storages.values()), "cpu")
+    return _viewed(inputs, dict(zip(inputs.storages, moved)), host=inputs, packed=buffer)
+
+
+def test_packed_inputs_copy_in_one_buffer_and_compare_whole():
+    case = AttentionCase(batch=2, heads=2, kv_heads=1, seq_q=5, seq_k=9, head_dim=24,
+                         layout=("transposed", "sliced", "broadcast_batch"))
+    pristine = _packed_on_cpu(materialize(case, "cpu"))
+    copy = pristine.copy()
+    assert copy.packed is not None and copy.packed.data_ptr() != pristine.packed.data_ptr()
+    for name, storage in copy.storages.items():       # every storage lies in the new buffer
+        start = storage.data_ptr() - copy.packed.data_ptr()
+        assert 0 <= start and start + storage.numel() * storage.element_size() <= copy.packed.numel()
+        assert torch.equal(as_bits(storage), as_bits(pristine.storages[name]))
+    for a, b in zip(copy.tensors(), pristine.tensors()):
+        assert a.stride() == b.stride() and torch.equal(as_bits(a), as_bits(b))
+    assert changed_anywhere(copy, pristine).tolist() == [False]
+    copy.k[0, 0, 3, 1] += 1                           # a write into an input
+    assert changed_anywhere(copy, pristine).tolist() == [True]
+    assert changed_flags(copy.storages, pristine.storages).tolist() == [False, True, False]
+    gap = pristine.copy()                             # a write between storages only
+    q = gap.storages["q"]
+    end = q.data_ptr() - gap.packed.data_ptr() + q.numel() * q.element_size()
+    assert end % ALIGN, "the case must leave a gap after q's storage"
+    gap.packed[end] = 0
+    assert changed_anywhere(gap, pristine).tolist() == [True]
+    assert not any(changed_flags(gap.storages, pristine.storages).tolist())
+    assert changed_anywhere(materialize(case, "cpu"), pristine) is None      # not packed
+
+
+def test_the_judge_names_the_mutated_storage_of_packed_inputs(monkeypatch):
+    """The whole-buffer comparison says only that something changed; the verdict still names
+    the storage (k), and an implementation that writes nothing passes."""
+    import fuzzattn.engine.judge as judge_module
+    from fuzzattn import Implementation, judge
+    from kernels.sdpa import sdpa_forward
+
+    real = judge_module.materialize
+    monkeypatch.setattr(judge_module, "materialize",
+                        lambda case, device, **kw: _packed_on_cpu(real(case, device, **kw)))
+
+    def scribbles(q, k, v, *, causal, scale):
+        out = sdpa_forward(q, k, v, causal=causal, scale=scale)
+        k[0, 0, 0, 0] = 0.0
+        return out
+
+    case = AttentionCase(batch=1, heads=2, kv_heads=2, seq_q=7, seq_k=11, head_dim=16)
+    mutated = judge(Implementation("scribbles", scribbles), case, device="cpu", gradients=False)
+    verdict = next(v for v in mutated.verdicts if v.check == "inputs_mutated")
+    assert not verdict.passed and verdict.detail == "storage of k changed"
+    clean = judge(Implementation("clean", lambda q, k, v, *, causal, scale:
+                                 sdpa_forward(q, k, v, causal=causal, scale=scale)), case,
+                  device="cpu", gradients=False)
+    assert clean.passed and any(v.check == "inputs_mutated" for v in clean.verdicts)

@@ -18,7 +18,7 @@ import torch
 
 from fuzzattn.contract.case import AttentionCase
 from fuzzattn.contract.dtypes import BY_NAME, torch_dtype
-from fuzzattn.engine.transfer import packed_to, same_device
+from fuzzattn.engine.transfer import packed_buffer_to, packed_to, same_device
 
 # The most memory one judged case may take, checked before anything is allocated: inputs in
 # their padded storage (sliced layouts double the rows), outputs, and the float64 oracle's
@@ -70,6 +70,9 @@ class Inputs:
     # On an accelerator: the CPU storages they were moved from, same bits and views. A judgement
     # computing on the host reads these instead of copying the inputs back (judge_device.py).
     host: "Inputs | None" = None
+    # On an accelerator: the one uint8 buffer every storage is a view of (transfer.packed), so a
+    # copy or a comparison of all of them is one kernel (launches are waits on a shared GPU).
+    packed: torch.Tensor | None = None
 
     def tensors(self):
         return self.q, self.k, self.v
@@ -90,8 +93,31 @@ class Inputs:
         """Fresh storages with the same bits and the same views (strides, offsets, padding),
         cloned on the device: what a new materialisation would give, without generating the
         values on the CPU and moving them again (the larger part of a GPU case's set-up)."""
+        if self.packed is not None:
+            packed = self.packed.clone()
+            storages = {name: _same_place(buf, self.packed, packed)
+                        for name, buf in self.storages.items()}
+            return _viewed(self, storages, host=self.host, packed=packed)
         storages = {name: buf.clone() for name, buf in self.storages.items()}
         return _viewed(self, storages, host=self.host)
+
+
+def _same_place(storage: torch.Tensor, old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+    """The view of `new` at the bytes where `storage` lies in `old` (two packed buffers)."""
+    start = storage.data_ptr() - old.data_ptr()
+    size = storage.numel() * storage.element_size()
+    return new[start:start + size].view(storage.dtype).view(storage.shape)
+
+
+def changed_anywhere(inputs: Inputs, pristine: Inputs) -> torch.Tensor | None:
+    """A 1-element bool tensor on the device: do `inputs`' packed bytes differ anywhere from
+    `pristine`'s (their storages and the 0xFF bytes between them)? One comparison for all
+    storages; None when either is not packed (then compare per storage: `changed_flags`)."""
+    a, b = inputs.packed, pristine.packed
+    if a is None or b is None or a.numel() != b.numel():
+        return None
+    # The buffer's size is a multiple of transfer.ALIGN: compared as int32, a quarter of the work.
+    return (a.view(torch.int32) != b.view(torch.int32)).any().reshape(1)
 
 
 def changed_flags(storages: dict[str, torch.Tensor], before: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -206,11 +232,16 @@ def _moved(inputs: Inputs, device: torch.device) -> Inputs:
     Each storage starts on a 512-byte boundary, as a separate allocation would, and the bytes
     between storages hold 0xFF (NaN in every float dtype), so a read past one storage's guard
     still finds NaN."""
-    storages = dict(zip(inputs.storages, packed_to(list(inputs.storages.values()), device)))
-    return _viewed(inputs, storages, host=inputs if inputs.q.device.type == "cpu" else inputs.host)
+    host = inputs if inputs.q.device.type == "cpu" else inputs.host
+    if device.type == "cpu":       # read back: judged here, never copied or compared whole
+        storages = dict(zip(inputs.storages, packed_to(list(inputs.storages.values()), device)))
+        return _viewed(inputs, storages, host=host)
+    packed, moved = packed_buffer_to(list(inputs.storages.values()), device)
+    return _viewed(inputs, dict(zip(inputs.storages, moved)), host=host, packed=packed)
 
 
-def _viewed(inputs: Inputs, storages: dict[str, torch.Tensor], *, host: Inputs | None) -> Inputs:
+def _viewed(inputs: Inputs, storages: dict[str, torch.Tensor], *, host: Inputs | None,
+            packed: torch.Tensor | None = None) -> Inputs:
     """Inputs over `storages` with `inputs`' views: shapes, strides, and offsets from the start of
     each storage (a storage may itself start inside a larger allocation: transfer.packed_to)."""
     views = {}
@@ -218,7 +249,7 @@ def _viewed(inputs: Inputs, storages: dict[str, torch.Tensor], *, host: Inputs |
         offset = t.storage_offset() - inputs.storages[name].storage_offset()
         views[name] = storages[name].as_strided(t.shape, t.stride(),
                                                 storages[name].storage_offset() + offset)
-    return Inputs(views["q"], views["k"], views["v"], storages, host=host)
+    return Inputs(views["q"], views["k"], views["v"], storages, host=host, packed=packed)
 
 
 def place(logical: torch.Tensor, layout: str, dtype: torch.dtype, device,

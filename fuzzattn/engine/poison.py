@@ -7,18 +7,11 @@ names the cause.
 from __future__ import annotations
 
 import contextlib
+import sys
 import warnings
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-
-# torch.use_deterministic_algorithms imports torch._dynamo (~900 modules) on its first call. Done
-# lazily, inside a judge, those imports can land inside an in-process pytest run (pytester), which
-# unloads them afterwards; their re-import then fails ("Only a single TORCH_LIBRARY can be used to
-# register the namespace _inductor_test") and every later judge in the process crashes. Setting
-# the current value again here pays the same imports once, when this module is imported.
-torch.use_deterministic_algorithms(torch.are_deterministic_algorithms_enabled(),
-                                   warn_only=torch.is_deterministic_algorithms_warn_only_enabled())
 
 POISON_BLOCKS = 8   # freed NaN blocks per output size: the outputs and the kernel's own temporaries
 
@@ -30,9 +23,22 @@ def prime_allocator(sizes_in_bytes, device, byte: int) -> None:
     its outputs. Reliable with CUDA's caching allocator (freed blocks are reused for same-size
     requests); on the CPU it depends on malloc handing back a freed chunk (small sizes do;
     mmap-sized ones come back zeroed, and a missing write then shows as a value mismatch)."""
-    blocks = [torch.full((n,), byte, dtype=torch.uint8, device=device)
-              for n in sizes_in_bytes if n for _ in range(POISON_BLOCKS)]
+    blocks = filled_blocks(sizes_in_bytes, device, byte)
     del blocks
+
+
+def filled_blocks(sizes_in_bytes, device, byte: int) -> list[torch.Tensor]:
+    """POISON_BLOCKS uint8 blocks of each non-zero size, every byte `byte`."""
+    blocks = [torch.empty((n,), dtype=torch.uint8, device=device)
+              for n in sizes_in_bytes if n for _ in range(POISON_BLOCKS)]
+    if blocks:
+        # Two multi-tensor kernels for all the blocks instead of one fill each (16-24 per run):
+        # on a GPU time-sliced between fuzzing processes every launch is a wait
+        # (benchmarks/launch_census.py). uint8 arithmetic: 0 + 255 is 0xFF.
+        torch._foreach_zero_(blocks)
+        if byte:
+            torch._foreach_add_(blocks, byte)
+    return blocks
 
 
 class UninitializedMemoryIsZero(TorchDispatchMode):
@@ -57,13 +63,21 @@ class UninitializedMemoryIsZero(TorchDispatchMode):
         return result
 
 
-# torch.use_deterministic_algorithms imports torch._dynamo (~900 modules) on its first call. Done
-# lazily, inside a judge, those imports can land inside an in-process pytest run (pytester), which
-# unloads them afterwards; their re-import then fails ("Only a single TORCH_LIBRARY can be used to
-# register the namespace _inductor_test") and every later judge in the process crashes. Setting
-# the current value again here pays the same imports once, when the judge itself is imported.
-torch.use_deterministic_algorithms(torch.are_deterministic_algorithms_enabled(),
-                                   warn_only=torch.is_deterministic_algorithms_warn_only_enabled())
+def _set_deterministic_algorithms(mode: bool, *, warn_only: bool) -> None:
+    """torch.use_deterministic_algorithms without its `import torch._inductor.config`.
+
+    That import pulls in torch._dynamo (~900 modules, ~1.1 s of every process that imports
+    fuzzattn: each xdist worker, each CLI or pytest subprocess). Imported lazily, inside a judge,
+    those modules could also land inside an in-process pytest run (pytester), which unloads them
+    afterwards; their re-import then fails ("Only a single TORCH_LIBRARY can be used to register
+    the namespace _inductor_test") and every later judge in the process crashes. So it is not
+    imported at all: the flag lives in torch._C, and Inductor's copy of it (the only other thing
+    torch.use_deterministic_algorithms sets) is set as well whenever Inductor is loaded, which
+    torch.compile does when a kernel is compiled, before any judge runs it."""
+    inductor_config = sys.modules.get("torch._inductor.config")
+    if inductor_config is not None:
+        inductor_config.deterministic = mode
+    torch._C._set_deterministic_algorithms(mode, warn_only=warn_only)
 
 
 @contextlib.contextmanager
@@ -77,10 +91,10 @@ def uninitialized_memory_is_nan():
                 deterministic.fill_uninitialized_memory)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        torch.use_deterministic_algorithms(True, warn_only=True)
+        _set_deterministic_algorithms(True, warn_only=True)
         deterministic.fill_uninitialized_memory = True
         try:
             yield
         finally:
-            torch.use_deterministic_algorithms(previous[0], warn_only=previous[1])
+            _set_deterministic_algorithms(previous[0], warn_only=previous[1])
             deterministic.fill_uninitialized_memory = previous[2]

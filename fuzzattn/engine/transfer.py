@@ -60,8 +60,15 @@ def packed_to(tensors: list[torch.Tensor], device) -> list[torch.Tensor]:
     device = torch.device(device)
     if len(tensors) < 2 or same_device(tensors[0].device, device):
         return [t.contiguous().to(device) for t in tensors]
+    return packed_buffer_to(tensors, device)[1]
+
+
+def packed_buffer_to(tensors: list[torch.Tensor], device) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """`packed_to`'s copies, always packed, with the uint8 buffer they are views of: what a
+    caller copies or compares whole, one kernel instead of one per tensor."""
     buffer, offsets = packed(tensors)
-    return unpacked(buffer.to(device), tensors, offsets)
+    buffer = buffer.to(torch.device(device))
+    return buffer, unpacked(buffer, tensors, offsets)
 
 
 def read_back(tensors, device) -> list:
