@@ -6,6 +6,8 @@ counts them, so that a change to the judge is measured in what it removes rather
 
     python benchmarks/launch_census.py --impl sdpa_math --dtype float32 --cases 200
 
+    CENSUS_TREE=/tmp/before python benchmarks/launch_census.py ...    (another checkout's judge)
+
 Draws the cases first (the `gpu` profile's strategy for the implementation, Hypothesis seed 0),
 judges a few to warm up, then judges the rest under torch.profiler, gradients on one case in
 `--gradient-every` as in the scaling runs. Prints per case: CUDA kernels, memory copies and
@@ -16,10 +18,12 @@ from __future__ import annotations
 
 import argparse
 import collections
+import os
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+# CENSUS_TREE: another checkout's judge counted with this script (a before/after in one call).
+sys.path.insert(0, os.environ.get("CENSUS_TREE") or str(Path(__file__).resolve().parent.parent))
 
 import fuzzattn  # noqa: E402,F401  (selects the Triton backend first)
 import torch  # noqa: E402
@@ -53,15 +57,59 @@ def _gradients(case, every: int) -> bool:
     return every == 1 or int(case.key(), 16) % every == 0
 
 
+# The judge's stages, each timed as a profiler range so that the runtime calls inside it (kernel
+# launches, copies, synchronisations) are attributed to the innermost stage that made them.
+PHASES = (
+    ("fuzzattn.engine.judge", "materialize", "materialise inputs"),
+    ("fuzzattn.engine.judge", "_run", "forward run: set-up and checks"),
+    ("fuzzattn.engine.execute", "call", "forward: the implementation"),
+    ("fuzzattn.engine.judge", "oracle", "forward: float64 oracle"),
+    ("fuzzattn.engine.judge", "same_precision_reference", "forward: same-precision reference"),
+    ("fuzzattn.engine.judge", "_nonfinite_rows", "forward: value checks"),
+    ("fuzzattn.engine.judge", "_value_verdicts", "forward: value checks"),
+    ("fuzzattn.engine.judge", "judge_gradients", "gradients: judging"),
+    ("fuzzattn.engine.gradients", "_run", "gradients: run set-up and checks"),
+    ("fuzzattn.engine.execute", "call_gradients", "gradients: the implementation"),
+    ("fuzzattn.engine.gradients", "oracle_gradients", "gradients: float64 oracle"),
+    ("fuzzattn.engine.gradients", "same_precision_gradients", "gradients: same-precision reference"),
+)
+PREFIX = "census: "
+
+
+def _timed_phases():
+    """Wrap each PHASES function in a profiler range named after its stage; returns the undo."""
+    import importlib
+    undo = []
+    for module_name, attribute, label in PHASES:
+        module = importlib.import_module(module_name)
+        original = getattr(module, attribute)
+
+        def timed(*args, __original=original, __label=label, **kwargs):
+            with torch.profiler.record_function(PREFIX + __label):
+                return __original(*args, **kwargs)
+
+        setattr(module, attribute, timed)
+        undo.append((module, attribute, original))
+    return lambda: [setattr(m, a, o) for m, a, o in undo]
+
+
 def census(impl, cases, device, gradient_every: int):
     from torch.profiler import ProfilerActivity, profile
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        for case in cases:
-            judge_once(impl, case, device, gradients=_gradients(case, gradient_every))
-        torch.cuda.synchronize()
+    restore = _timed_phases()
+    try:
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for case in cases:
+                judge_once(impl, case, device, gradients=_gradients(case, gradient_every))
+            torch.cuda.synchronize()
+    finally:
+        restore()
     kernels, copies, runtime = collections.Counter(), collections.Counter(), collections.Counter()
+    by_phase: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
     busy_us = 0.0
-    for event in prof.events():
+    events = list(prof.events())
+    ranges = sorted(((e.time_range.start, e.time_range.end, e.name[len(PREFIX):])
+                     for e in events if e.name.startswith(PREFIX)), key=lambda r: r[0])
+    for event in events:
         name = event.name
         if event.device_type == torch.autograd.DeviceType.CUDA:
             busy_us += event.time_range.elapsed_us()
@@ -71,7 +119,22 @@ def census(impl, cases, device, gradient_every: int):
                 kernels[name] += 1
         elif name.startswith(("cuda", "cu")) and not name.startswith("cudnn"):
             runtime[name] += 1
-    return kernels, copies, runtime, busy_us
+            kind = "launches" if "Launch" in name else "syncs" if "Synchronize" in name else \
+                "copies" if "Memcpy" in name or "Memset" in name else None
+            if kind:
+                by_phase[_innermost(ranges, event.time_range.start)][kind] += 1
+    return kernels, copies, runtime, busy_us, by_phase
+
+
+def _innermost(ranges, t) -> str:
+    """The label of the latest-starting range containing time t (ranges nest), or 'other'."""
+    label = "other (Hypothesis, bookkeeping, between stages)"
+    for start, end, name in ranges:
+        if start > t:
+            break
+        if end >= t:
+            label = name
+    return label
 
 
 def main(argv=None) -> int:
@@ -93,7 +156,7 @@ def main(argv=None) -> int:
     for case in cases[:args.warmup]:
         judge_once(impl, case, device, gradients=_gradients(case, args.gradient_every))
     measured = cases[args.warmup:]
-    kernels, copies, runtime, busy_us = census(impl, measured, device, args.gradient_every)
+    kernels, copies, runtime, busy_us, by_phase = census(impl, measured, device, args.gradient_every)
     n = len(measured)
     print(f"{impl.name} {args.dtype}: {n} cases, gradients on 1 in {args.gradient_every}")
     print(f"  per case: {sum(kernels.values()) / n:.1f} kernels, {sum(copies.values()) / n:.1f} "
@@ -102,6 +165,10 @@ def main(argv=None) -> int:
     syncs = sum(c for name, c in runtime.items() if "Synchronize" in name)
     print(f"  host calls per case: {launches / n:.1f} launches, {syncs / n:.1f} synchronisations, "
           f"{sum(runtime.values()) / n:.1f} runtime calls in all")
+    print("  by stage, per case: launches / copies / synchronisations")
+    for label, counts in sorted(by_phase.items(), key=lambda item: -item[1]["launches"]):
+        print(f"    {counts['launches'] / n:6.1f} {counts['copies'] / n:6.1f} {counts['syncs'] / n:6.1f}"
+              f"  {label}")
     for title, counter in (("kernels", kernels), ("copies", copies), ("runtime", runtime)):
         print(f"  {title}, per case:")
         for name, count in counter.most_common(args.top):

@@ -8,9 +8,12 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
+from fuzzattn import settings as settings_module
 from fuzzattn.campaigns.regression_file import ExpectedFailure, RegressionFile, write
 from fuzzattn.contract.case import AttentionCase
+from fuzzattn.engine import registry
 from fuzzattn.engine.judge import default_device
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -186,3 +189,27 @@ def test_probe_rows_prints_the_kernels_and_the_oracles_rows_for_each_variant(cap
     assert all("nonfinite out 0/32" in line for line in rows)        # the interpreter passes it
     refused = out.split("-- dtype=float64")[1]
     assert "Error" in refused and "lse" not in refused
+
+
+def test_launch_census_draws_the_same_cases_and_attributes_calls_to_the_innermost_stage(capsys):
+    """benchmarks/launch_census.py: its cases are the campaign strategy's under a fixed seed (the
+    same list twice), a runtime call belongs to the innermost stage around it, its stage wrappers
+    are undone afterwards, and without CUDA it says so instead of counting nothing."""
+    import fuzzattn.engine.judge as judge_module
+    census = _script("launch_census")
+    impl = registry.get("sdpa_math")
+    profile = settings_module.load_profile("gpu")
+    first = census.draw(impl, "float32", profile, 12)
+    assert len(first) == 12 and first == census.draw(impl, "float32", profile, 12)
+    ranges = [(0, 10, "run"), (2, 5, "implementation"), (6, 9, "checks")]
+    assert [census._innermost(ranges, t) for t in (1, 3, 5.5, 7)] == \
+        ["run", "implementation", "run", "checks"]
+    assert census._innermost(ranges, 11).startswith("other")
+    original = judge_module._run
+    restore = census._timed_phases()
+    assert judge_module._run is not original
+    restore()
+    assert judge_module._run is original
+    if not torch.cuda.is_available():
+        assert census.main(["--cases", "1"]) == 2
+        assert "no CUDA device" in capsys.readouterr().err
