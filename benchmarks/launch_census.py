@@ -111,6 +111,8 @@ def census(impl, cases, device, gradient_every: int):
                      for e in events if e.name.startswith(PREFIX)), key=lambda r: r[0])
     for event in events:
         name = event.name
+        if name.startswith(PREFIX):
+            continue        # a stage range (the profiler mirrors it on the GPU's timeline too)
         if event.device_type == torch.autograd.DeviceType.CUDA:
             busy_us += event.time_range.elapsed_us()
             if "Memcpy" in name or "Memset" in name:
