@@ -22,6 +22,8 @@ What a production kernel does, each for a reason (comments at each place say mor
   mask; the diagonal blocks run with the causal mask; key blocks hidden from every row are
   never loaded.
 * exp2 with the softmax scale folded into log2(e); lse is converted back to natural log.
+* p = exp2(min(s - m, 0)): p <= 1 however the compiler contracts s - m (an FMA of the unrounded
+  product gave the max key p = 2**32 near s = -1e9, inf once cast to fp16).
 * Key blocks wholly inside Nk load without bounds masks; only a ragged last block pays for them.
 
 Kept from the article's port:
