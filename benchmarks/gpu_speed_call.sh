@@ -36,7 +36,7 @@ wait_suite() {   # the background suite's summary, once it ended
     [[ -n "$SUITE_PID" ]] || return 0
     wait "$SUITE_PID"; SUITE_PID=
     step "the judge's tests on the GPU: summary"
-    grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/suite_gpu.txt" | cut -c1-220 | head -60
+    grep -E "(FAILED|ERROR) |passed|failed" "$OUT/suite_gpu.txt" | cut -c1-220 | sort -u | head -80
 }
 
 for MODE in "${MODES[@]}"; do
@@ -121,7 +121,9 @@ elif [[ "$MODE" == census ]]; then
 elif [[ "$MODE" == suite ]]; then
     # In the background, beside the untimed modes after it; a timed mode waits for it first.
     step "the judge's tests on the GPU, failures by name (in the background)"
-    timeout -s INT 300 python3 -m pytest -q -p no:cacheprovider -n 8 -rfEs --tb=line \
+    # -v: each result is a line as it happens ("[gw3] FAILED tests/...::name"), so the names
+    # survive a limit that cuts the run before pytest's summary (call 16 lost them so).
+    timeout -s INT 300 python3 -m pytest -v -p no:cacheprovider -n 8 -rfEs --tb=line \
         tests/test_engine.py tests/test_checks.py tests/test_gradients.py tests/test_judge_device.py \
         tests/test_fixtures.py tests/test_transfer.py tests/test_palette.py tests/test_regression_files.py \
         >"$OUT/suite_gpu.txt" 2>&1 &
