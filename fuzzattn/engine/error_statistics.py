@@ -59,8 +59,9 @@ class StatBound:
     allowed: float
     reference_statistic: float   # rms |reference - oracle| over the same elements
     elements: int                # n: how many elements were judged
-    row_ratio: torch.Tensor      # (B, H, Nq): each row's rms error over the reference row's
-                                 # allowance, for locating the rows that carry the excess
+    row_ratio: torch.Tensor | None   # (B, H, Nq): each row's rms error over the reference
+                                     # row's allowance, locating the rows that carry the excess;
+                                     # computed for a failure only (None when the tensor passes)
 
     @property
     def ok(self) -> bool:
@@ -123,6 +124,8 @@ def out_rms_bound(got: torch.Tensor, reference: torch.Tensor, oracle: torch.Tens
         noise += tolerance.TF32_WEIGHT_ULPS * TF32_ROUNDOFF * _rms(summed.masked_fill(~keep, 0.0), n)
     allowed = k_rms * sampling * ref_rms + noise
     statistic = math.inf if bool(nonfinite.any()) else _rms(err, n)
+    if statistic <= allowed:
+        return StatBound(statistic, allowed, ref_rms, n, None)
 
     # Per row, for the failure's location only: the row's rms against K_RMS times the reference
     # row's plus the tensor's noise term, so the rows that carry the excess are the ones shown.

@@ -124,6 +124,10 @@ def changed_flags(storages: dict[str, torch.Tensor], before: dict[str, torch.Ten
     """One bool per storage, in `storages`' order: do its bits differ from `before`'s (NaN-safe)?
     Left on the device, unread: the caller reads it back with the run's other results
     (transfer.read_back), where a read per storage would each wait for the GPU."""
+    if all(t.device.type == "cpu" for t in storages.values()):
+        # On the CPU nothing waits: torch.equal per storage, a fraction of ne + any + stack.
+        return torch.tensor([not torch.equal(as_bits(storages[n]), as_bits(before[n]))
+                             for n in storages])
     return torch.stack([(as_bits(storages[n]) != as_bits(before[n])).any() for n in storages])
 
 

@@ -287,7 +287,7 @@ def _value_verdicts(impl, case, run: _Run, ref: Reference, spr: Reference, *, ch
     # under the max rule in every element but add error to all of them.
     s = out_rms_bound(run.out, spr.out, ref.out, ref.empty_rows, ref.score_magnitude,
                       ref.out_magnitude, fp32_matmul=impl.caps.fp32_matmul)
-    bad = s.row_ratio > 1
+    bad = s.row_ratio > 1 if not s.ok else None
     out_results.append(Verdict(
         check=check_stat, passed=s.ok, error=s.statistic, allowed=s.allowed,
         where=locate(bad) if not s.ok else "", heatmap=heatmap(bad) if not s.ok else "",
