@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from fuzzattn import settings as settings_module
 from fuzzattn.campaigns.regression_file import ExpectedFailure, RegressionFile, write
 from fuzzattn.contract.case import AttentionCase
+from fuzzattn.contract.profiles import PROFILES
 from fuzzattn.engine import registry
 from fuzzattn.engine.judge import default_device
 
@@ -198,7 +198,7 @@ def test_launch_census_draws_the_same_cases_and_attributes_calls_to_the_innermos
     import fuzzattn.engine.judge as judge_module
     census = _script("launch_census")
     impl = registry.get("sdpa_math")
-    profile = settings_module.load_profile("gpu")
+    profile = PROFILES["gpu"]        # not settings.load_profile: that switches the worker's profile
     first = census.draw(impl, "float32", profile, 12)
     assert len(first) == 12 and first == census.draw(impl, "float32", profile, 12)
     ranges = [(0, 10, "run"), (2, 5, "implementation"), (6, 9, "checks")]
