@@ -18,7 +18,7 @@ import torch
 
 from fuzzattn.contract.case import AttentionCase
 from fuzzattn.contract.dtypes import BY_NAME, torch_dtype
-from fuzzattn.engine.transfer import packed_buffer_to, packed_to, same_device
+from fuzzattn.engine.transfer import packed_buffer_to, same_device
 
 # The most memory one judged case may take, checked before anything is allocated: inputs in
 # their padded storage (sliced layouts double the rows), outputs, and the float64 oracle's
@@ -70,8 +70,8 @@ class Inputs:
     # On an accelerator: the CPU storages they were moved from, same bits and views. A judgement
     # computing on the host reads these instead of copying the inputs back (judge_device.py).
     host: "Inputs | None" = None
-    # On an accelerator: the one uint8 buffer every storage is a view of (transfer.packed), so a
-    # copy or a comparison of all of them is one kernel (launches are waits on a shared GPU).
+    # Once moved: the one uint8 buffer every storage is a view of (transfer.packed), so a copy
+    # or a comparison of all of them is one kernel (launches are waits on a shared GPU).
     packed: torch.Tensor | None = None
 
     def tensors(self):
@@ -231,15 +231,12 @@ def materialize(case: AttentionCase, device: str | torch.device = "cpu",
 
 
 def _moved(inputs: Inputs, device: torch.device) -> Inputs:
-    """`inputs`' storages on `device` in one copy (transfer.packed_to: on a GPU shared by
+    """`inputs`' storages on `device` in one copy (transfer.packed_buffer_to: on a GPU shared by
     several processes each copy waits for this process's time slice), viewed there the same way.
     Each storage starts on a 512-byte boundary, as a separate allocation would, and the bytes
     between storages hold 0xFF (NaN in every float dtype), so a read past one storage's guard
     still finds NaN."""
     host = inputs if inputs.q.device.type == "cpu" else inputs.host
-    if device.type == "cpu":       # read back: judged here, never copied or compared whole
-        storages = dict(zip(inputs.storages, packed_to(list(inputs.storages.values()), device)))
-        return _viewed(inputs, storages, host=host)
     packed, moved = packed_buffer_to(list(inputs.storages.values()), device)
     return _viewed(inputs, dict(zip(inputs.storages, moved)), host=host, packed=packed)
 

@@ -187,27 +187,30 @@ def _run(impl: Implementation, case: AttentionCase, device, *, adversarial: bool
         return run
     # Which input storages changed, whether the canaries survived, and the outputs for the
     # judgement, read back in one transfer (transfer.read_back).
-    # Packed inputs (on an accelerator) are compared whole, one kernel; which storage changed is
-    # asked only when something did.
+    # Packed inputs (moved to an accelerator) are compared whole, one kernel; which storage
+    # changed is asked only when something did.
     anywhere = changed_anywhere(inputs, pristine) if pristine is not None else None
-    names = list(inputs.storages) if anywhere is None else ["inputs"]
     flags = changed_flags(inputs.storages, before) if anywhere is None else anywhere
+    inputs_flags = flags.numel()
     if guarded is not None:
         flags = torch.cat([flags, torch.stack([g.canary_broken() for g in guarded])])
     here = torch.device(here or device)
     flags, out, lse = read_back([flags, call.out, call.lse], here)
     flags = flags.tolist()
     run.delivered = (here, out, lse)
-    changed = [name for name, flag in zip(names, flags) if flag]
-    if anywhere is not None and changed:
-        changed = [name for name, flag in zip(inputs.storages,
-                                              changed_flags(inputs.storages, before).tolist()) if flag]
+    if anywhere is None:
+        changed = [name for name, flag in zip(inputs.storages, flags) if flag]
+    elif flags[0]:
+        per_storage = changed_flags(inputs.storages, before).tolist()
+        changed = [name for name, flag in zip(inputs.storages, per_storage) if flag]
         changed = changed or ["the bytes between the input storages"]
+    else:
+        changed = []
     run.side_effects.append(Verdict(check="inputs_mutated", passed=not changed,
                                     detail=f"storage of {', '.join(changed)} changed" if changed else "",
                                     **verdict))
     if guarded is not None:
-        broken = [name for name, flag in zip(("out", "lse"), flags[len(names):]) if flag]
+        broken = [name for name, flag in zip(("out", "lse"), flags[inputs_flags:]) if flag]
         run.side_effects.append(Verdict(
             check="out_of_bounds_write", passed=not broken,
             detail=f"canary next to the {', '.join(broken)} buffer overwritten" if broken else "",

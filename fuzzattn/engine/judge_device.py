@@ -57,4 +57,3 @@ def judge_device(case: AttentionCase, device) -> torch.device:
 def moved(t: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
     """`t` on `device` (itself when already there); None stays None."""
     return t if t is None or same_device(t.device, device) else t.to(device)
-

@@ -23,8 +23,7 @@ def prime_allocator(sizes_in_bytes, device, byte: int) -> None:
     its outputs. Reliable with CUDA's caching allocator (freed blocks are reused for same-size
     requests); on the CPU it depends on malloc handing back a freed chunk (small sizes do;
     mmap-sized ones come back zeroed, and a missing write then shows as a value mismatch)."""
-    blocks = filled_blocks(sizes_in_bytes, device, byte)
-    del blocks
+    filled_blocks(sizes_in_bytes, device, byte)     # freed at once, into the allocator's pools
 
 
 def filled_blocks(sizes_in_bytes, device, byte: int) -> list[torch.Tensor]:
