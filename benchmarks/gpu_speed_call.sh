@@ -17,8 +17,8 @@
 #   bash benchmarks/gpu_speed_call.sh fma       finding 10's regression files replayed compiled: this
 #                                               tree, BEFORE, and BEFORE with FMA contraction off
 #   bash benchmarks/gpu_speed_call.sh census    kernels, copies and waits per judged case (launch_census.py)
-#   bash benchmarks/gpu_speed_call.sh suite     the judge's tests on the GPU (engine, checks, gradients,
-#                                               fixtures, transfer ...): which fail there, by name
+#   bash benchmarks/gpu_speed_call.sh suite     the test suite on the GPU (SUITE_TESTS, default all of
+#                                               tests/): which fail there, by name
 # Several modes run one after the other: bash benchmarks/gpu_speed_call.sh triton ab
 # BEFORE is a tarball of the tree to compare with (git archive <rev> -o benchmarks/_before.tar).
 set -uo pipefail
@@ -123,10 +123,9 @@ elif [[ "$MODE" == suite ]]; then
     step "the judge's tests on the GPU, failures by name (in the background)"
     # -v: each result is a line as it happens ("[gw3] FAILED tests/...::name"), so the names
     # survive a limit that cuts the run before pytest's summary (call 16 lost them so).
-    timeout -s INT 300 python3 -m pytest -v -p no:cacheprovider -n 8 -rfEs --tb=line \
-        tests/test_engine.py tests/test_checks.py tests/test_gradients.py tests/test_judge_device.py \
-        tests/test_fixtures.py tests/test_transfer.py tests/test_palette.py tests/test_regression_files.py \
-        >"$OUT/suite_gpu.txt" 2>&1 &
+    # SUITE_TESTS (default: the whole suite, as `pytest -n auto` runs it), SUITE_LIMIT seconds.
+    timeout -s INT "${SUITE_LIMIT:-300}" python3 -m pytest -v -p no:cacheprovider -n "${SUITE_WORKERS:-8}" \
+        -rfEs --tb=line ${SUITE_TESTS:-tests} >"$OUT/suite_gpu.txt" 2>&1 &
     SUITE_PID=$!
 elif [[ "$MODE" == ceiling ]]; then
     step "the host's cores"

@@ -35,7 +35,7 @@ BROKEN = textwrap.dedent('''
         s = (q.float() @ k.float().transpose(-1, -2)) * scale
         n, m = s.shape[-2:]
         if causal:
-            s = s.masked_fill(~torch.ones(n, m, dtype=torch.bool).tril(), -math.inf)
+            s = s.masked_fill(~torch.ones(n, m, dtype=torch.bool, device=s.device).tril(), -math.inf)
         if m > 1:
             s[..., -1] = -math.inf
         return (torch.softmax(s, -1) @ v.float()).to(q.dtype), torch.logsumexp(s, -1)
@@ -103,8 +103,23 @@ def test_fuzz_no_save_writes_nothing(capsys, broken, tmp_path):
     assert "not written" in out
 
 
+SLOW = textwrap.dedent('''
+    """Correct attention that takes 50 ms a call, on any device and with nothing to compile."""
+    import time
+    import torch
+
+    def attention(q, k, v, *, causal, scale):
+        time.sleep(0.05)
+        s = (q.double() @ k.double().transpose(-1, -2)) * scale
+        lse = torch.logsumexp(s, -1)
+        return (torch.exp(s - lse[..., None]) @ v.double()).to(q.dtype), lse.float()
+''')
+
+
 def test_fuzz_time_cap_reports_the_cases_it_judged(capsys, tmp_path):
-    status, out, _ = run(capsys, "fuzz", "--impl", "triton_fa2", "--dtype", "float32",
+    path = tmp_path / "slow.py"
+    path.write_text(SLOW)
+    status, out, _ = run(capsys, "fuzz", "--impl", f"{path}:attention", "--dtype", "float32",
                          "--max-examples", 40, "--seconds", 0.2, "--regressions-dir", tmp_path)
     assert status == 0, out
     judged = int(out.split("time cap 0.2 s reached after ")[1].split()[0])
@@ -423,7 +438,7 @@ DECLARED = textwrap.dedent('''
         s = (q.double() @ k.double().transpose(-1, -2)) * scale
         n, m = s.shape[-2:]
         if causal:
-            visible = torch.ones(n, m, dtype=torch.bool).tril(diagonal=n - m)   # planted bug
+            visible = torch.ones(n, m, dtype=torch.bool, device=s.device).tril(diagonal=n - m)   # planted bug
             s = s.masked_fill(~visible, float("-inf"))
         lse = torch.logsumexp(s, -1)
         p = torch.exp(s - lse[..., None]).nan_to_num(0.0)

@@ -14,9 +14,10 @@ from fuzzattn import cli
 from fuzzattn.campaigns.outcome import OK, XFAIL, XPASS
 from fuzzattn.campaigns.regression_file import (ExpectedFailure, RegressionFile, RegressionFileError,
                                                 load, parse, write)
-from fuzzattn.campaigns.replay import replay_one
+from fuzzattn.campaigns.replay import needs_isolation, replay_one
 from fuzzattn.contract.case import AttentionCase
 from fuzzattn.engine.inputs import inputs_sha256, materialize
+from fuzzattn.engine.isolation import WorkerPool
 from fuzzattn.engine.judge import default_device
 from fuzzattn.engine.loader import load_implementation
 from fuzzattn.engine.registry import implementations
@@ -181,17 +182,26 @@ def test_every_expected_failure_names_its_cause_upstream_and_device():
             assert "measured on the H200" in entry.reason and entry.upstream, (path.name, name)
 
 
+@pytest.fixture(scope="module")
+def worker_pool():
+    with WorkerPool() as pool:
+        yield pool
+
+
 @pytest.mark.parametrize("path", EXPECTED_FILES, ids=lambda p: p.name)
-def test_the_expected_failure_files_replay_here(path):
+def test_the_expected_failure_files_replay_here(path, worker_pool):
     """On the CPU: every implementation that runs the case passes (sdpa_cudnn is not registered,
     so its entry is not replayed; the other entries are for CUDA). On CUDA: the named one is
-    xfail."""
+    xfail. A file recording a device fault is judged in a worker process, as the replay command
+    and the pytest plugin judge it: in-process, the fault it expects would poison this process's
+    CUDA context for every later test."""
     record = load(path)
     registered = implementations()
     runs = [impl for impl in registered.values() if impl.supports(record.case)]
     assert runs, "some implementation here must run the case"
     for impl in runs:
-        outcome = replay_one(record, impl)
+        judge_fn = worker_pool.get(impl).judge if needs_isolation(record) else None
+        outcome = replay_one(record, impl, judge_fn=judge_fn)
         assert outcome.passed, outcome.message
         expected = record.expected_failure(impl.name, default_device())
         assert outcome.verdict in ((XFAIL,) if expected else (OK, "skip")), outcome.message

@@ -179,7 +179,7 @@ def _leaves_dq_tail_unwritten(q, k, v, out, lse, dout, *, causal, scale):
 
 def _noisy_dk(q, k, v, out, lse, dout, *, causal, scale):
     dq, dk, dv = _sdpa_backward(q, k, v, out, lse, dout, causal=causal, scale=scale)
-    return dq, dk * (1 + torch.rand(dk.shape) * 2.0 ** -23), dv
+    return dq, dk * (1 + torch.rand(dk.shape, device=dk.device) * 2.0 ** -23), dv
 
 
 def _leaks_masked_keys(q, k, v, out, lse, dout, *, causal, scale):

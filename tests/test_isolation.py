@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 from hypothesis import strategies as st
 
 from fuzzattn import AttentionCase, Implementation
@@ -187,7 +188,11 @@ def test_timeout_bounds_a_campaign_against_a_hanging_kernel(tmp_path):
     elapsed = time.perf_counter() - start
     assert result.counterexample.judged.first_failure.check == "hang"
     assert result.budget_hit
-    assert result.seconds < seconds + 3 * (TIMEOUT + 1.5), result.seconds
+    # A restart is a fork from the fork server on a CPU-only machine (milliseconds), a spawned
+    # interpreter importing torch with a GPU (isolation._context; 8.2 s in all for the three on
+    # the H200 host).
+    restart = 6.0 if torch.cuda.is_available() else 1.5
+    assert result.seconds < seconds + 3 * (TIMEOUT + restart), result.seconds
     assert elapsed < 60, elapsed      # the one worker start (the fork server's, if first) included
 
 

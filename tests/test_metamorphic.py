@@ -226,6 +226,26 @@ def test_a_crash_fails_the_relation_with_its_reason():
     assert not verdict.passed and verdict.detail == "permuted run raised RuntimeError: boom"
 
 
+def test_a_declared_refusal_means_the_relation_does_not_apply():
+    """A backend refusing a declared case the way it declares (an SDPA backend's "No available
+    kernel" on CUDA) is a refused draw, as in a campaign: no verdict, neither pass nor failure;
+    an undeclared error of the same run still fails the relation."""
+    calls = []
+
+    def refuses_on_second_call(q, k, v, *, causal, scale):
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("No available kernel. Aborting execution.")
+        return _attention(q, k, v, causal=causal, scale=scale)
+    declared = dataclasses.replace(ANY, refusals=("No available kernel",))
+    refusing = Implementation(name="refuses", fn=refuses_on_second_call, caps=declared)
+    assert RELATIONS["key_permutation"](refusing, BAD_CASES[0], DEVICE) is None
+    calls.clear()
+    undeclared = Implementation(name="refuses", fn=refuses_on_second_call, caps=ANY)
+    verdict = RELATIONS["key_permutation"](undeclared, BAD_CASES[0], DEVICE)
+    assert not verdict.passed and "No available kernel" in verdict.detail
+
+
 def test_nan_in_both_runs_fails_the_relation():
     def first_row_nan(q, k, v, *, causal, scale):
         out, lse = _attention(q, k, v, causal=causal, scale=scale)

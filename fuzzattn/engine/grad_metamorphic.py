@@ -27,8 +27,8 @@ from fuzzattn.engine import execute
 from fuzzattn.engine.grad_oracle import NAMES, term_magnitudes
 from fuzzattn.engine.inputs import materialize, materialize_dout
 # The forward relations' machinery: the same verdict shape, crash handling and transformed inputs.
-from fuzzattn.engine.metamorphic import (_generator, _relation, _row_errors, _RunFailed, _transformed,
-                                         _verdict)
+from fuzzattn.engine.metamorphic import (_generator, _Refused, _relation, _row_errors, _RunFailed,
+                                         _transformed, _verdict)
 from fuzzattn.engine.oracle import visible_keys
 from fuzzattn.engine.tolerance import grad_noise
 from fuzzattn.engine.verdict import Verdict
@@ -37,9 +37,13 @@ from fuzzattn.engine.verdict import Verdict
 def _gradients(impl: Implementation, q, k, v, dout, case: AttentionCase, which: str):
     """dict of dq, dk, dv (and row noise bounds) from one run; raises _RunFailed on a crash."""
     fwd = execute.call(impl, q, k, v, case)
+    if fwd.declared_refusal:
+        raise _Refused(fwd.summary)
     if not fwd.answered:
         raise _RunFailed(f"{which} forward raised {fwd.summary}")
     call = execute.call_gradients(impl, q, k, v, dout, case, out=fwd.out, lse=fwd.lse)
+    if call.declared_refusal:
+        raise _Refused(call.summary)
     if not call.answered:
         raise _RunFailed(f"{which} gradient run raised {call.summary}")
     grads = dict(zip(NAMES, call.grads))

@@ -55,12 +55,20 @@ class _RunFailed(Exception):
     """The implementation raised in one of a relation's runs: the relation fails, so detailed."""
 
 
+class _Refused(Exception):
+    """One of the runs was refused the way the implementation declares (Capabilities.refusals,
+    e.g. an SDPA backend's "No available kernel" for a non-square top-left causal case on CUDA):
+    the relation does not apply to the case, as a campaign counts the draw refused."""
+
+
 def _generator(case: AttentionCase) -> torch.Generator:
     return torch.Generator().manual_seed(case.data_seed)
 
 
 def _run(impl: Implementation, q, k, v, case: AttentionCase, which: str):
     call = execute.call(impl, q, k, v, case)
+    if call.declared_refusal:
+        raise _Refused(call.summary)
     if not call.answered:   # a crash on a declared case is a failed relation, not a harness error
         raise _RunFailed(f"{which} run raised {call.summary}")
     return call.out, call.lse
@@ -121,7 +129,8 @@ def _all_rows(out: torch.Tensor) -> torch.Tensor:
 
 
 def _relation(name: str):
-    """Turn a relation body that may raise _RunFailed into one that returns a failed verdict."""
+    """Turn a relation body that may raise _RunFailed into one that returns a failed verdict
+    (and one that may raise _Refused into one that does not apply: None)."""
     def wrap(body: Callable) -> Callable:
         def relation(impl: Implementation, case: AttentionCase, device=None) -> Verdict | None:
             device = device or default_device()
@@ -132,6 +141,8 @@ def _relation(name: str):
             except _RunFailed as exc:
                 return Verdict(impl=impl.name, case=case, check=PREFIX + name, passed=False,
                                detail=str(exc))
+            except _Refused:
+                return None
         relation.__name__ = name
         relation.__doc__ = body.__doc__
         return relation
