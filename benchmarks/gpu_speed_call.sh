@@ -123,9 +123,11 @@ elif [[ "$MODE" == suite ]]; then
     step "the judge's tests on the GPU, failures by name (in the background)"
     # -v: each result is a line as it happens ("[gw3] FAILED tests/...::name"), so the names
     # survive a limit that cuts the run before pytest's summary (call 16 lost them so).
-    # SUITE_TESTS (default: the whole suite, as `pytest -n auto` runs it), SUITE_LIMIT seconds.
-    timeout -s INT "${SUITE_LIMIT:-300}" python3 -m pytest -v -p no:cacheprovider -n "${SUITE_WORKERS:-8}" \
-        -rfEs --tb=line ${SUITE_TESTS:-tests} >"$OUT/suite_gpu.txt" 2>&1 &
+    # SUITE_TESTS (default: the whole suite, as `pytest -n auto` runs it), SUITE_LIMIT seconds,
+    # SUITE_PROFILE (default gpu, what a GPU machine gets; dev has the same checks, fewer cases).
+    FUZZATTN_PROFILE=${SUITE_PROFILE:-gpu} timeout -s INT "${SUITE_LIMIT:-300}" python3 -m pytest -v \
+        -p no:cacheprovider -n "${SUITE_WORKERS:-8}" -rfEs --tb="${SUITE_TB:-line}" --durations=40 \
+        ${SUITE_TESTS:-tests} >"$OUT/suite_gpu.txt" 2>&1 &
     SUITE_PID=$!
 elif [[ "$MODE" == ceiling ]]; then
     step "the host's cores"
