@@ -113,6 +113,16 @@ def test_explicit_backward_gets_the_forward_outputs_and_only_backward_config_key
     assert seen["forward"] == {} and seen["backward"] == {"config": {"BLOCK": 32}}
     # a case without backward keys is valid: the backward runs its own default (no config=)
     assert judge(impl, case()).passed and seen["backward"] == {}
+    # ... or the declared default_config, the same on every machine; a case's own keys win
+    defaulted = Implementation("explicit", forward, dataclasses.replace(
+        caps, configs=(("TILE", (16, 64)), ("bwd_BLOCK", (16, 32))),
+        default_config={"TILE": 64, "bwd_BLOCK": 16}), backward_fn=backward)
+    assert judge(defaulted, case()).passed
+    assert seen["forward"] == {"config": {"TILE": 64}} and seen["backward"] == {"config": {"BLOCK": 16}}
+    assert judge(defaulted, case(config=(("bwd_BLOCK", 32),))).passed
+    assert seen["forward"] == {"config": {"TILE": 64}} and seen["backward"] == {"config": {"BLOCK": 32}}
+    with pytest.raises(ValueError, match=r"default_config\['bwd_BLOCK'\]=48 is not a declared choice"):
+        dataclasses.replace(caps, default_config={"bwd_BLOCK": 48})
     assert {v.check for v in judged.verdicts} >= {"grad_dq", "grad_dk", "grad_dv",
                                                    "grad_nondeterministic", "grad_inputs_mutated"}
 

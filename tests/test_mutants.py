@@ -96,7 +96,8 @@ CAUGHT_BY = {
     "mutant_bwd_lse_base2": (case(seq_k=2), "grad_dq"),
     "mutant_bwd_gqa_first_head_only": (case(heads=2, kv_heads=1), "grad_dv"),
     "mutant_bwd_dq_skips_key_block": (case(seq_q=17, seq_k=17, causal="top_left", config=(
-        ("bwd_BLOCK_M", 32), ("bwd_BLOCK_N", 16))), "grad_dq"),
+        ("bwd_BLOCK_M", 32), ("bwd_BLOCK_N", 16), ("bwd_num_stages", 1), ("bwd_num_warps", 4))),
+        "grad_dq"),
     "mutant_bwd_dq_grid_floor": (case(seq_q=17), "grad_unwritten"),
 }
 

@@ -4,7 +4,6 @@ and show in others (so a fuzzer that draws configurations is needed to catch the
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import pytest
 import torch
@@ -33,8 +32,10 @@ def cfg_id(config: dict) -> str:
 
 
 def pinned(impl, config: dict):
-    """`impl` with every call pinned to `config` (how the engine will pass a drawn configuration)."""
-    return dataclasses.replace(impl, fn=functools.partial(impl.fn, config=config))
+    """`impl` with every configless case run at `config` (its declared default_config's keys
+    replaced: the engine passes it as it passes a drawn configuration)."""
+    default = {**dict(impl.caps.default_config), **config}
+    return dataclasses.replace(impl, caps=dataclasses.replace(impl.caps, default_config=default))
 
 
 def case(seq_q=1, seq_k=1, head_dim=16, *, batch=1, heads=1, kv_heads=None, **kw) -> AttentionCase:

@@ -70,11 +70,23 @@ class Capabilities:
     # enumerate the valid combinations once per such triple.
     config_rule: Callable[[dict, AttentionCase], str | None] | None = dataclasses.field(
         default=None, compare=False)
+    # What runs a case that names no key of a pass (forward, or bwd_ backward): one point of the
+    # space per pass, or () for the implementation's own default. Declared, it makes such a case
+    # (a regression file written by hand, or before a configuration existed) run the same tiles
+    # on every machine, where an own default may be an autotuner's pick that differs by device.
+    default_config: tuple[tuple[str, object], ...] = ()
 
     def __post_init__(self):
         if isinstance(self.configs, dict):
             object.__setattr__(self, "configs", tuple((k, tuple(v)) for k, v in self.configs.items()))
         object.__setattr__(self, "refusals", tuple(self.refusals))
+        if isinstance(self.default_config, dict):
+            object.__setattr__(self, "default_config", tuple(sorted(self.default_config.items())))
+        declared = dict(self.configs)
+        for name, value in self.default_config:
+            if value not in declared.get(name, ()):
+                raise ValueError(f"default_config[{name!r}]={value!r} is not a declared choice "
+                                 f"({declared.get(name, 'no such axis')})")
         for name, choices in self.configs:
             if not choices:
                 raise ValueError(f"configs[{name!r}] has no choices")
@@ -125,6 +137,16 @@ class Capabilities:
             if not self.accepts_layout(layout):
                 return f"layout[{tensor}]={layout}"
         return self.why_not_config(case)
+
+    def pass_config(self, case: AttentionCase, backward: bool) -> dict:
+        """The configuration one pass runs for this case, prefix removed for the backward: the
+        case's keys of that pass, else default_config's, else {} (the implementation's own)."""
+        prefix = BACKWARD_CONFIG_PREFIX
+
+        def of_pass(items) -> dict:
+            return {name[len(prefix):] if backward else name: value for name, value in items
+                    if name.startswith(prefix) == backward}
+        return of_pass(case.config) or of_pass(self.default_config)
 
     def why_not_lengths(self, seq_q: int, seq_k: int) -> str | None:
         """The declared length constraints (zero lengths aside), or None when both fit."""

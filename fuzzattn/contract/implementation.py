@@ -30,7 +30,7 @@ from typing import Callable
 
 import torch
 
-from fuzzattn.contract.capabilities import BACKWARD_CONFIG_PREFIX, Capabilities
+from fuzzattn.contract.capabilities import Capabilities
 from fuzzattn.contract.case import AttentionCase
 
 
@@ -76,7 +76,7 @@ class Implementation:
         """Call fn the contract's way and return (out, lse or None), checking shapes and dtypes."""
         kwargs = dict(causal=False if case.causal == "none" else case.causal,
                       scale=case.softmax_scale)
-        forward_config = {n: v for n, v in case.config if not n.startswith(BACKWARD_CONFIG_PREFIX)}
+        forward_config = self.caps.pass_config(case, backward=False)
         if forward_config:
             kwargs["config"] = forward_config
         if out is not None:
@@ -110,9 +110,7 @@ class Implementation:
                 out, lse = self(q, k, v, case)
             kwargs = dict(causal=False if case.causal == "none" else case.causal,
                           scale=case.softmax_scale)
-            prefix = len(BACKWARD_CONFIG_PREFIX)
-            backward_config = {n[prefix:]: v for n, v in case.config
-                               if n.startswith(BACKWARD_CONFIG_PREFIX)}
+            backward_config = self.caps.pass_config(case, backward=True)
             if backward_config:
                 kwargs["config"] = backward_config
             grads = self.backward_fn(q, k, v, out, lse, dout, **kwargs)

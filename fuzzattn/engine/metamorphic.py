@@ -56,9 +56,8 @@ class _RunFailed(Exception):
 
 
 class _Refused(Exception):
-    """One of the runs was refused the way the implementation declares (Capabilities.refusals,
-    e.g. an SDPA backend's "No available kernel" for a non-square top-left causal case on CUDA):
-    the relation does not apply to the case, as a campaign counts the draw refused."""
+    """A run refused the way the implementation declares (Capabilities.refusals; FLASH on CUDA:
+    causal with Nq != Nk): the relation does not apply, as a campaign counts such a draw."""
 
 
 def _generator(case: AttentionCase) -> torch.Generator:
