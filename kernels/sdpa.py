@@ -239,7 +239,6 @@ class ProbeResult:
     where: str                                # "torch <version> on <device>"
     caps: Capabilities | None                 # None: the backend runs nothing here
     reason: str = ""                          # why caps is None
-    refused_at_call_time: tuple[str, ...] = ()   # conditional limits, refused with the backend's error
     failed: tuple[tuple[str, str], ...] = ()     # (probe, one-line error) for every failed probe
 
 
@@ -306,8 +305,8 @@ def _run_probe(backend, dtype: str, device: str, *, batch=1, heads=2, kv_heads=2
 def probe_backend(backend, device: str | None = None) -> ProbeResult:
     """What `backend` accepts on this torch and `device`, from tiny cases (well under a second on
     the CPU). A dtype is declared when the basic case (B=1 H=2 Nq=Nk=4 D=64) runs in it; every
-    other property is declared only when it runs in every declared dtype. Properties that run in
-    the square case but not with Nq != Nk are declared and listed as refused at call time."""
+    other property is declared only when it runs in every declared dtype. A causal alignment that
+    runs square but not with Nq != Nk is declared with causal_equal_lengths (drawn square)."""
     device = device or _probe_device()
     where = _where(device)
     failed: list[tuple[str, str]] = []
@@ -327,13 +326,12 @@ def probe_backend(backend, device: str | None = None) -> ProbeResult:
         return all([attempt(label, d, **kwargs) for d in dtypes])   # a list: probe every dtype
 
     dims = [d for d in PROBE_HEAD_DIMS if runs(f"head_dim={d}", head_dim=d)]
-    causal, later = [], []
+    causal, square_causal = [], False
     if runs("top_left Nq=Nk", causal="top_left"):
         causal.append("top_left")
         rectangular = [runs(f"top_left Nq={nq} Nk={nk}", causal="top_left", seq_q=nq, seq_k=nk)
                        for nq, nk in ((3, 5), (5, 3))]
-        if not all(rectangular):
-            later.append("is_causal (top_left) with Nq != Nk")
+        square_causal = not all(rectangular)      # declared: causal cases are drawn square
     # Bottom-right is a mask: a form is declared when it runs Nq < Nk and Nq > Nk (rows with no
     # visible key) in every declared dtype; bottom-right is declared when some form does, and the
     # forms that do become the configuration space the engine draws from (bool first when it runs:
@@ -360,6 +358,7 @@ def probe_backend(backend, device: str | None = None) -> ProbeResult:
         head_dims=None if every_dim else frozenset(dims),
         max_head_dim=MAX_HEAD_DIM,
         causal=tuple(causal),
+        causal_equal_lengths=square_causal,
         gqa=gqa,
         strides=strides,
         zero_length=zero_length,
@@ -379,15 +378,15 @@ def probe_backend(backend, device: str | None = None) -> ProbeResult:
         # The mask forms that ran; none declared without bottom-right, where the form is unused.
         configs={"mask_form": forms} if forms else {},
     )
-    return ProbeResult(backend.name, where, caps, refused_at_call_time=tuple(later),
-                       failed=tuple(failed))
+    return ProbeResult(backend.name, where, caps, failed=tuple(failed))
 
 
 def _summary(caps: Capabilities) -> str:
     dims = (f"head dims 1..{caps.max_head_dim}" if caps.head_dims is None
             else "head dims " + ",".join(map(str, sorted(caps.head_dims))))
     return (f"{'/'.join(d for d in DTYPES if d in caps.dtypes)}; {dims}; "
-            f"causal {'+'.join(caps.causal) or 'none'}; gqa {'yes' if caps.gqa else 'no'}; "
+            f"causal {'+'.join(caps.causal) or 'none'}"
+            f"{' (Nq == Nk only)' if caps.causal_equal_lengths else ''}; gqa {'yes' if caps.gqa else 'no'}; "
             f"strides {caps.strides}; zero length {'yes' if caps.zero_length else 'no'}"
             + "".join(f"; {name} {'/'.join(choices)}" for name, choices in caps.configs))
 
@@ -415,22 +414,21 @@ def _register(device: str | None = None):
         if result.caps is None:
             unavailable[name] = result.reason
             continue
-        later = "; ".join(result.refused_at_call_time) or "nothing seen by the probes"
         impls.append(Implementation(
             name=name,
             fn=functools.partial(sdpa_forward, backend=backend, caps=result.caps),
             caps=result.caps,
             description=(f"F.scaled_dot_product_attention restricted to SDPBackend.{backend.name} "
                          f"(sdpa_kernel); declaration probed on {result.where}: "
-                         f"{_summary(result.caps)}; refused at call time: {later}."),
+                         f"{_summary(result.caps)}."),
             sources=(__file__,),
         ))
         refusals[name] = result.caps.refusals
     return tuple(impls), unavailable, probes, refusals
 
 
-# Conditional limits no other Capabilities field can express (FLASH refusing is_causal only when
-# Nq != Nk, say) reach the engine as the backend's own RuntimeError at call time; each
+# Conditional limits no other Capabilities field can express (a backend's size or memory limits,
+# say) reach the engine as the backend's own RuntimeError at call time; each
 # implementation declares their substrings as `Capabilities.refusals` (REFUSALS lists them by
 # name), and the engine counts a draw refused that way (Campaign.refused), never as a pass.
 BACKEND_IMPLS, UNAVAILABLE, PROBES, REFUSALS = _register()

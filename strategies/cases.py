@@ -84,6 +84,8 @@ def _cases(draw, caps: Capabilities, dtypes: tuple[str, ...], profile: Profile,
     family, seq_q, seq_k = draw(parts.shape)
     event(f"shape family={family}")
     causal = draw(parts.causal.get(family, parts.causal[None]))
+    if causal != "none" and caps.causal_equal_lengths:
+        seq_k = seq_q                      # the shape's Nq keeps every length constraint
     scale = draw(parts.scale)
     layout = draw(parts.layout)
     values = draw(parts.values)
@@ -184,6 +186,9 @@ def undeclared_cases(caps: Capabilities, *, profile: Profile | None = None
     # Just outside the length constraints: one key more, one below the minimum, one past a multiple.
     if caps.equal_lengths:
         edits["equal lengths"] = lambda c: st.just(c.replace(seq_k=c.seq_q + 1))
+    if caps.causal_equal_lengths and caps.causal:
+        edits["causal lengths"] = lambda c: st.just(c.replace(causal=caps.causal[0],
+                                                              seq_k=c.seq_q + 1))
     if caps.min_seq_len > 1:
         edits["min length"] = lambda c: st.just(c.replace(seq_q=caps.min_seq_len - 1))
     if caps.seq_multiple > 1:

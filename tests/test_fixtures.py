@@ -216,7 +216,7 @@ def test_pytest_option_fuzzes_an_implementation_outside_the_repo(pytester, tmp_p
             s = (q.float() @ k.float().transpose(-1, -2)) * scale
             if causal:
                 n, m = s.shape[-2:]
-                s = s.masked_fill(torch.ones(n, m, dtype=torch.bool).triu(1), float("-inf"))
+                s = s.masked_fill(torch.ones(n, m, dtype=torch.bool, device=s.device).triu(1), float("-inf"))
             p = s.softmax(-1)
             if q.shape[2] > 16:
                 p = p.flip(-1)           # planted bug: wrong past one tile of queries

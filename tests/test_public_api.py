@@ -17,7 +17,7 @@ USER_TEST = textwrap.dedent('''
             refuse("dtype", q.dtype, "float32")
         s = (q @ k.transpose(-1, -2)) * scale
         if causal:
-            s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool).triu(1), float("-inf"))
+            s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).triu(1), float("-inf"))
         return torch.softmax(s, -1) @ v, torch.logsumexp(s, -1)
 
     MINE = Implementation("mine", my_attention, Capabilities(dtypes={"float32"}, head_dims={16, 32}))

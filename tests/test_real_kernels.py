@@ -48,6 +48,36 @@ def test_the_refusal_property_draws_just_outside_them(pair):
         assert case.seq_k % 64 == 1
 
 
+SQUARE_CAUSAL = Capabilities(dtypes={"float32"}, head_dims={16}, causal=("top_left",),
+                             causal_equal_lengths=True)
+
+
+@settings(max_examples=60, database=None)
+@given(attention_cases(SQUARE_CAUSAL, profile=CI))
+def test_causal_cases_are_drawn_square_where_only_those_are_declared(case):
+    """FLASH through SDPA on CUDA: is_causal with Nq != Nk raises, non-causal runs any lengths."""
+    assert SQUARE_CAUSAL.why_not(case) is None
+    if case.causal != "none":
+        assert case.seq_q == case.seq_k
+
+
+def test_a_non_square_causal_case_is_outside_such_a_declaration():
+    case = AttentionCase(batch=1, heads=1, kv_heads=1, seq_q=3, seq_k=5, head_dim=16,
+                         causal="top_left")
+    assert SQUARE_CAUSAL.why_not(case) == "causal=top_left with seq_q=3 != seq_k=5"
+    assert SQUARE_CAUSAL.why_not(case.replace(causal="none")) is None
+    assert SQUARE_CAUSAL.why_not(case.replace(seq_k=3)) is None
+
+
+@settings(max_examples=30, database=None)
+@given(undeclared_cases(SQUARE_CAUSAL, profile=CI))
+def test_the_refusal_property_draws_non_square_causal_cases_for_it(pair):
+    what, case = pair
+    assert SQUARE_CAUSAL.why_not(case) is not None
+    if what == "causal lengths":
+        assert case.causal == "top_left" and case.seq_k == case.seq_q + 1
+
+
 def test_check_inputs_refuses_lengths_outside_the_declaration():
     q = torch.zeros(1, 1, 64, 16)
     k = torch.zeros(1, 1, 65, 16)

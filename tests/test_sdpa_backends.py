@@ -108,7 +108,7 @@ def test_a_declaration_follows_what_the_probes_saw(monkeypatch):
     assert caps.causal == ("top_left", "bottom_right")
     assert caps.configs == (("mask_form", ("bool",)),)
     assert caps.refusals == sdpa.NO_KERNEL_MESSAGES
-    assert result.refused_at_call_time == ("is_causal (top_left) with Nq != Nk",)
+    assert caps.causal_equal_lengths      # is_causal refused with Nq != Nk: drawn square
     assert caps.strides == "unit_last" and caps.gqa and caps.zero_length
 
     def no_mask_at_all(backend, dtype, device, *, causal=False, **kw):

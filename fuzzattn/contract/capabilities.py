@@ -52,6 +52,8 @@ class Capabilities:
     out_buffer: bool = False                             # accepts out= / lse= to write into
     # -- length constraints real kernels have (strategies draw inside them directly) ------------
     equal_lengths: bool = False                          # Nq == Nk only
+    # Nq == Nk for causal cases only (FLASH through SDPA on CUDA raises for is_causal otherwise)
+    causal_equal_lengths: bool = False
     min_seq_len: int = 1                                 # shortest Nq and Nk (0 needs zero_length)
     seq_multiple: int = 1                                # Nq and Nk multiples of this (a block size)
     # -- errors the implementation refuses with (e.g. SDPA's "No available kernel"): such draws
@@ -126,6 +128,8 @@ class Capabilities:
             return f"head_dim={case.head_dim}"
         if case.causal != "none" and case.causal not in self.causal:
             return f"causal={case.causal}"
+        if case.causal != "none" and self.causal_equal_lengths and case.seq_q != case.seq_k:
+            return f"causal={case.causal} with seq_q={case.seq_q} != seq_k={case.seq_k}"
         if case.kv_heads != case.heads and not self.gqa:
             return f"kv_heads={case.kv_heads} < heads={case.heads}"
         if not self.zero_length and (case.seq_q == 0 or case.seq_k == 0):
