@@ -59,6 +59,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from fuzzattn.contract import Capabilities, Implementation, refuse
 from fuzzattn.contract.dtypes import DTYPES
+from kernels.sdpa_defects import KNOWN_DEFECTS
 
 MAX_HEAD_DIM = 256
 
@@ -92,6 +93,7 @@ CAPS = Capabilities(
     # flash and memory-efficient backwards accumulate dq with atomic adds (the FA #359 class), so
     # reruns may differ in the last bits: not declared there (not yet measured on the H200).
     deterministic_backward=not torch.cuda.is_available(),
+    known_defects=KNOWN_DEFECTS["sdpa"],       # CUDA only (kernels/sdpa_defects.py)
 )
 
 
@@ -414,10 +416,11 @@ def _register(device: str | None = None):
         if result.caps is None:
             unavailable[name] = result.reason
             continue
+        caps = dataclasses.replace(result.caps, known_defects=KNOWN_DEFECTS.get(name, ()))
         impls.append(Implementation(
             name=name,
-            fn=functools.partial(sdpa_forward, backend=backend, caps=result.caps),
-            caps=result.caps,
+            fn=functools.partial(sdpa_forward, backend=backend, caps=caps),
+            caps=caps,
             description=(f"F.scaled_dot_product_attention restricted to SDPBackend.{backend.name} "
                          f"(sdpa_kernel); declaration probed on {result.where}: "
                          f"{_summary(result.caps)}."),

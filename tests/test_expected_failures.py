@@ -4,23 +4,32 @@ that starts passing fails all three as XPASS(strict). Also: entries limited to a
 the repository's own cuDNN boolean-mask leak files."""
 from __future__ import annotations
 
+import dataclasses
 import json
-import textwrap
 from pathlib import Path
 
 import pytest
+import torch
 
 from fuzzattn import cli
+from fuzzattn.campaigns.campaign import fuzz
 from fuzzattn.campaigns.outcome import OK, XFAIL, XPASS
 from fuzzattn.campaigns.regression_file import (ExpectedFailure, RegressionFile, RegressionFileError,
                                                 load, parse, write)
 from fuzzattn.campaigns.replay import needs_isolation, replay_one
+from fuzzattn.contract import Capabilities, Implementation, KnownDefect
 from fuzzattn.contract.case import AttentionCase
+from fuzzattn.contract.known_defects import known_defect
+from fuzzattn.contract.profiles import PROFILES
 from fuzzattn.engine.inputs import inputs_sha256, materialize
 from fuzzattn.engine.isolation import WorkerPool
 from fuzzattn.engine.judge import default_device
 from fuzzattn.engine.loader import load_implementation
+from fuzzattn.engine.metamorphic import RELATIONS
 from fuzzattn.engine.registry import implementations
+from kernels.sdpa import sdpa_forward
+from kernels.sdpa_defects import KNOWN_DEFECTS
+from strategies import attention_cases
 
 HERE = Path(__file__).resolve().parent
 BUILT = HERE / "purpose_built.py"
@@ -205,3 +214,53 @@ def test_the_expected_failure_files_replay_here(path, worker_pool):
         assert outcome.passed, outcome.message
         expected = record.expected_failure(impl.name, default_device())
         assert outcome.verdict in ((XFAIL,) if expected else (OK, "skip")), outcome.message
+
+
+# -- known upstream defects: the expected failures' input classes, passed over by campaigns ------
+def test_each_known_defect_covers_the_file_that_pins_it():
+    """A declared known defect is only as wide as its evidence: its regression file expects the
+    implementation to fail on that device, and the predicate covers that file's case there
+    (and only there)."""
+    for impl_name, defects in KNOWN_DEFECTS.items():
+        for defect in defects:
+            record = load(HERE.parent / "regressions" / defect.regression)
+            assert record.expected_failure(impl_name, defect.device_type), (impl_name, defect.name)
+            assert defect.covers(record.case, defect.device_type, gradients=True), defect.name
+            assert not defect.covers(record.case, "cpu", gradients=True), defect.name
+
+
+@pytest.mark.parametrize("path", EXPECTED_FILES, ids=lambda p: p.name)
+def test_every_expected_failure_on_cuda_is_a_declared_known_defect(path):
+    """...and every CUDA expected failure is declared, so no campaign there stops on it again."""
+    record = load(path)
+    for impl_name in record.expected_failures:
+        if record.expected_failure(impl_name, "cuda"):
+            assert known_defect(KNOWN_DEFECTS.get(impl_name, ()), record.case, "cuda",
+                                gradients=True), (path.name, impl_name)
+
+
+def _bottom_right_as_top_left(q, k, v, *, causal, scale):
+    return sdpa_forward(q, k, v, causal="top_left" if causal else False, scale=scale)
+
+
+def test_a_campaign_passes_over_a_known_defect_and_counts_it():
+    """The declared class is not judged and is counted, never as a pass; the same bug
+    undeclared is found (so the first campaign's pass is not for lack of drawing it)."""
+    here = torch.device(default_device()).type
+    caps = Capabilities(dtypes={"float32"}, head_dims={16}, causal=("top_left", "bottom_right"))
+    defect = KnownDefect("bottom-right treated as top-left", here,
+                         lambda case: case.causal == "bottom_right", "example.json")
+    known = Implementation("known", _bottom_right_as_top_left,
+                           dataclasses.replace(caps, known_defects=(defect,)))
+    strategy = attention_cases(known.caps, profile=PROFILES["ci"])
+    result = fuzz(known, strategy, max_examples=60, save_to_file=False)
+    assert result.passed, result.counterexample
+    assert result.refused[defect.summary()] > 0 and result.cases > 0
+    assert "% of draws passed over as known upstream defect (example.json)" in result.refusal_note()
+    relation = RELATIONS["causal_prefix"](known, AttentionCase(1, 1, 1, 3, 5, 16,
+                                                               causal="bottom_right"))
+    assert relation is None                       # relations pass over it too
+    unknown = Implementation("unknown", _bottom_right_as_top_left, caps)
+    found = fuzz(unknown, attention_cases(caps, profile=PROFILES["ci"]), max_examples=60,
+                 save_to_file=False)
+    assert found.counterexample is not None

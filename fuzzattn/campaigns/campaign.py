@@ -15,7 +15,9 @@ cost of shrinking (measured: 32 judged cases, 17 s, to shrink an already-minimal
 Triton failure).
 
 Cases an implementation refuses with one of its declared errors (`Capabilities.refusals`) are
-counted per campaign and rejected (Hypothesis draws another), never counted as passes.
+counted per campaign and rejected (Hypothesis draws another), never counted as passes; so are
+cases covered by a known upstream defect it declares (`Capabilities.known_defects`), which are
+not run at all.
 
 `fuzz` runs a campaign outside pytest (the CLI's `fuzz`, `gate` and `mutants`), with a case
 and/or time budget, and returns a `Campaign`.
@@ -34,6 +36,7 @@ import dataclasses
 import time
 from pathlib import Path
 
+import torch
 from hypothesis import Phase, given, reject, seed as hypothesis_seed, settings, strategies as st
 from hypothesis.control import current_build_context, currently_in_test_context
 from hypothesis.errors import FlakyFailure, HypothesisException
@@ -41,7 +44,8 @@ from hypothesis.errors import FlakyFailure, HypothesisException
 from fuzzattn.campaigns import regression_file
 from fuzzattn.contract.case import AttentionCase
 from fuzzattn.contract.implementation import Implementation
-from fuzzattn.engine.judge import JudgedCase, judge
+from fuzzattn.contract.known_defects import KNOWN_PREFIX, known_defect
+from fuzzattn.engine.judge import JudgedCase, default_device, judge
 from fuzzattn.engine.verdict import PROCESS_CHECKS, Verdict
 
 FLAKY_RERUNS = 2          # extra judgements of a failing case; any pass makes it flaky
@@ -114,6 +118,11 @@ def judge_once(impl: Implementation, case: AttentionCase, device=None, *,
     rerun for flakiness. `judge_fn(case, gradients=...) -> JudgedCase` judges instead of judge()
     in this process (an isolated worker's); the memo key is the same either way."""
     key = (impl.cli_name, case.key(), gradients)
+    defect = known_defect(impl.caps.known_defects, case,
+                          torch.device(device or default_device()).type, gradients)
+    if defect is not None:         # counted and rejected by the callers, like a refusal
+        return JudgedCase(impl=impl.name, case=case, verdicts=[], refused=defect.summary(),
+                          cli_name=impl.cli_name)
     if judge_fn is not None:
         run = lambda c: judge_fn(c, gradients=gradients)  # noqa: E731
     else:
@@ -198,14 +207,17 @@ class Campaign:
         return sum(self.refused.values())
 
     def refusal_note(self) -> str:
-        """'12% refused: RuntimeError: No available kernel (30)', or '' when none were."""
-        total = self.refused_total
-        if not total:
-            return ""
-        drawn = total + self.cases
-        top = ", ".join(f"{summary} ({n})" for summary, n in
-                        sorted(self.refused.items(), key=lambda kv: -kv[1])[:2])
-        return f"{100 * total / drawn:.0f}% of draws refused: {top}"
+        """'12% of draws refused: RuntimeError: No available kernel (30)', then the share passed
+        over as known upstream defects, or '' when there were none of either."""
+        drawn = self.refused_total + self.cases
+        notes = []
+        for known, what in ((False, "refused"), (True, "passed over as")):
+            counts = {s: n for s, n in self.refused.items() if s.startswith(KNOWN_PREFIX) == known}
+            if counts:
+                top = ", ".join(f"{summary} ({n})" for summary, n in
+                                sorted(counts.items(), key=lambda kv: -kv[1])[:2])
+                notes.append(f"{100 * sum(counts.values()) / drawn:.0f}% of draws {what}: {top}")
+        return "; ".join(notes)
 
     @property
     def mostly_refused(self) -> bool:

@@ -4,6 +4,7 @@
     dtypes        the one dtype table
     capabilities  Capabilities: what an implementation declares, and how its inputs are checked
     implementation  Implementation: a named callable, and the contract's calling convention
+    known_defects KnownDefect: an upstream defect's input class, which campaigns pass over
     profiles      run profiles: how many cases and how large
 
 Nothing here imports the engine, campaigns, the command line, strategies or kernels.
@@ -11,6 +12,7 @@ Nothing here imports the engine, campaigns, the command line, strategies or kern
 from fuzzattn.contract.capabilities import Capabilities, UnsupportedCaseError, refuse
 from fuzzattn.contract.case import AttentionCase, CaseError
 from fuzzattn.contract.implementation import ContractError, Implementation
+from fuzzattn.contract.known_defects import KnownDefect
 
 __all__ = ["AttentionCase", "Capabilities", "CaseError", "ContractError", "Implementation",
-           "UnsupportedCaseError", "refuse"]
+           "KnownDefect", "UnsupportedCaseError", "refuse"]

@@ -77,11 +77,15 @@ class Capabilities:
     # (a regression file written by hand, or before a configuration existed) run the same tiles
     # on every machine, where an own default may be an autotuner's pick that differs by device.
     default_config: tuple[tuple[str, object], ...] = ()
+    # Upstream defects already pinned by regression files (fuzzattn.contract.known_defects):
+    # campaigns pass over the cases they cover, as over a declared refusal.
+    known_defects: tuple = ()
 
     def __post_init__(self):
         if isinstance(self.configs, dict):
             object.__setattr__(self, "configs", tuple((k, tuple(v)) for k, v in self.configs.items()))
         object.__setattr__(self, "refusals", tuple(self.refusals))
+        object.__setattr__(self, "known_defects", tuple(self.known_defects))
         if isinstance(self.default_config, dict):
             object.__setattr__(self, "default_config", tuple(sorted(self.default_config.items())))
         declared = dict(self.configs)

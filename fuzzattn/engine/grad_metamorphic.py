@@ -27,8 +27,9 @@ from fuzzattn.engine import execute
 from fuzzattn.engine.grad_oracle import NAMES, term_magnitudes
 from fuzzattn.engine.inputs import materialize, materialize_dout
 # The forward relations' machinery: the same verdict shape, crash handling and transformed inputs.
-from fuzzattn.engine.metamorphic import (_generator, _Refused, _relation, _row_errors, _RunFailed,
-                                         _transformed, _verdict)
+from fuzzattn.engine.metamorphic import _transformed
+from fuzzattn.engine.relation_runs import (_generator, _Refused, _relation, _row_errors, _RunFailed,
+                                           _verdict)
 from fuzzattn.engine.oracle import visible_keys
 from fuzzattn.engine.tolerance import grad_noise
 from fuzzattn.engine.verdict import Verdict

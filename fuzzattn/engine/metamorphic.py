@@ -38,114 +38,15 @@ import torch
 from fuzzattn.contract.case import AttentionCase
 from fuzzattn.contract.dtypes import BY_NAME, U32
 from fuzzattn.contract.implementation import Implementation
-from fuzzattn.engine import execute
 from fuzzattn.engine.inputs import materialize
-from fuzzattn.engine.judge import default_device, skip_reason
-from fuzzattn.engine.oracle import visible_keys
+from fuzzattn.engine.judge import default_device
+from fuzzattn.engine.relation_runs import (_all_rows, _generator, _relation, _row_errors,
+                                           _rows_with_keys, _run, _verdict)
 from fuzzattn.engine.rounding import Rounding, finite_abs, max_abs_v, row_abs
-from fuzzattn.engine.verdict import Verdict, heatmap, locate
+from fuzzattn.engine.verdict import Verdict
 
 SHIFT_MIN = 8.0                  # score_shift: smallest added key component (a power of two)
 REPLACEMENT_SCALE = 16.0         # causal_prefix: replaced keys/values are 16 * N(0, 1)
-
-PREFIX = "metamorphic:"
-
-
-class _RunFailed(Exception):
-    """The implementation raised in one of a relation's runs: the relation fails, so detailed."""
-
-
-class _Refused(Exception):
-    """A run refused the way the implementation declares (Capabilities.refusals; FLASH on CUDA:
-    causal with Nq != Nk): the relation does not apply, as a campaign counts such a draw."""
-
-
-def _generator(case: AttentionCase) -> torch.Generator:
-    return torch.Generator().manual_seed(case.data_seed)
-
-
-def _run(impl: Implementation, q, k, v, case: AttentionCase, which: str):
-    call = execute.call(impl, q, k, v, case)
-    if call.declared_refusal:
-        raise _Refused(call.summary)
-    if not call.answered:   # a crash on a declared case is a failed relation, not a harness error
-        raise _RunFailed(f"{which} run raised {call.summary}")
-    return call.out, call.lse
-
-
-def _rows_with_keys(case: AttentionCase, device) -> torch.Tensor:
-    """(Nq,) bool: rows that see at least one key (the others are out 0, lse -inf)."""
-    mask = visible_keys(case.seq_q, case.seq_k, case.causal, device)
-    if mask is None:
-        return torch.full((case.seq_q,), case.seq_k > 0, dtype=torch.bool, device=device)
-    return mask.any(dim=-1)
-
-
-# -- judging one relation ---------------------------------------------------------------------
-def _row_errors(got: torch.Tensor, expected: torch.Tensor) -> torch.Tensor:
-    """|got - expected| in float64, per row for outputs; equal values (-inf lse included) give 0,
-    and NaN on either side gives inf: the identities hold between finite numbers only."""
-    got, expected = got.to(torch.float64), expected.to(torch.float64)
-    err = torch.where(got == expected, torch.zeros_like(got), (got - expected).abs())
-    err = torch.where(torch.isnan(err), torch.full_like(err, math.inf), err)
-    return err.amax(dim=-1) if err.dim() == 4 else err
-
-
-def _verdict(name: str, impl: Implementation, case: AttentionCase, parts,
-             note: str = "") -> Verdict:
-    """One verdict from (quantity, row errors, rows allowed, rows checked) parts: out, then lse.
-
-    error/allowed are those of the worst row (largest error over allowed), among the failing
-    quantities when any fails."""
-    failed, worst, bad_rows = [], None, None
-    for quantity, errors, allowed, checked in parts:
-        allowed = torch.broadcast_to(allowed, errors.shape)
-        bad = (errors > allowed) & checked
-        if bool(bad.any()):
-            failed.append(quantity)
-            bad_rows = bad if bad_rows is None else bad_rows | bad
-        if errors.numel() == 0:
-            continue
-        ratio = torch.where(checked, errors / allowed.clamp_min(1e-300), torch.zeros_like(errors))
-        i = int(torch.argmax(ratio.flatten()))
-        candidate = (bool(bad.any()), float(ratio.flatten()[i]), quantity,
-                     float(errors.flatten()[i]), float(allowed.flatten()[i]))
-        if worst is None or candidate[:2] > worst[:2]:
-            worst = candidate
-    detail = note
-    if failed:
-        detail = f"{' and '.join(failed)} break the relation" + (f"; {note}" if note else "")
-    if failed and worst[2] != "out":
-        detail += f" (error/allowed are {worst[2]}'s)"
-    error, allowed = (worst[3], worst[4]) if worst is not None else (None, None)
-    return Verdict(impl=impl.name, case=case, check=PREFIX + name, passed=not failed, error=error,
-                   allowed=allowed, where=locate(bad_rows) if failed else "",
-                   heatmap=heatmap(bad_rows) if failed else "", detail=detail)
-
-
-def _all_rows(out: torch.Tensor) -> torch.Tensor:
-    return torch.ones(out.shape[:3], dtype=torch.bool, device=out.device)
-
-
-def _relation(name: str):
-    """Turn a relation body that may raise _RunFailed into one that returns a failed verdict
-    (and one that may raise _Refused into one that does not apply: None)."""
-    def wrap(body: Callable) -> Callable:
-        def relation(impl: Implementation, case: AttentionCase, device=None) -> Verdict | None:
-            device = device or default_device()
-            if skip_reason(impl, case) is not None:
-                return None
-            try:
-                return body(impl, case, device)
-            except _RunFailed as exc:
-                return Verdict(impl=impl.name, case=case, check=PREFIX + name, passed=False,
-                               detail=str(exc))
-            except _Refused:
-                return None
-        relation.__name__ = name
-        relation.__doc__ = body.__doc__
-        return relation
-    return wrap
 
 
 def _lse_part(lse, expected, allowed, checked):

@@ -1,0 +1,65 @@
+"""SDPA's known upstream defects on CUDA (fuzzattn.contract.known_defects), by implementation.
+
+Each was found by the H200 campaigns (benchmarks/GPU_REPORT.md), located with `fuzzattn
+explain`, and is pinned by the regression files named here, whose `expected_failures` entries
+say what fails and where to report it. The predicates are the input classes those explanations
+measured, no wider: a campaign on CUDA passes over these cases (counted as known, never as
+passes) and keeps fuzzing everything else; the files still replay them, XFAIL until fixed.
+"""
+from __future__ import annotations
+
+from fuzzattn.contract.case import AttentionCase
+from fuzzattn.contract.known_defects import KnownDefect
+
+
+def _masked_with_stride0_kv_heads(case: AttentionCase) -> bool:
+    """Causal (a mask or is_causal reaches the kernel) with k or v expanded over its heads."""
+    return case.causal != "none" and "broadcast_heads" in case.layout[1:]
+
+
+def _efficient_fp32(case: AttentionCase) -> bool:
+    """Default dispatch picks EFFICIENT_ATTENTION for fp32 on CUDA."""
+    return case.dtype == "float32" and _masked_with_stride0_kv_heads(case)
+
+
+def _boolean_bottom_right(case: AttentionCase) -> bool:
+    """Bottom-right causal reaches cuDNN as a boolean mask (the form's default)."""
+    return case.causal == "bottom_right" and case.config_dict.get("mask_form", "bool") == "bool"
+
+
+def _half_boolean_bottom_right(case: AttentionCase) -> bool:
+    """Default dispatch picks cuDNN for bf16/fp16 with a mask on CUDA; `sdpa` passes bool."""
+    return case.dtype in ("bfloat16", "float16") and case.causal == "bottom_right"
+
+
+def _unaligned_rows(case: AttentionCase) -> bool:
+    """The sliced layout: row stride D + 3 elements, so rows are not 16-byte aligned."""
+    return "sliced" in case.layout
+
+
+def _bf16_gqa_large_bottom_right(case: AttentionCase) -> bool:
+    return (case.dtype == "bfloat16" and case.causal == "bottom_right"
+            and case.kv_heads < case.heads and case.values == "large")
+
+
+_EFFICIENT_STRIDE0 = "EFFICIENT_ATTENTION: wrong rows with a mask and stride-0 k/v heads"
+_CUDNN_LEAK = "CUDNN_ATTENTION: a boolean mask lets a masked key through"
+
+KNOWN_DEFECTS: dict[str, tuple[KnownDefect, ...]] = {
+    "sdpa_efficient": (
+        KnownDefect(_EFFICIENT_STRIDE0, "cuda", _masked_with_stride0_kv_heads, "b72a48d1a5d8.json"),
+    ),
+    "sdpa_cudnn": (
+        KnownDefect(_CUDNN_LEAK, "cuda", _boolean_bottom_right, "6b568ee594f6.json"),
+    ),
+    "sdpa": (
+        KnownDefect(_EFFICIENT_STRIDE0 + " (fp32 dispatch)", "cuda", _efficient_fp32,
+                    "3b46e3e5e539.json"),
+        KnownDefect(_CUDNN_LEAK + " (bf16/fp16 dispatch)", "cuda", _half_boolean_bottom_right,
+                    "95f075a17216.json"),
+        KnownDefect("backward faults (misaligned address) on rows not 16-byte aligned", "cuda",
+                    _unaligned_rows, "e9ea361b7922.json", backward=True),
+        KnownDefect("CUDNN_ATTENTION backward: NaN dq, bf16 GQA bottom-right, large scores", "cuda",
+                    _bf16_gqa_large_bottom_right, "439ea7a26107.json", backward=True),
+    ),
+}
