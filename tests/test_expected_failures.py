@@ -256,7 +256,7 @@ def test_a_campaign_passes_over_a_known_defect_and_counts_it():
     result = fuzz(known, strategy, max_examples=60, save_to_file=False)
     assert result.passed, result.counterexample
     assert result.refused[defect.summary()] > 0 and result.cases > 0
-    assert "% of draws passed over as known upstream defect (example.json)" in result.refusal_note()
+    assert "% of draws passed over: known upstream defect (example.json)" in result.refusal_note()
     relation = RELATIONS["causal_prefix"](known, AttentionCase(1, 1, 1, 3, 5, 16,
                                                                causal="bottom_right"))
     assert relation is None                       # relations pass over it too

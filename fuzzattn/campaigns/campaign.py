@@ -211,7 +211,7 @@ class Campaign:
         over as known upstream defects, or '' when there were none of either."""
         drawn = self.refused_total + self.cases
         notes = []
-        for known, what in ((False, "refused"), (True, "passed over as")):
+        for known, what in ((False, "refused"), (True, "passed over")):
             counts = {s: n for s, n in self.refused.items() if s.startswith(KNOWN_PREFIX) == known}
             if counts:
                 top = ", ".join(f"{summary} ({n})" for summary, n in
