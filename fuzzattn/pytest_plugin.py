@@ -171,6 +171,52 @@ _START_KEY = pytest.StashKey[float]()
 _JUDGED_KEY = pytest.StashKey[int]()
 
 
+def cuda_context_lost() -> str | None:
+    """Why this process's CUDA context can no longer run anything (a device fault is sticky:
+    every later CUDA call fails with it), or None while it can, or was never used."""
+    import sys
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return None
+    try:
+        torch.cuda.synchronize()
+    except Exception as exc:       # torch.AcceleratorError, RuntimeError on older torch
+        from fuzzattn.engine.execute import one_line
+        return f"{type(exc).__name__}: {one_line(exc)}"
+    return None
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """After a test that lost the process's CUDA context (an in-process kernel faulted), no later
+    test here can pass for a reason of its own: its teardown fails, saying so, and then
+    (pytest_runtest_logreport) an xdist worker exits, so xdist starts a fresh worker for the
+    rest, and a run without xdist stops. (Without this, one fault on the H200 failed every later
+    test of its worker: 110 of them.)"""
+    global _lost_here
+    outcome = yield
+    if call.when != "teardown":
+        return
+    lost = cuda_context_lost()
+    if lost is not None:
+        report = outcome.get_result()
+        report.outcome = "failed"
+        report.longrepr = _lost_here = (f"fuzzattn: {item.nodeid} lost this process's CUDA "
+                                        f"context ({lost})")
+
+
+_lost_here: str | None = None      # set only in the process that ran the test (not xdist's controller)
+
+
+@pytest.hookimpl(trylast=True)      # after xdist has sent the report to the controller
+def pytest_runtest_logreport(report):
+    if _lost_here is None or report.when != "teardown":
+        return
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        os._exit(3)
+    pytest.exit(f"{_lost_here}; no later test could run in this process", returncode=3)
+
+
 def pytest_sessionfinish(session):
     from fuzzattn.campaigns import campaign
     workeroutput = getattr(session.config, "workeroutput", None)

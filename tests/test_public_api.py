@@ -110,3 +110,33 @@ def test_the_summary_counts_judged_cases_across_workers(pytester):
                                            "--fuzzattn-profile", "dev", "-k", "sdpa-float32")
     result.assert_outcomes(passed=2)
     result.stdout.fnmatch_lines(["fuzzattn: 10 cases judged in * s (* cases/s)"])
+
+
+LOSES_CUDA = textwrap.dedent('''
+    import fuzzattn.pytest_plugin as plugin
+
+    def test_faults_in_process():
+        # what a device fault leaves behind, simulated: every later CUDA call would fail
+        plugin.cuda_context_lost = lambda: "AcceleratorError: CUDA error: misaligned address"
+
+    def test_runs_in_a_fresh_worker():
+        assert plugin.cuda_context_lost() is None
+''')
+
+
+def test_a_lost_cuda_context_costs_one_test_not_the_worker(pytester):
+    """The test after which the CUDA context is lost fails at teardown, saying so; its xdist
+    worker then exits and a fresh one runs the next test (on the H200 one fault had failed 110
+    later tests). Without xdist the run stops there, with the same line."""
+    pytester.makepyfile(test_lost=LOSES_CUDA)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "fuzzattn.pytest_plugin",
+                                           "-n", "1")
+    result.stdout.fnmatch_lines(["*replacing crashed worker*",
+                                 "*test_faults_in_process lost this process's CUDA context "
+                                 "(AcceleratorError: CUDA error: misaligned address)*"])
+    outcomes = result.parseoutcomes()
+    assert outcomes["passed"] == 2 and outcomes.get("errors", 0) + outcomes.get("failed", 0) >= 1
+    alone = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "fuzzattn.pytest_plugin")
+    assert alone.ret == 3
+    alone.stdout.fnmatch_lines(["*lost this process's CUDA context*no later test could run*"])
+    assert "test_runs_in_a_fresh_worker" not in alone.stdout.str()
