@@ -201,20 +201,22 @@ def pytest_runtest_makereport(item, call):
     if lost is not None:
         report = outcome.get_result()
         report.outcome = "failed"
-        report.longrepr = _lost_here = (f"fuzzattn: {item.nodeid} lost this process's CUDA "
-                                        f"context ({lost})")
+        report.longrepr = f"fuzzattn: {item.nodeid} lost this process's CUDA context ({lost})"
+        _lost_here = (report.longrepr, hasattr(item.config, "workerinput"))
 
 
-_lost_here: str | None = None      # set only in the process that ran the test (not xdist's controller)
+# (message, in an xdist worker): set only in the process that ran the test, not xdist's controller
+_lost_here: tuple[str, bool] | None = None
 
 
 @pytest.hookimpl(trylast=True)      # after xdist has sent the report to the controller
 def pytest_runtest_logreport(report):
     if _lost_here is None or report.when != "teardown":
         return
-    if os.environ.get("PYTEST_XDIST_WORKER"):
+    message, in_worker = _lost_here
+    if in_worker:
         os._exit(3)
-    pytest.exit(f"{_lost_here}; no later test could run in this process", returncode=3)
+    pytest.exit(f"{message}; no later test could run in this process", returncode=3)
 
 
 def pytest_sessionfinish(session):
