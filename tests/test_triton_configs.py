@@ -93,6 +93,20 @@ def test_no_config_runs_the_baseline_under_the_interpreter():
         assert torch.equal(a, b)
 
 
+def test_a_configless_case_runs_the_baseline_compiled_or_interpreted():
+    """The registered implementation's default_config: a case naming no configuration runs the
+    article's tiles on every machine (compiled, the kernel function alone would autotune)."""
+    the_case = case(37, 53, 24, causal="bottom_right")
+    inputs = materialize(the_case, DEVICE)
+    configless = triton_fa2.IMPL(inputs.q, inputs.k, inputs.v, the_case)
+    baseline = triton_fa2_forward(inputs.q, inputs.k, inputs.v, causal="bottom_right",
+                                  scale=the_case.softmax_scale, config=BASELINE_CONFIG)
+    for a, b in zip(configless, baseline):
+        assert torch.equal(a, b)
+    assert triton_fa2.IMPL.caps.pass_config(the_case, backward=True) == {
+        "BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1}
+
+
 # -- the configuration space and its validation ---------------------------------------------------
 def test_the_first_choice_of_every_axis_is_the_articles_kernel():
     assert BASELINE_CONFIG == cfg(16, 16, num_warps=4, num_stages=1)
