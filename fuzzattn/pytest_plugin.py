@@ -20,7 +20,10 @@ put back at unconfigure, so a pytest run inside a test (pytester) leaves its hos
 --fuzzattn-impl ones) in supervised worker processes, one per implementation per xdist worker,
 reused across tests: a hang, a dead process or a CUDA fault fails that test with its verdict and
 the run goes on. A regression file recording hang/segfault/device_fault replays in a worker
-whether or not isolation was asked for.
+whether or not isolation was asked for. Without isolation, a test after which the process's CUDA
+context is lost (a kernel faulted in-process) fails at teardown saying so, and its xdist worker
+exits so that xdist runs the rest in a fresh one (without xdist the run stops there): a CUDA
+fault is sticky, and every later test in that process would fail for a reason not its own.
 """
 from __future__ import annotations
 
@@ -186,6 +189,10 @@ def cuda_context_lost() -> str | None:
     return None
 
 
+# (message, in an xdist worker): set only in the process that ran the test, not xdist's controller
+_lost_here: tuple[str, bool] | None = None
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     """After a test that lost the process's CUDA context (an in-process kernel faulted), no later
@@ -203,10 +210,6 @@ def pytest_runtest_makereport(item, call):
         report.outcome = "failed"
         report.longrepr = f"fuzzattn: {item.nodeid} lost this process's CUDA context ({lost})"
         _lost_here = (report.longrepr, hasattr(item.config, "workerinput"))
-
-
-# (message, in an xdist worker): set only in the process that ran the test, not xdist's controller
-_lost_here: tuple[str, bool] | None = None
 
 
 @pytest.hookimpl(trylast=True)      # after xdist has sent the report to the controller
