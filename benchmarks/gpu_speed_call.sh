@@ -13,7 +13,8 @@
 #   bash benchmarks/gpu_speed_call.sh ceiling   the host's cores; 16 sdpa fp32 fuzzers with the GPU
 #                                               hidden (the CPU's own ceiling), then K = 1, 8, 16 on it
 #   bash benchmarks/gpu_speed_call.sh triage    the open findings explained (this tree), replayed (BEFORE),
-#                                               and their rows' raw lse and out (probe_rows.py)
+#                                               and their rows' raw lse and out (probe_rows.py; for an
+#                                               sdpa finding: per backend, and the dispatch's pick)
 #   bash benchmarks/gpu_speed_call.sh fma       finding 10's regression files replayed compiled: this
 #                                               tree, BEFORE, and BEFORE with FMA contraction off
 #   bash benchmarks/gpu_speed_call.sh census    kernels, copies and waits per judged case (launch_census.py)
@@ -73,17 +74,28 @@ elif [[ "$MODE" == triton ]]; then
         | tee -a "$OUT/scaling.txt"
 elif [[ "$MODE" == triage ]]; then
     step "open findings of benchmarks/gpu_findings: explained on this tree, replayed on BEFORE"
+    impl_of() { python3 -c 'import json, sys; print(json.load(open(sys.argv[1])).get("impl") or "triton_fa2")' "$1"; }
     for f in benchmarks/gpu_findings/*.json; do
-        timeout 150 python3 -m fuzzattn.cli explain "$f" --impl triton_fa2 >"$OUT/explain_$(basename "$f" .json).txt" 2>&1 &
+        impl=$(impl_of "$f")
+        timeout 150 python3 -m fuzzattn.cli explain "$f" --impl "$impl" >"$OUT/explain_$(basename "$f" .json).txt" 2>&1 &
         if [[ -d "$BEFORE" ]]; then
             (cd "$BEFORE" && PYTHONPATH=. timeout 150 python3 -m fuzzattn.cli replay "$OLDPWD/$f" \
-                --impl triton_fa2) >"$OUT/before_$(basename "$f" .json).txt" 2>&1 &
+                --impl "$impl") >"$OUT/before_$(basename "$f" .json).txt" 2>&1 &
         fi
     done
     wait
     for f in benchmarks/gpu_findings/*.json; do
-        timeout 150 python3 benchmarks/probe_rows.py "$f" --vary BLOCK_N=32 --vary scale=none \
-            --vary dtype=bfloat16 --vary values=normal >"$OUT/rows_$(basename "$f" .json).txt" 2>&1
+        name=$(basename "$f" .json)
+        if [[ $(impl_of "$f") == sdpa* ]]; then
+            # per backend, forward and with gradients, each in its own worker; then the default
+            # dispatch's pick and each backend's finiteness (finding 11: which one returns inf)
+            timeout 200 python3 benchmarks/gpu_triage.py "$f" --impl sdpa --impl sdpa_math \
+                --impl sdpa_flash --impl sdpa_efficient --impl sdpa_cudnn >"$OUT/rows_$name.txt" 2>&1
+            timeout 150 python3 benchmarks/sdpa_dispatch.py "$f" >>"$OUT/rows_$name.txt" 2>&1
+        else
+            timeout 150 python3 benchmarks/probe_rows.py "$f" --vary BLOCK_N=32 --vary scale=none \
+                --vary dtype=bfloat16 --vary values=normal >"$OUT/rows_$name.txt" 2>&1
+        fi
     done
     for f in "$OUT"/explain_*.txt "$OUT"/before_*.txt "$OUT"/rows_*.txt; do
         echo "-- $f"; cut -c1-220 "$f" | tail -40
