@@ -28,25 +28,25 @@ from fuzzattn.engine.grad_oracle import NAMES, term_magnitudes
 from fuzzattn.engine.inputs import materialize, materialize_dout
 # The forward relations' machinery: the same verdict shape, crash handling and transformed inputs.
 from fuzzattn.engine.metamorphic import _transformed
-from fuzzattn.engine.relation_runs import (_generator, _Refused, _relation, _row_errors, _RunFailed,
-                                           _verdict)
+from fuzzattn.engine.relation_runs import (Refused, RunFailed, as_relation, case_generator,
+                                           relation_verdict, row_errors)
 from fuzzattn.engine.oracle import visible_keys
 from fuzzattn.engine.tolerance import grad_noise
 from fuzzattn.engine.verdict import Verdict
 
 
 def _gradients(impl: Implementation, q, k, v, dout, case: AttentionCase, which: str):
-    """dict of dq, dk, dv (and row noise bounds) from one run; raises _RunFailed on a crash."""
+    """dict of dq, dk, dv (and row noise bounds) from one run; raises RunFailed on a crash."""
     fwd = execute.call(impl, q, k, v, case)
     if fwd.declared_refusal:
-        raise _Refused(fwd.summary)
+        raise Refused(fwd.summary)
     if not fwd.answered:
-        raise _RunFailed(f"{which} forward raised {fwd.summary}")
+        raise RunFailed(f"{which} forward raised {fwd.summary}")
     call = execute.call_gradients(impl, q, k, v, dout, case, out=fwd.out, lse=fwd.lse)
     if call.declared_refusal:
-        raise _Refused(call.summary)
+        raise Refused(call.summary)
     if not call.answered:
-        raise _RunFailed(f"{which} gradient run raised {call.summary}")
+        raise RunFailed(f"{which} gradient run raised {call.summary}")
     grads = dict(zip(NAMES, call.grads))
     return grads, _row_noise(impl, q, k, v, fwd.out, dout, case)
 
@@ -78,13 +78,13 @@ def _row_noise(impl, q, k, v, out, dout, case: AttentionCase) -> dict[str, torch
 def _compare(name, impl, case, got, noise, expected, expected_noise, note="") -> Verdict:
     parts = []
     for g in NAMES:
-        errors = _row_errors(got[g], expected[g])
+        errors = row_errors(got[g], expected[g])
         rows = torch.ones_like(errors, dtype=torch.bool)
         parts.append((g, errors, noise[g] + expected_noise[g], rows))
-    return _verdict(name, impl, case, parts, note=note)
+    return relation_verdict(name, impl, case, parts, note=note)
 
 
-@_relation("grad_key_permutation")
+@as_relation("grad_key_permutation")
 def grad_key_permutation(impl, case, device):
     """Non-causal: k and v rows permuted together (one permutation from the case's data seed,
     never the identity): dq unchanged, dk and dv permuted by the same permutation."""
@@ -92,7 +92,7 @@ def grad_key_permutation(impl, case, device):
         return None
     inputs = materialize(case, device)
     _, dout = materialize_dout(case, device)
-    perm = torch.randperm(case.seq_k, generator=_generator(case))
+    perm = torch.randperm(case.seq_k, generator=case_generator(case))
     if bool((perm == torch.arange(case.seq_k)).all()):
         perm = perm.roll(1)
     perm = perm.to(device)
@@ -107,7 +107,7 @@ def grad_key_permutation(impl, case, device):
                     note="dq must not change; dk, dv rows must move with their keys")
 
 
-@_relation("grad_batch_independence")
+@as_relation("grad_batch_independence")
 def grad_batch_independence(impl, case, device):
     """Batch element b's gradients computed alone (q, k, v, dO sliced b:b+1, views of the case's
     layout) equal the batched gradients' slice b."""

@@ -40,8 +40,8 @@ from fuzzattn.contract.dtypes import BY_NAME, U32
 from fuzzattn.contract.implementation import Implementation
 from fuzzattn.engine.inputs import materialize
 from fuzzattn.engine.judge import default_device
-from fuzzattn.engine.relation_runs import (_all_rows, _generator, _relation, _row_errors,
-                                           _rows_with_keys, _run, _verdict)
+from fuzzattn.engine.relation_runs import (all_rows, as_relation, case_generator, relation_verdict,
+                                           row_errors, rows_with_keys, run_once)
 from fuzzattn.engine.rounding import Rounding, finite_abs, max_abs_v, row_abs
 from fuzzattn.engine.verdict import Verdict
 
@@ -50,7 +50,7 @@ REPLACEMENT_SCALE = 16.0         # causal_prefix: replaced keys/values are 16 * 
 
 
 def _lse_part(lse, expected, allowed, checked):
-    return ("lse", _row_errors(lse, expected), allowed, checked)
+    return ("lse", row_errors(lse, expected), allowed, checked)
 
 
 def _out_allowed(r: Rounding, eps: tuple, v_max, outs) -> torch.Tensor:
@@ -66,11 +66,11 @@ def _lse_allowed(r: Rounding, eps: tuple, lses) -> torch.Tensor:
 
 def _compare_runs(name, impl, case, r, eps, v_max, out, lse, out2, lse2, note="") -> Verdict:
     """Verdict for two runs that must agree up to the rounding of two independent runs."""
-    rows = _all_rows(out)
-    parts = [("out", _row_errors(out2, out), _out_allowed(r, eps, v_max, (out, out2)), rows)]
+    rows = all_rows(out)
+    parts = [("out", row_errors(out2, out), _out_allowed(r, eps, v_max, (out, out2)), rows)]
     if lse is not None and lse2 is not None:
         parts.append(_lse_part(lse2, lse, _lse_allowed(r, eps, (lse, lse2)), rows))
-    return _verdict(name, impl, case, parts, note=note)
+    return relation_verdict(name, impl, case, parts, note=note)
 
 
 def _overwrite(view: torch.Tensor, values: torch.Tensor) -> None:
@@ -91,7 +91,7 @@ def _transformed(case: AttentionCase, device, **tensors: torch.Tensor):
 
 
 # -- 1. key permutation -----------------------------------------------------------------------
-@_relation("key_permutation")
+@as_relation("key_permutation")
 def key_permutation(impl, case, device):
     """Non-causal attention is a sum over keys: permuting k and v rows together (one permutation
     from torch.Generator(case.data_seed), never the identity) changes only how that sum is formed.
@@ -105,13 +105,13 @@ def key_permutation(impl, case, device):
     if case.is_causal or case.seq_k < 2 or case.seq_q == 0:
         return None
     inputs = materialize(case, device)
-    perm = torch.randperm(case.seq_k, generator=_generator(case))
+    perm = torch.randperm(case.seq_k, generator=case_generator(case))
     if bool((perm == torch.arange(case.seq_k)).all()):
         perm = perm.roll(1)
     perm = perm.to(device)
     permuted = _transformed(case, device, k=inputs.k[:, :, perm], v=inputs.v[:, :, perm])
-    out, lse = _run(impl, *inputs.tensors(), case, "original")
-    out2, lse2 = _run(impl, *permuted.tensors(), case, "permuted")
+    out, lse = run_once(impl, *inputs.tensors(), case, "original")
+    out2, lse2 = run_once(impl, *permuted.tensors(), case, "permuted")
 
     r = Rounding(impl, case)
     eps = r.score_error(inputs.q, inputs.k, case.group_size)
@@ -121,7 +121,7 @@ def key_permutation(impl, case, device):
 
 
 # -- 2. batch independence --------------------------------------------------------------------
-@_relation("batch_independence")
+@as_relation("batch_independence")
 def batch_independence(impl, case, device):
     """Batch elements do not interact: element b computed alone (q, k, v sliced b:b+1, views of
     the case's layout) equals element b of the batched run.
@@ -134,9 +134,9 @@ def batch_independence(impl, case, device):
     if case.batch < 2 or case.seq_q == 0:
         return None
     inputs = materialize(case, device)
-    out, lse = _run(impl, *inputs.tensors(), case, "batched")
+    out, lse = run_once(impl, *inputs.tensors(), case, "batched")
     alone = case.replace(batch=1)
-    runs = [_run(impl, *(t[b:b + 1] for t in inputs.tensors()), alone, f"batch element {b}")
+    runs = [run_once(impl, *(t[b:b + 1] for t in inputs.tensors()), alone, f"batch element {b}")
             for b in range(case.batch)]
     out2 = torch.cat([o for o, _ in runs])
     lse2 = None if any(l is None for _, l in runs) else torch.cat([l for _, l in runs])
@@ -153,13 +153,13 @@ def batch_independence(impl, case, device):
 def _shift_row(case: AttentionCase) -> torch.Tensor:
     """(D,) float64: c_d = +-2^e, e in -1..2, from the case's seed. Powers of two are exact in
     every dtype, so O + c is exact in float64 and only the rounding of V + c is inexact."""
-    g = _generator(case)
+    g = case_generator(case)
     exponents = torch.randint(-1, 3, (case.head_dim,), generator=g).to(torch.float64)
     signs = torch.randint(0, 2, (case.head_dim,), generator=g).to(torch.float64) * 2 - 1
     return signs * torch.exp2(exponents)
 
 
-@_relation("value_shift")
+@as_relation("value_shift")
 def value_shift(impl, case, device):
     """Attention weights sum to one, so the output is affine in V: V' = round(V + c), c a constant
     row (+-0.5 .. +-4 per column), gives O + c on rows that see a key (the others stay 0).
@@ -184,8 +184,8 @@ def value_shift(impl, case, device):
     shifted = _transformed(case, device, v=(v64 + c).to(inputs.v.dtype))
     v2 = shifted.v
     d = v2.to(torch.float64) - v64 - c
-    out, lse = _run(impl, *inputs.tensors(), case, "original")
-    out2, lse2 = _run(impl, *shifted.tensors(), case, "shifted")
+    out, lse = run_once(impl, *inputs.tensors(), case, "original")
+    out2, lse2 = run_once(impl, *shifted.tensors(), case, "shifted")
 
     r = Rounding(impl, case)
     group = case.group_size
@@ -199,13 +199,13 @@ def value_shift(impl, case, device):
         eps = r.score_error(inputs.q, inputs.k, group)
         allowed = allowed + 2 * r.rerun(eps, torch.maximum(v_max, v2_max))
         lse_allowed = lse_allowed + 2 * eps + 2 * r.reduction
-    seen = _rows_with_keys(case, device)
+    seen = rows_with_keys(case, device)
     expected = out.to(torch.float64) + c * seen[:, None].to(torch.float64)
-    rows = _all_rows(out)
-    parts = [("out", _row_errors(out2, expected), allowed, rows)]
+    rows = all_rows(out)
+    parts = [("out", row_errors(out2, expected), allowed, rows)]
     if lse is not None and lse2 is not None:
         parts.append(_lse_part(lse2, lse, lse_allowed, rows))
-    return _verdict("value_shift", impl, case, parts)
+    return relation_verdict("value_shift", impl, case, parts)
 
 
 # -- 4. score shift ---------------------------------------------------------------------------
@@ -215,7 +215,7 @@ def _grid(magnitude: float, bits: int) -> float:
     return 2.0 ** math.ceil(math.log2(max(magnitude, 2.0 ** -100) / 2.0 ** bits))
 
 
-@_relation("score_shift")
+@as_relation("score_shift")
 def score_shift(impl, case, device):
     """Adding the same vector w to every key adds scale * q_i.w to every score of row i, the same
     for all its keys: the softmax, hence the output, is unchanged, and lse moves by scale * q_i.w.
@@ -232,7 +232,7 @@ def score_shift(impl, case, device):
     if case.seq_q == 0 or case.seq_k == 0:
         return None
     inputs = materialize(case, device)
-    d0 = int(torch.randint(case.head_dim, (1,), generator=_generator(case)))
+    d0 = int(torch.randint(case.head_dim, (1,), generator=case_generator(case)))
     bits = BY_NAME[case.dtype].precision_bits
     column = inputs.k[..., d0].to(torch.float64)
     k_max = float(column.abs().max())
@@ -251,25 +251,25 @@ def score_shift(impl, case, device):
     if not (bool((column_added == t).all()) and int(added.count_nonzero()) == column_added.numel()):
         raise AssertionError(f"score_shift: k and k + {t:g} e_{d0} are not both exact "
                              f"in {case.dtype}")
-    out, lse = _run(impl, *inputs.tensors(), case, "original")
-    out2, lse2 = _run(impl, *shifted.tensors(), case, "shifted")
+    out, lse = run_once(impl, *inputs.tensors(), case, "original")
+    out2, lse2 = run_once(impl, *shifted.tensors(), case, "shifted")
 
     r = Rounding(impl, case)
     group = case.group_size
     eps = (r.score_error(inputs.q, inputs.k, group), r.score_error(inputs.q, k2, group))
-    rows = _all_rows(out)
-    parts = [("out", _row_errors(out2, out), _out_allowed(r, eps, max_abs_v(inputs.v, group),
+    rows = all_rows(out)
+    parts = [("out", row_errors(out2, out), _out_allowed(r, eps, max_abs_v(inputs.v, group),
                                                           (out, out2)), rows)]
     if lse is not None and lse2 is not None:
         sigma = case.softmax_scale * inputs.q[..., d0].to(torch.float64) * t
         expected = lse.to(torch.float64) + sigma     # -inf + sigma stays -inf for empty rows
         allowed = _lse_allowed(r, eps, (lse, lse2)) + U32 * finite_abs(sigma)
         parts.append(_lse_part(lse2, expected, allowed, rows))
-    return _verdict("score_shift", impl, case, parts, note=f"w = {t:g} e_{d0}")
+    return relation_verdict("score_shift", impl, case, parts, note=f"w = {t:g} e_{d0}")
 
 
 # -- 5. causal prefix -------------------------------------------------------------------------
-@_relation("causal_prefix")
+@as_relation("causal_prefix")
 def causal_prefix(impl, case, device):
     """Causal row i reads no key after its last visible one: replace k and v rows >= t (a cut from
     the case's seed) with 16 * N(0, 1) values, and every row whose last visible key is < t
@@ -292,7 +292,7 @@ def causal_prefix(impl, case, device):
     low = max(1, offset + 1)
     if low > case.seq_k - 1:
         return None
-    g = _generator(case)
+    g = case_generator(case)
     t = int(torch.randint(low, case.seq_k, (1,), generator=g))
     inputs = materialize(case, device)
     replaced = {}
@@ -302,8 +302,8 @@ def causal_prefix(impl, case, device):
         tensor[:, :, t:] = fresh.to(tensor.dtype).to(device)
         replaced[name] = tensor
     replaced = _transformed(case, device, **replaced)
-    out, lse = _run(impl, *inputs.tensors(), case, "original")
-    out2, lse2 = _run(impl, *replaced.tensors(), case, "replaced")
+    out, lse = run_once(impl, *inputs.tensors(), case, "original")
+    out2, lse2 = run_once(impl, *replaced.tensors(), case, "replaced")
 
     last_checked = min(t - offset, case.seq_q) - 1
     checked = (torch.arange(case.seq_q, device=device) <= last_checked).expand(out.shape[:3])
@@ -314,10 +314,10 @@ def causal_prefix(impl, case, device):
         allowed = _out_allowed(r, (eps, eps), max_abs_v(inputs.v, case.group_size), (out, out2))
         if lse is not None and lse2 is not None:
             lse_allowed = _lse_allowed(r, (eps, eps), (lse, lse2))
-    parts = [("out", _row_errors(out2, out), allowed, checked)]
+    parts = [("out", row_errors(out2, out), allowed, checked)]
     if lse is not None and lse2 is not None:
         parts.append(_lse_part(lse2, lse, lse_allowed, checked))
-    return _verdict("causal_prefix", impl, case, parts,
+    return relation_verdict("causal_prefix", impl, case, parts,
                     note=f"keys >= {t} replaced; rows 0-{last_checked} checked")
 
 

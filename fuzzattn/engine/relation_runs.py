@@ -1,10 +1,11 @@
 """How a relation runs an implementation and judges its two runs: the machinery the forward
 relations (fuzzattn.engine.metamorphic) and the gradient relations (grad_metamorphic) share.
 
-A crash in a run fails the relation (`_RunFailed`); a declared refusal, a case outside the
+A crash in a run fails the relation (`RunFailed`); a declared refusal, a case outside the
 declaration or one a declared known upstream defect covers makes it not apply (None). Row
-errors are float64 |got - expected| with NaN on either side an infinite error, and `_verdict`
-turns (quantity, row errors, rows allowed, rows checked) parts into one named verdict.
+errors are float64 |got - expected| with NaN on either side an infinite error, and
+`relation_verdict` turns (quantity, row errors, rows allowed, rows checked) parts into one
+named verdict.
 """
 from __future__ import annotations
 
@@ -24,29 +25,29 @@ from fuzzattn.engine.verdict import Verdict, heatmap, locate
 PREFIX = "metamorphic:"
 
 
-class _RunFailed(Exception):
+class RunFailed(Exception):
     """The implementation raised in one of a relation's runs: the relation fails, so detailed."""
 
 
-class _Refused(Exception):
+class Refused(Exception):
     """A run refused the way the implementation declares (Capabilities.refusals; FLASH on CUDA:
     causal with Nq != Nk): the relation does not apply, as a campaign counts such a draw."""
 
 
-def _generator(case: AttentionCase) -> torch.Generator:
+def case_generator(case: AttentionCase) -> torch.Generator:
     return torch.Generator().manual_seed(case.data_seed)
 
 
-def _run(impl: Implementation, q, k, v, case: AttentionCase, which: str):
+def run_once(impl: Implementation, q, k, v, case: AttentionCase, which: str):
     call = execute.call(impl, q, k, v, case)
     if call.declared_refusal:
-        raise _Refused(call.summary)
+        raise Refused(call.summary)
     if not call.answered:   # a crash on a declared case is a failed relation, not a harness error
-        raise _RunFailed(f"{which} run raised {call.summary}")
+        raise RunFailed(f"{which} run raised {call.summary}")
     return call.out, call.lse
 
 
-def _rows_with_keys(case: AttentionCase, device) -> torch.Tensor:
+def rows_with_keys(case: AttentionCase, device) -> torch.Tensor:
     """(Nq,) bool: rows that see at least one key (the others are out 0, lse -inf)."""
     mask = visible_keys(case.seq_q, case.seq_k, case.causal, device)
     if mask is None:
@@ -55,7 +56,7 @@ def _rows_with_keys(case: AttentionCase, device) -> torch.Tensor:
 
 
 # -- judging one relation ---------------------------------------------------------------------
-def _row_errors(got: torch.Tensor, expected: torch.Tensor) -> torch.Tensor:
+def row_errors(got: torch.Tensor, expected: torch.Tensor) -> torch.Tensor:
     """|got - expected| in float64, per row for outputs; equal values (-inf lse included) give 0,
     and NaN on either side gives inf: the identities hold between finite numbers only."""
     got, expected = got.to(torch.float64), expected.to(torch.float64)
@@ -64,7 +65,7 @@ def _row_errors(got: torch.Tensor, expected: torch.Tensor) -> torch.Tensor:
     return err.amax(dim=-1) if err.dim() == 4 else err
 
 
-def _verdict(name: str, impl: Implementation, case: AttentionCase, parts,
+def relation_verdict(name: str, impl: Implementation, case: AttentionCase, parts,
              note: str = "") -> Verdict:
     """One verdict from (quantity, row errors, rows allowed, rows checked) parts: out, then lse.
 
@@ -96,25 +97,26 @@ def _verdict(name: str, impl: Implementation, case: AttentionCase, parts,
                    heatmap=heatmap(bad_rows) if failed else "", detail=detail)
 
 
-def _all_rows(out: torch.Tensor) -> torch.Tensor:
+def all_rows(out: torch.Tensor) -> torch.Tensor:
     return torch.ones(out.shape[:3], dtype=torch.bool, device=out.device)
 
 
-def _relation(name: str):
-    """A relation body made a relation: _RunFailed is a failed verdict; None (does not apply)
+def as_relation(name: str):
+    """A relation body made a relation: RunFailed is a failed verdict; None (does not apply)
     for a case outside the declaration or a known upstream defect's, and after a refusal."""
     def wrap(body: Callable) -> Callable:
         def relation(impl: Implementation, case: AttentionCase, device=None) -> Verdict | None:
             device = device or default_device()
+            gradients = name.startswith("grad_")
             if skip_reason(impl, case) is not None or known_defect(
-                    impl.caps.known_defects, case, torch.device(device).type, name.startswith("grad_")):
+                    impl.caps.known_defects, case, torch.device(device).type, gradients):
                 return None
             try:
                 return body(impl, case, device)
-            except _RunFailed as exc:
+            except RunFailed as exc:
                 return Verdict(impl=impl.name, case=case, check=PREFIX + name, passed=False,
                                detail=str(exc))
-            except _Refused:
+            except Refused:
                 return None
         relation.__name__ = name
         relation.__doc__ = body.__doc__
