@@ -22,8 +22,8 @@ from fuzzattn.engine.triton_backend import select_backend
 select_backend()
 
 # isort: split
-from fuzzattn.contract import (AttentionCase, Capabilities, Implementation, UnsupportedCaseError,
-                               refuse)
+from fuzzattn.contract import (AttentionCase, Capabilities, Implementation, KnownDefect,
+                               UnsupportedCaseError, refuse)
 from fuzzattn.campaigns.campaign import Counterexample, check_case
 from fuzzattn.engine.judge import JudgedCase, judge
 from fuzzattn.engine.verdict import Verdict
@@ -32,5 +32,5 @@ from strategies import attention_cases
 __version__ = "0.2.0"
 
 __all__ = ["AttentionCase", "Capabilities", "Counterexample", "Implementation", "JudgedCase",
-           "UnsupportedCaseError", "Verdict", "attention_cases", "check_case", "judge", "refuse",
+           "KnownDefect", "UnsupportedCaseError", "Verdict", "attention_cases", "check_case", "judge", "refuse",
            "__version__"]

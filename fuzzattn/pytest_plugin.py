@@ -172,6 +172,7 @@ def pytest_configure(config):
 # -- how many cases this run judged (summed over pytest-xdist workers) --------------------------
 _START_KEY = pytest.StashKey[float]()
 _JUDGED_KEY = pytest.StashKey[int]()
+_REFUSED_KEY = pytest.StashKey[dict]()       # (implementation, summary) -> draws, from workers
 
 
 def cuda_context_lost() -> str | None:
@@ -225,14 +226,21 @@ def pytest_runtest_logreport(report):
 def pytest_sessionfinish(session):
     from fuzzattn.campaigns import campaign
     workeroutput = getattr(session.config, "workeroutput", None)
-    if workeroutput is not None:            # an xdist worker: hand the count to the controller
+    if workeroutput is not None:            # an xdist worker: hand the counts to the controller
         workeroutput["fuzzattn_judged"] = campaign.judged_total
+        workeroutput["fuzzattn_refused"] = [[impl, summary, n] for (impl, summary), n
+                                            in campaign.refusal_counts.items()]
 
 
 def pytest_testnodedown(node, error):
-    """xdist controller: add up the workers' counts (xdist calls this per finished worker)."""
-    judged = getattr(node, "workeroutput", {}).get("fuzzattn_judged", 0)
+    """xdist controller: add up the workers' counts of judged cases and of draws refused or
+    passed over (xdist calls this per finished worker)."""
+    output = getattr(node, "workeroutput", {})
+    judged = output.get("fuzzattn_judged", 0)
     node.config.stash[_JUDGED_KEY] = node.config.stash.get(_JUDGED_KEY, 0) + judged
+    refused = node.config.stash.setdefault(_REFUSED_KEY, {})
+    for impl, summary, n in output.get("fuzzattn_refused", []):
+        refused[(impl, summary)] = refused.get((impl, summary), 0) + n
 
 
 def pytest_terminal_summary(terminalreporter, config):
@@ -242,6 +250,15 @@ def pytest_terminal_summary(terminalreporter, config):
         seconds = time.perf_counter() - config.stash.get(_START_KEY, time.perf_counter())
         terminalreporter.write_line(f"fuzzattn: {judged} cases judged in {seconds:.1f} s "
                                     f"({judged / max(seconds, 1e-9):.1f} cases/s)")
+    # Draws Hypothesis replaced without a verdict: declared refusals and known upstream defects'
+    # cases. Never passes, so never silent: a campaign that mostly drew these tested little.
+    from fuzzattn.contract.known_defects import KNOWN_PREFIX
+    refused = dict(config.stash.get(_REFUSED_KEY, {}))
+    for key, n in campaign.refusal_counts.items():
+        refused[key] = refused.get(key, 0) + n
+    for (impl, summary), n in sorted(refused.items(), key=lambda kv: -kv[1])[:10]:
+        what = "passed over" if summary.startswith(KNOWN_PREFIX) else "refused"
+        terminalreporter.write_line(f"fuzzattn: {impl}: {n} draws {what}: {summary}")
 
 
 def pytest_unconfigure(config):

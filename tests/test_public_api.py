@@ -140,3 +140,42 @@ def test_a_lost_cuda_context_costs_one_test_not_the_worker(pytester):
     assert alone.ret == 3
     alone.stdout.fnmatch_lines(["*lost this process's CUDA context*no later test could run*"])
     assert "test_runs_in_a_fresh_worker" not in alone.stdout.str()
+
+
+PASSED_OVER = textwrap.dedent('''
+    import pytest
+    import torch
+    from hypothesis import given, settings
+    from fuzzattn import Capabilities, Implementation, KnownDefect, attention_cases, check_case
+    from fuzzattn.engine.judge import default_device
+
+    def attention(q, k, v, *, causal, scale):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=bool(causal),
+                                                                scale=scale)
+
+    KNOWN = KnownDefect("causal is broken here", torch.device(default_device()).type,
+                        lambda case: case.causal != "none", "example.json")
+    MINE = Implementation("mine", attention, Capabilities(
+        dtypes={"float32"}, head_dims={16}, returns_lse=False, known_defects=(KNOWN,)))
+
+    @pytest.mark.parametrize("part", [0, 1])
+    @settings(max_examples=20, derandomize=True, database=None, deadline=None)
+    @given(case=attention_cases(MINE.caps))
+    def test_mine(part, case):
+        check_case(MINE, case, save_to_file=False)
+''')
+
+
+def test_the_summary_says_how_many_draws_were_passed_over_across_workers(pytester):
+    """Draws without a verdict (refused, or a known defect's) are never passes, and never
+    silent: the run's summary counts them per implementation, added up over xdist workers."""
+    pytester.makepyfile(test_known=PASSED_OVER)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "fuzzattn.pytest_plugin",
+                                           "-n", "2")
+    result.assert_outcomes(passed=2)
+    line = [x for x in result.stdout.lines if "draws passed over" in x]
+    assert len(line) == 1, result.stdout.str()
+    assert line[0].startswith("fuzzattn: mine: ")
+    assert line[0].endswith("draws passed over: known upstream defect (example.json): "
+                            "causal is broken here")
+    assert int(line[0].split()[2]) >= 2          # both workers' draws, added up
