@@ -213,15 +213,22 @@ def test_relations_skip_where_they_do_not_apply():
                      "metamorphic:score_shift", "metamorphic:causal_prefix"]
 
 
-def test_a_crash_fails_the_relation_with_its_reason():
+def _raises_on_second_call(message: str):
+    """Attention that raises RuntimeError(message) on its second call (a relation's second run)
+    and after a reset (`.reset()`), on the second call again."""
     calls = []
 
-    def crashes_on_second_call(q, k, v, *, causal, scale):
+    def attention(q, k, v, *, causal, scale):
         calls.append(1)
         if len(calls) == 2:
-            raise RuntimeError("boom")
+            raise RuntimeError(message)
         return _attention(q, k, v, causal=causal, scale=scale)
-    bad = Implementation(name="crashes", fn=crashes_on_second_call, caps=ANY)
+    attention.reset = calls.clear
+    return attention
+
+
+def test_a_crash_fails_the_relation_with_its_reason():
+    bad = Implementation(name="crashes", fn=_raises_on_second_call("boom"), caps=ANY)
     verdict = RELATIONS["key_permutation"](bad, BAD_CASES[0], DEVICE)
     assert not verdict.passed and verdict.detail == "permuted run raised RuntimeError: boom"
 
@@ -230,18 +237,12 @@ def test_a_declared_refusal_means_the_relation_does_not_apply():
     """A backend refusing a declared case the way it declares (an SDPA backend's "No available
     kernel" on CUDA) is a refused draw, as in a campaign: no verdict, neither pass nor failure;
     an undeclared error of the same run still fails the relation."""
-    calls = []
-
-    def refuses_on_second_call(q, k, v, *, causal, scale):
-        calls.append(1)
-        if len(calls) == 2:
-            raise RuntimeError("No available kernel. Aborting execution.")
-        return _attention(q, k, v, causal=causal, scale=scale)
+    refuses = _raises_on_second_call("No available kernel. Aborting execution.")
     declared = dataclasses.replace(ANY, refusals=("No available kernel",))
-    refusing = Implementation(name="refuses", fn=refuses_on_second_call, caps=declared)
+    refusing = Implementation(name="refuses", fn=refuses, caps=declared)
     assert RELATIONS["key_permutation"](refusing, BAD_CASES[0], DEVICE) is None
-    calls.clear()
-    undeclared = Implementation(name="refuses", fn=refuses_on_second_call, caps=ANY)
+    refuses.reset()
+    undeclared = Implementation(name="refuses", fn=refuses, caps=ANY)
     verdict = RELATIONS["key_permutation"](undeclared, BAD_CASES[0], DEVICE)
     assert not verdict.passed and "No available kernel" in verdict.detail
 
