@@ -388,7 +388,8 @@ def _summary(caps: Capabilities) -> str:
             else "head dims " + ",".join(map(str, sorted(caps.head_dims))))
     return (f"{'/'.join(d for d in DTYPES if d in caps.dtypes)}; {dims}; "
             f"causal {'+'.join(caps.causal) or 'none'}"
-            f"{' (Nq == Nk only)' if caps.causal_equal_lengths else ''}; gqa {'yes' if caps.gqa else 'no'}; "
+            f"{' (Nq == Nk only)' if caps.causal_equal_lengths else ''}; "
+            f"gqa {'yes' if caps.gqa else 'no'}; "
             f"strides {caps.strides}; zero length {'yes' if caps.zero_length else 'no'}"
             + "".join(f"; {name} {'/'.join(choices)}" for name, choices in caps.configs))
 

@@ -36,7 +36,6 @@ import dataclasses
 import time
 from pathlib import Path
 
-import torch
 from hypothesis import Phase, given, reject, seed as hypothesis_seed, settings, strategies as st
 from hypothesis.control import current_build_context, currently_in_test_context
 from hypothesis.errors import FlakyFailure, HypothesisException
@@ -118,8 +117,7 @@ def judge_once(impl: Implementation, case: AttentionCase, device=None, *,
     rerun for flakiness. `judge_fn(case, gradients=...) -> JudgedCase` judges instead of judge()
     in this process (an isolated worker's); the memo key is the same either way."""
     key = (impl.cli_name, case.key(), gradients)
-    defect = known_defect(impl.caps.known_defects, case,
-                          torch.device(device or default_device()).type, gradients)
+    defect = known_defect(impl.caps.known_defects, case, device or default_device(), gradients)
     if defect is not None:         # counted and rejected by the callers, like a refusal
         return JudgedCase(impl=impl.name, case=case, verdicts=[], refused=defect.summary(),
                           cli_name=impl.cli_name)

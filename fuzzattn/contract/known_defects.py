@@ -21,6 +21,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable
 
+import torch
+
 from fuzzattn.contract.case import AttentionCase
 
 
@@ -44,9 +46,12 @@ class KnownDefect:
         return f"{KNOWN_PREFIX} ({self.regression}): {self.name}"
 
 
-def known_defect(defects, case: AttentionCase, device_type: str,
-                 gradients: bool) -> KnownDefect | None:
-    """The first of `defects` that covers this case on this device type, or None."""
+def known_defect(defects, case: AttentionCase, device, gradients: bool) -> KnownDefect | None:
+    """The first of `defects` that covers this case on `device` (a torch.device or its name, as
+    "cuda:0"), or None. Most implementations declare none: then nothing is computed."""
+    if not defects:
+        return None
+    device_type = torch.device(device).type
     for defect in defects:
         if defect.covers(case, device_type, gradients):
             return defect

@@ -26,10 +26,11 @@ from fuzzattn.contract.implementation import Implementation
 from fuzzattn.engine import execute
 from fuzzattn.engine.grad_oracle import NAMES, term_magnitudes
 from fuzzattn.engine.inputs import materialize, materialize_dout
-# The forward relations' machinery: the same verdict shape, crash handling and transformed inputs.
+# The forward relations' transformed inputs, and the machinery every relation shares: the same
+# verdict shape, crash and refusal handling.
 from fuzzattn.engine.metamorphic import _transformed
 from fuzzattn.engine.relation_runs import (Refused, RunFailed, as_relation, case_generator,
-                                           relation_verdict, row_errors)
+                                           relation_verdict, row_errors, run_once)
 from fuzzattn.engine.oracle import visible_keys
 from fuzzattn.engine.tolerance import grad_noise
 from fuzzattn.engine.verdict import Verdict
@@ -37,18 +38,14 @@ from fuzzattn.engine.verdict import Verdict
 
 def _gradients(impl: Implementation, q, k, v, dout, case: AttentionCase, which: str):
     """dict of dq, dk, dv (and row noise bounds) from one run; raises RunFailed on a crash."""
-    fwd = execute.call(impl, q, k, v, case)
-    if fwd.declared_refusal:
-        raise Refused(fwd.summary)
-    if not fwd.answered:
-        raise RunFailed(f"{which} forward raised {fwd.summary}")
-    call = execute.call_gradients(impl, q, k, v, dout, case, out=fwd.out, lse=fwd.lse)
+    out, lse = run_once(impl, q, k, v, case, f"{which} forward")
+    call = execute.call_gradients(impl, q, k, v, dout, case, out=out, lse=lse)
     if call.declared_refusal:
         raise Refused(call.summary)
     if not call.answered:
         raise RunFailed(f"{which} gradient run raised {call.summary}")
     grads = dict(zip(NAMES, call.grads))
-    return grads, _row_noise(impl, q, k, v, fwd.out, dout, case)
+    return grads, _row_noise(impl, q, k, v, out, dout, case)
 
 
 def _row_noise(impl, q, k, v, out, dout, case: AttentionCase) -> dict[str, torch.Tensor]:

@@ -66,7 +66,7 @@ def row_errors(got: torch.Tensor, expected: torch.Tensor) -> torch.Tensor:
 
 
 def relation_verdict(name: str, impl: Implementation, case: AttentionCase, parts,
-             note: str = "") -> Verdict:
+                     note: str = "") -> Verdict:
     """One verdict from (quantity, row errors, rows allowed, rows checked) parts: out, then lse.
 
     error/allowed are those of the worst row (largest error over allowed), among the failing
@@ -107,9 +107,8 @@ def as_relation(name: str):
     def wrap(body: Callable) -> Callable:
         def relation(impl: Implementation, case: AttentionCase, device=None) -> Verdict | None:
             device = device or default_device()
-            gradients = name.startswith("grad_")
             if skip_reason(impl, case) is not None or known_defect(
-                    impl.caps.known_defects, case, torch.device(device).type, gradients):
+                    impl.caps.known_defects, case, device, gradients=name.startswith("grad_")):
                 return None
             try:
                 return body(impl, case, device)
