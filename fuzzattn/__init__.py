@@ -32,5 +32,5 @@ from strategies import attention_cases
 __version__ = "0.2.0"
 
 __all__ = ["AttentionCase", "Capabilities", "Counterexample", "Implementation", "JudgedCase",
-           "KnownDefect", "UnsupportedCaseError", "Verdict", "attention_cases", "check_case", "judge", "refuse",
-           "__version__"]
+           "KnownDefect", "UnsupportedCaseError", "Verdict", "attention_cases", "check_case",
+           "judge", "refuse", "__version__"]

@@ -117,9 +117,10 @@ def config_invalid(config: dict, head_dim: int, *, dtype: torch.dtype | None = N
     return None
 
 
-# The backward's configuration space, drawn per case as "bwd_" keys. Interpreted: tiles of 16 to 64 rows only, which keeps the
-# interpreter's cost down (larger tiles cost it no more: it pays per op, not per element). The
-# first choices (what Hypothesis starts from and shrinks toward) are unequal, 32 x 16, and
+# The backward's configuration space, drawn per case as "bwd_" keys. Interpreted: tiles of 16
+# to 64 rows only, which keeps the interpreter's cost down (larger tiles cost it no more: it
+# pays per op, not per element). The first choices (what Hypothesis starts from and shrinks
+# toward) are unequal, 32 x 16, and
 # BLOCK_M > BLOCK_N is drawn in half the cases: a class of tile-bound bug (a loop bound using
 # BLOCK_N where BLOCK_M belongs) shows only then, on causal cases longer than 16. Measured with
 # `fuzzattn mutants --only mutant_bwd_dq_skips_key_block --profile ci --max-examples 60`: with
