@@ -18,6 +18,11 @@
 #   bash benchmarks/gpu_speed_call.sh fma       finding 10's regression files replayed compiled: this
 #                                               tree, BEFORE, and BEFORE with FMA contraction off
 #   bash benchmarks/gpu_speed_call.sh census    kernels, copies and waits per judged case (launch_census.py)
+#   bash benchmarks/gpu_speed_call.sh contention what K processes sharing the GPU cost each other:
+#                                               synchronisations/s and launches/s (K = 1, 4, 16),
+#                                               the device part of judging alone (K = 1, 16), 16 sdpa
+#                                               fp32 fuzzers; the same again under MPS when the host
+#                                               has it (contention_probe.py)
 #   bash benchmarks/gpu_speed_call.sh suite     the test suite on the GPU (SUITE_TESTS, default all of
 #                                               tests/): which fail there, by name
 # Several modes run one after the other: bash benchmarks/gpu_speed_call.sh triton ab
@@ -141,6 +146,61 @@ elif [[ "$MODE" == suite ]]; then
         -p no:cacheprovider -n "${SUITE_WORKERS:-8}" -rfEs --tb="${SUITE_TB:-line}" --durations=40 \
         ${SUITE_TESTS:-tests} >"$OUT/suite_gpu.txt" 2>&1 &
     SUITE_PID=$!
+elif [[ "$MODE" == contention ]]; then
+    mkdir -p "$OUT/contention"
+    probe() {   # $1 = K, $2 = label, $3 = seconds of set-up allowed, $4... = contention_probe.py arguments
+        local k=$1 label=$2 setup=$3 start
+        shift 3
+        start=$(( $(date +%s) + setup ))
+        for i in $(seq 1 "$k"); do
+            OMP_NUM_THREADS=1 timeout 150 python3 benchmarks/contention_probe.py "$@" --start-at "$start" \
+                >"$OUT/contention/${label}_$i.json" 2>"$OUT/contention/${label}_$i.err" &
+        done
+        wait
+        python3 - "$OUT/contention" "$label" "$k" <<'PY'
+import json, sys
+from pathlib import Path
+rows = []
+for p in sorted(Path(sys.argv[1]).glob(f"{sys.argv[2]}_*.json")):
+    try:
+        rows.append(json.loads(p.read_text().strip().splitlines()[-1]))
+    except (ValueError, IndexError):
+        pass
+rates = sorted(r["per_second"] for r in rows)
+total = sum(rates)
+print(f"{sys.argv[2]:>24}: {len(rows)}/{sys.argv[3]} processes, {total:10.1f}/s in all, "
+      f"per process {rates[0] if rates else 0:.1f}..{rates[-1] if rates else 0:.1f}")
+PY
+    }
+    contention_round() {   # $1 = label prefix, $2 = process counts of the device-part run
+        for k in ${CONTENTION_COUNTS:-1 16}; do
+            probe "$k" "$1syncs_$k" 12 syncs --seconds 8 | tee -a "$OUT/scaling.txt"
+            probe "$k" "$1launches_$k" 12 launches --seconds 8 | tee -a "$OUT/scaling.txt"
+        done
+        for k in $2; do
+            probe "$k" "$1runs_sdpa_$k" 40 runs --seconds 15 --cases 100 --impl sdpa --dtype float32 \
+                | tee -a "$OUT/scaling.txt"
+        done
+        SCALING_SECONDS=20 scale_run 16 "$1fuzz_16" 1600 | tee -a "$OUT/scaling.txt"
+    }
+    step "contention between CUDA contexts: syncs, launches, the device part alone, whole fuzzers"
+    contention_round "" "1 16"
+    if command -v nvidia-cuda-mps-control >/dev/null; then
+        step "the same under MPS (one scheduling context for every process; started here, stopped after)"
+        export CUDA_MPS_PIPE_DIRECTORY=/tmp/fuzzattn-mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/fuzzattn-mps-log
+        mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+        if nvidia-cuda-mps-control -d; then
+            contention_round "mps_" "16"
+            echo quit | nvidia-cuda-mps-control
+            sleep 2
+        else
+            echo "MPS control daemon did not start"
+        fi
+        cat "$CUDA_MPS_LOG_DIRECTORY"/*.log 2>/dev/null | tail -5
+        unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+    else
+        echo "no nvidia-cuda-mps-control on this host: MPS not measured"
+    fi
 elif [[ "$MODE" == ceiling ]]; then
     step "the host's cores"
     lscpu | grep -E "^CPU\(s\)|Thread|Core|Socket|Model name"
