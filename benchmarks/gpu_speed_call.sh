@@ -5,7 +5,9 @@
 #                                               and the BEFORE tree (K = 16)
 #   bash benchmarks/gpu_speed_call.sh ab        K = 1 and 16 concurrent sdpa_math fp32 fuzzers (no known
 #                                               upstream defect, so no shrinking or fault confounds the
-#                                               rate), this tree and BEFORE alternately
+#                                               rate), this tree and BEFORE alternately (AB_IMPL,
+#                                               AB_COUNTS: another implementation, other K)
+#   bash benchmarks/gpu_speed_call.sh mps       16 sdpa fp32 fuzzers under MPS, this tree and BEFORE
 #   bash benchmarks/gpu_speed_call.sh triton    compiled triton_fa2 fp16, 16 processes: this tree
 #                                               warms its compile palettes (WARM s), then is timed
 #                                               on new cases of the same palettes; the BEFORE tree
@@ -46,7 +48,7 @@ wait_suite() {   # the background suite's summary, once it ended
 }
 
 for MODE in "${MODES[@]}"; do
-[[ "$MODE" =~ ^(sdpa|ab|triton|ceiling)$ ]] && wait_suite
+[[ "$MODE" =~ ^(sdpa|ab|triton|ceiling|contention|mps)$ ]] && wait_suite
 if [[ "$MODE" == sdpa ]]; then
     step "the judge on the GPU: engine, checks, gradients, transfer, palette tests, this tree and BEFORE"
     TESTS="tests/test_engine.py tests/test_checks.py tests/test_gradients.py tests/test_judge_device.py
@@ -209,14 +211,29 @@ elif [[ "$MODE" == ceiling ]]; then
     SCALE_GPU="" TRITON_INTERPRET=0 scale_run 16 "cpu_only_16" 1300 | tee -a "$OUT/scaling.txt"
     for k in 1 8 16; do scale_run "$k" "final_$k" $(( 1400 + 20 * k )) | tee -a "$OUT/scaling.txt"; done
 elif [[ "$MODE" == ab ]]; then
-    export SCALE_IMPL=sdpa_math SCALE_DTYPE=float32
-    step "sdpa_math fp32, this tree and BEFORE alternately, $SCALING_SECONDS s each"
+    export SCALE_IMPL=${AB_IMPL:-sdpa_math} SCALE_DTYPE=float32
+    step "$SCALE_IMPL fp32, this tree and BEFORE alternately, $SCALING_SECONDS s each"
     for k in ${AB_COUNTS:-1 16}; do
-        scale_run "$k" "math_after_$k" $(( 1100 + 100 * k )) | tee -a "$OUT/scaling.txt"
-        [[ -d "$BEFORE" ]] && SCALE_TREE=$BEFORE scale_run "$k" "math_before_$k" $(( 1150 + 100 * k )) \
-            | tee -a "$OUT/scaling.txt"
+        scale_run "$k" "${SCALE_IMPL}_after_$k" $(( 1100 + 100 * k )) | tee -a "$OUT/scaling.txt"
+        [[ -d "$BEFORE" ]] && SCALE_TREE=$BEFORE scale_run "$k" "${SCALE_IMPL}_before_$k" \
+            $(( 1150 + 100 * k )) | tee -a "$OUT/scaling.txt"
     done
     unset SCALE_IMPL SCALE_DTYPE
+elif [[ "$MODE" == mps ]]; then
+    # The host-bound ceiling: under MPS the 16 processes share one scheduling context, so
+    # waiting for the GPU costs little (contention above) and what is left is each case's host work.
+    step "16 sdpa fp32 fuzzers under MPS (started here, stopped after): this tree, then BEFORE"
+    export CUDA_MPS_PIPE_DIRECTORY=/tmp/fuzzattn-mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/fuzzattn-mps-log
+    mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+    if command -v nvidia-cuda-mps-control >/dev/null && nvidia-cuda-mps-control -d; then
+        scale_run 16 "mps_after_16" 1700 | tee -a "$OUT/scaling.txt"
+        [[ -d "$BEFORE" ]] && SCALE_TREE=$BEFORE scale_run 16 "mps_before_16" 1750 | tee -a "$OUT/scaling.txt"
+        echo quit | nvidia-cuda-mps-control
+        sleep 2
+    else
+        echo "MPS not available here"
+    fi
+    unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
 fi
 done
 wait_suite

@@ -61,7 +61,10 @@ def _gradients(case, every: int) -> bool:
 # launches, copies, synchronisations) are attributed to the innermost stage that made them.
 PHASES = (
     ("fuzzattn.engine.judge", "materialize", "materialise inputs"),
-    ("fuzzattn.engine.judge", "_run", "forward run: set-up and checks"),
+    ("fuzzattn.engine.judge", "_run", "forward run: set-up and checks"),     # trees before runs.py
+    ("fuzzattn.engine.runs", "launch", "forward run: set-up and checks"),
+    ("fuzzattn.engine.runs", "deliver", "forward runs: read-back and checks"),
+    ("fuzzattn.engine.judge", "same_bits", "forward: value checks"),
     ("fuzzattn.engine.execute", "call", "forward: the implementation"),
     ("fuzzattn.engine.judge", "oracle", "forward: float64 oracle"),
     ("fuzzattn.engine.judge", "same_precision_reference", "forward: same-precision reference"),
@@ -77,12 +80,16 @@ PREFIX = "census: "
 
 
 def _timed_phases():
-    """Wrap each PHASES function in a profiler range named after its stage; returns the undo."""
+    """Wrap each PHASES function in a profiler range named after its stage; returns the undo.
+    A stage the judge counted does not have (another tree's, CENSUS_TREE) is left out."""
     import importlib
     undo = []
     for module_name, attribute, label in PHASES:
-        module = importlib.import_module(module_name)
-        original = getattr(module, attribute)
+        try:
+            module = importlib.import_module(module_name)
+            original = getattr(module, attribute)
+        except (ImportError, AttributeError):
+            continue
 
         def timed(*args, __original=original, __label=label, **kwargs):
             with torch.profiler.record_function(PREFIX + __label):

@@ -137,11 +137,15 @@ def sdpa_forward(q, k, v, *, causal, scale, config=None, backend=None, caps=CAPS
     lse = lse.flatten(1, 2)
 
     # Rows that see no key: the convention is out 0, lse -inf, whatever SDPA chose to return.
-    empty = (torch.ones(seq_q, dtype=torch.bool, device=q.device) if seq_k == 0
-             else (~visible.any(dim=-1) if visible is not None else None))
-    if empty is not None and bool(empty.any()):
-        out = out.masked_fill(empty[:, None], 0.0)
-        lse = lse.masked_fill(empty, -math.inf)
+    # Query i sees key j iff j - i <= offset, so the rows seeing none are the first -offset
+    # (bottom-right with Nq > Nk), or all of them without keys: known from the lengths, where
+    # reading the mask back would make every causal call wait for the GPU.
+    blank = seq_q if seq_k == 0 else (max(0, seq_q - seq_k) if causal == "bottom_right" else 0)
+    if blank:
+        out = out.clone()
+        out[:, :, :blank] = 0.0
+        lse = lse.clone()
+        lse[:, :, :blank] = -math.inf
     return out, lse
 
 

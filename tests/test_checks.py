@@ -16,6 +16,7 @@ from fuzzattn.engine.registry import implementations
 from kernels.sdpa import sdpa_forward
 
 judge_module = importlib.import_module("fuzzattn.engine.judge")   # the package re-exports judge()
+runs_module = importlib.import_module("fuzzattn.engine.runs")
 
 ANY = Capabilities(dtypes={"float32", "bfloat16", "float16"}, head_dims=None,
                    causal=("top_left", "bottom_right"), gqa=True, strides="any")
@@ -219,9 +220,9 @@ def test_unwritten_output_is_named_so_whatever_the_heap_held():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_guarded_buffer_sees_a_write_into_either_guard_and_none_into_its_body(dtype):
-    from fuzzattn.engine.judge import _GuardedBuffer
+    from fuzzattn.engine.runs import GuardedBuffer
     for where in ("before", "after", "body", None):
-        buffer = _GuardedBuffer((2, 3, 5), dtype, "cpu")
+        buffer = GuardedBuffer((2, 3, 5), dtype, "cpu")
         assert torch.isnan(buffer.tensor).all()
         if where == "before":
             buffer.storage[buffer.guard - 1] = 0.0
@@ -230,3 +231,71 @@ def test_guarded_buffer_sees_a_write_into_either_guard_and_none_into_its_body(dt
         elif where == "body":
             buffer.tensor.fill_(1.0)
         assert bool(buffer.canary_broken()) == (where in ("before", "after")), where
+
+
+@pytest.mark.parametrize("check,impl,case", [pytest.param(*c, id=c[1].name) for c in CASES])
+def test_runs_read_back_together_catch_the_same_bugs(check, impl, case, monkeypatch):
+    """On an accelerator, a case judged on the host has its two runs launched back to back and
+    read back in one transfer; forced on here, every check still names its own bug."""
+    monkeypatch.setattr(judge_module, "_runs_together", lambda here, device: True)
+    fresh = dataclasses.replace(impl, fn=type(impl.fn)() if isinstance(impl.fn, (_CorrectOnce, _Jittery))
+                                else impl.fn)
+    report = judge(fresh, case)
+    assert not report.passed, report.describe()
+    assert report.first_failure.check == check, report.describe()
+
+
+def test_runs_together_come_before_the_references_and_are_read_back_at_once(monkeypatch):
+    events = []
+    real_oracle, real_deliver = judge_module.oracle, runs_module.deliver
+    monkeypatch.setattr(judge_module, "_runs_together", lambda here, device: True)
+    monkeypatch.setattr(judge_module, "oracle",
+                        lambda *a, **kw: events.append("oracle") or real_oracle(*a, **kw))
+    monkeypatch.setattr(runs_module, "deliver",
+                        lambda impl, case, runs: events.append(f"read back {len(runs)}")
+                        or real_deliver(impl, case, runs))
+
+    def logging_impl(q, k, v, *, causal, scale):
+        events.append("impl")
+        return sdpa_forward(q, k, v, causal=causal, scale=scale)
+
+    assert judge(bad("logger", logging_impl), RAGGED).passed
+    assert events == ["impl", "impl", "read back 2", "oracle"]
+
+
+@pytest.mark.parametrize("together", [False, True])
+def test_a_fault_surfacing_in_the_read_back_is_the_runs_crash(together, monkeypatch):
+    """Runs are not synchronised on their own: an asynchronous device fault raises where the
+    results are read back, and is judged as the implementation's crash on this case."""
+    from fuzzattn.engine.isolation import is_device_fault
+    monkeypatch.setattr(judge_module, "_runs_together", lambda here, device: together)
+
+    def faulted(*args, **kwargs):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered\nmore text")
+
+    monkeypatch.setattr(runs_module, "read_back", faulted)
+    report = judge(implementations()["sdpa"], RAGGED)
+    assert not report.passed and report.first_failure.check == "crash"
+    assert report.first_failure.detail == ("RuntimeError: CUDA error: an illegal memory access "
+                                           "was encountered")
+    assert is_device_fault(report.first_failure.detail)
+    assert [v.check for v in report.verdicts] == ["crash"]
+
+
+def test_a_fault_surfacing_in_the_backwards_read_back_is_its_crash(monkeypatch):
+    gradients_module = importlib.import_module("fuzzattn.engine.gradients")
+
+    def faulted(*args, **kwargs):
+        raise RuntimeError("CUDA error: misaligned address")
+
+    monkeypatch.setattr(gradients_module, "read_back", faulted)
+    report = judge(implementations()["sdpa"], RAGGED)
+    assert not report.passed and report.first_failure.check == "grad_crash"
+    assert report.first_failure.detail == "backward raised: RuntimeError: CUDA error: misaligned address"
+
+
+def test_same_bits_pairs():
+    a = torch.tensor([1.0, float("nan"), -0.0])
+    assert runs_module.same_bits([(a, a.clone()), (a, torch.tensor([1.0, float("nan"), 0.0])),
+                                   (None, a), (a, a[:2]), (a, a.double())]) == \
+        [True, False, True, False, False]

@@ -12,7 +12,7 @@ from fuzzattn.contract.case import LAYOUTS, AttentionCase, CaseError
 from fuzzattn.contract import Capabilities
 from fuzzattn.engine.inputs import guard_elements, inputs_sha256, materialize
 from fuzzattn.engine.oracle import oracle, same_precision_reference, truncate_to_tf32, visible_keys
-from fuzzattn.engine.tolerance import EPS_ULPS, K_OUT, NORM_ULPS, ULP32, out_bound
+from fuzzattn.engine.tolerance import EPS_ULPS, K_OUT, NORM_ULPS, ULP32, maxima, out_bound
 from fuzzattn.engine.error_statistics import out_rms_bound
 from strategies import attention_cases, seq_lens, undeclared_cases
 
@@ -183,6 +183,16 @@ def test_nan_never_passes_the_tolerance():
     truth = torch.zeros(1, 1, 1, 4, dtype=torch.float64)
     got = torch.tensor([[[[0.0, float("nan"), 0.0, 0.0]]]])
     assert not out_bound(got, got.nan_to_num(), truth).ok
+
+
+def test_maxima_read_together_are_each_tensors_maximum():
+    """The tolerance rules read their maxima in one transfer (a wait each on a shared GPU); the
+    values are each tensor's own maximum, exactly, an empty tensor's 0."""
+    g = torch.Generator().manual_seed(0)
+    tensors = [torch.randn(3, 7, dtype=torch.float64, generator=g), torch.empty(0),
+               torch.randn(5, generator=g), torch.tensor([float("inf"), 1.0])]
+    assert maxima(*tensors) == [float(tensors[0].max()), 0.0, float(tensors[2].max()), math.inf]
+    assert maxima(torch.empty(0, 3)) == [0.0] and maxima() == []
 
 
 # -- strategies ---------------------------------------------------------------------------------

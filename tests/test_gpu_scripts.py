@@ -198,6 +198,7 @@ def test_launch_census_draws_the_same_cases_and_attributes_calls_to_the_innermos
     same list twice), a runtime call belongs to the innermost stage around it, its stage wrappers
     are undone afterwards, and without CUDA it says so instead of counting nothing."""
     import fuzzattn.engine.judge as judge_module
+    import fuzzattn.engine.runs as runs_module
     census = _script("launch_census")
     impl = registry.get("sdpa_math")
     profile = PROFILES["gpu"]        # not settings.load_profile: that switches the worker's profile
@@ -207,11 +208,12 @@ def test_launch_census_draws_the_same_cases_and_attributes_calls_to_the_innermos
     assert [census._innermost(ranges, t) for t in (1, 3, 5.5, 7)] == \
         ["run", "implementation", "run", "checks"]
     assert census._innermost(ranges, 11).startswith("other")
-    original = judge_module._run
+    originals = (judge_module.oracle, runs_module.launch, runs_module.deliver)
     restore = census._timed_phases()
-    assert judge_module._run is not original
+    assert all(now is not then for now, then in
+               zip((judge_module.oracle, runs_module.launch, runs_module.deliver), originals))
     restore()
-    assert judge_module._run is original
+    assert (judge_module.oracle, runs_module.launch, runs_module.deliver) == originals
     if not torch.cuda.is_available():
         assert census.main(["--cases", "1"]) == 2
         assert "no CUDA device" in capsys.readouterr().err

@@ -75,8 +75,8 @@ class StatBound:
         return 0.0 if self.statistic == 0 else math.inf
 
 
-def _rms(t: torch.Tensor, n: int) -> float:
-    return math.sqrt(float(t.pow(2).sum()) / n) if n else 0.0
+def _rms(sum_of_squares: float, n: int) -> float:
+    return math.sqrt(sum_of_squares / n) if n else 0.0
 
 
 def out_rms_bound(got: torch.Tensor, reference: torch.Tensor, oracle: torch.Tensor,
@@ -95,35 +95,42 @@ def out_rms_bound(got: torch.Tensor, reference: torch.Tensor, oracle: torch.Tens
     if empty_rows is not None:
         keep = keep & ~empty_rows.to(keep.device)
     keep = keep[..., None].expand_as(oracle64)
-    n = int(keep.sum())
     err = (got.to(torch.float64) - oracle64).masked_fill(~keep, 0.0)
     ref_err = (reference.to(torch.float64) - oracle64).masked_fill(~keep, 0.0)
     # A NaN or inf anywhere makes the statistic infinite: it fails, as under the max rule.
     nonfinite = ~torch.isfinite(err) & keep
     err = err.masked_fill(~torch.isfinite(err), 0.0)
-
-    ref_rms = _rms(ref_err, n)
-    sampling = 1.0 + RMS_SAMPLING / math.sqrt(n) if n else 1.0
     # Each element's own rounding scale: the output dtype's rounding at |out|, plus fp32
     # summation rounding at the size of the terms summed (far above |out| where they cancel).
     summed = oracle64.abs() if out_magnitude is None else out_magnitude.to(torch.float64)
     scale = (unit_roundoff(got.dtype) * oracle64.abs() + U32 * summed).masked_fill(~keep, 0.0)
-    one_element = EPS_ULPS * _rms(scale, n) / math.sqrt(n) if n else 0.0
     # Scores off by up to d = SCORE_ULPS u(fp32) S move out_i = sum_j p_j v_j by sum_j p_j
     # delta_j (v_j - out_i), at most d (A_i + |out_i|): a per-element bound, so a bound on the rms.
     moved = (summed + oracle64.abs()).masked_fill(~keep, 0.0)
+    # Every scalar below in one read-back (a wait per read on a time-sliced GPU: engine/runs.py).
+    squared = [err, ref_err, scale, oracle64.abs().masked_fill(~keep, 0.0), moved]
+    if tf32:
+        squared.append(summed.masked_fill(~keep, 0.0))
+    n, any_nonfinite, *squares = torch.stack(
+        [keep.sum().to(torch.float64), nonfinite.any().to(torch.float64)]
+        + [t.pow(2).sum() for t in squared]).tolist()
+    n = int(n)
+    err_rms, ref_rms, scale_rms, magnitude_rms, moved_rms, *summed_rms = (_rms(sq, n) for sq in squares)
+
+    sampling = 1.0 + RMS_SAMPLING / math.sqrt(n) if n else 1.0
+    one_element = EPS_ULPS * scale_rms / math.sqrt(n) if n else 0.0
     # An approximate reciprocal in the final normalisation (tolerance.py, NORM_ULPS) scales every
     # element by (1 + delta), |delta| <= NORM_ULPS ULP32: a per-element bound, so on the rms too
     # (seen on the H200: sdpa_efficient fp32 at 8.6e-8 against 5.3e-8 on 16 elements whose
     # reference was exact, the 2-ulp normalisation of the max rule's NORM_ULPS measurement).
-    normalisation = tolerance.NORM_ULPS * ULP32 * _rms(oracle64.abs().masked_fill(~keep, 0.0), n)
-    noise = one_element + normalisation + SCORE_ULPS * U32 * score_magnitude * _rms(moved, n)
+    normalisation = tolerance.NORM_ULPS * ULP32 * magnitude_rms
+    noise = one_element + normalisation + SCORE_ULPS * U32 * score_magnitude * moved_rms
     # Weights truncated to TF32 a unit apart from the reference's (tolerance.py, TF32_WEIGHT_ULPS)
     # move each element by at most TF32_WEIGHT_ULPS u_mm A: per element, so on the rms too.
     if tf32:
-        noise += tolerance.TF32_WEIGHT_ULPS * TF32_ROUNDOFF * _rms(summed.masked_fill(~keep, 0.0), n)
+        noise += tolerance.TF32_WEIGHT_ULPS * TF32_ROUNDOFF * summed_rms[0]
     allowed = k_rms * sampling * ref_rms + noise
-    statistic = math.inf if bool(nonfinite.any()) else _rms(err, n)
+    statistic = math.inf if any_nonfinite else err_rms
     if statistic <= allowed:
         return StatBound(statistic, allowed, ref_rms, n, None)
 

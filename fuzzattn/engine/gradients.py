@@ -33,7 +33,7 @@ from fuzzattn.contract.implementation import Implementation
 from fuzzattn.engine import execute
 from fuzzattn.engine.grad_oracle import NAMES, GradReference, oracle_gradients, same_precision_gradients
 from fuzzattn.engine.inputs import (Inputs, as_bits, changed_flags, materialize, materialize_dout,
-                                     place, place_flat)
+                                     moved_with, place, place_flat)
 from fuzzattn.engine.judge_device import moved
 from fuzzattn.engine.transfer import read_back, same_device
 from fuzzattn.engine.poison import prime_allocator, uninitialized_memory_is_nan
@@ -69,20 +69,24 @@ def _run(impl: Implementation, case: AttentionCase, device, forward, *, adversar
     """One gradient call on freshly materialised q, k, v, dO (and copies of the forward's out
     and lse for an explicit backward); the gradients are also delivered to `here` (default:
     `device`), in the same transfer as the input-mutation check's verdicts."""
-    inputs = materialize(case, device, pad_value=pad_value)
-    storages = dict(inputs.storages)
-    storages["dout"], dout = materialize_dout(case, device, pad_value)
-    out = lse = None
+    # Built on the CPU and moved in one transfer: q, k, v, dO and the forward's out and lse.
+    host = materialize(case, "cpu", pad_value=pad_value)
+    extra = {"dout": materialize_dout(case, "cpu", pad_value)}
     if forward is not None:
-        storages["out"], out = place(forward[0], case.layout[0], forward[0].dtype, device, pad_value)
+        extra["out"] = place(forward[0], case.layout[0], forward[0].dtype, "cpu", pad_value)
         if forward[1] is not None:
-            storages["lse"], lse = place_flat(forward[1], device, pad_value)
+            extra["lse"] = place_flat(forward[1].to("cpu"), "cpu", pad_value)
+    inputs, extra_storages, views = moved_with(host, extra, device)
+    storages = {**inputs.storages, **extra_storages}
+    dout, out, lse = views["dout"], views.get("out"), views.get("lse")
     snapshot = {name: s.clone() for name, s in storages.items()}
     if adversarial:
         _prime(case, device, 0xFF if poison else 0x00)
     poisoned = uninitialized_memory_is_nan() if adversarial and poison else contextlib.nullcontext()
     with poisoned:
-        call = execute.call_gradients(impl, *inputs.tensors(), dout, case, out=out, lse=lse)
+        # Not synchronised on its own (engine/runs.py): a device fault surfaces in the read-back.
+        call = execute.call_gradients(impl, *inputs.tensors(), dout, case, out=out, lse=lse,
+                                      synchronize=False)
     run = _GradRun(call, inputs=inputs)
     verdict = dict(impl=impl.name, case=case)
     if not call.answered:
@@ -91,11 +95,17 @@ def _run(impl: Implementation, case: AttentionCase, device, forward, *, adversar
         run.failure = Verdict(check="grad_crash", passed=False, detail=detail, **verdict)
         return run
     names = list(storages)
-    flags = changed_flags(storages, snapshot)
     here = torch.device(here or device)
-    flags, *grads = read_back([flags, *call.grads], here)
+    try:
+        flags = changed_flags(storages, snapshot)
+        flags, *grads = read_back([flags, *call.grads], here)
+        flags = flags.tolist()
+    except Exception as exc:           # an asynchronous fault of the backward, surfacing here
+        run.failure = Verdict(check="grad_crash", passed=False,
+                              detail=f"backward raised: {execute.one_line(exc)}", **verdict)
+        return run
     run.delivered = (here, tuple(grads))
-    changed = [name for name, flag in zip(names, flags.tolist()) if flag]
+    changed = [name for name, flag in zip(names, flags) if flag]
     run.side_effects.append(Verdict(
         check="grad_inputs_mutated", passed=not changed,
         detail=f"storage of {', '.join(changed)} changed by the backward" if changed else "",

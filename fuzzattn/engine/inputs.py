@@ -241,6 +241,26 @@ def _moved(inputs: Inputs, device: torch.device) -> Inputs:
     return _viewed(inputs, dict(zip(inputs.storages, moved)), host=host, packed=packed)
 
 
+def moved_with(host: Inputs, extra: dict, device) -> tuple[Inputs, dict, dict]:
+    """`host` (CPU inputs) and `extra` ({name: (storage, view)} on the CPU: dO, a forward's out
+    and lse) on `device`, every storage in one transfer (a wait for a time-sliced GPU each),
+    viewed there as on the CPU. Returns (inputs, {name: storage}, {name: view}) of the extras."""
+    device = torch.device(device)
+    if device.type == "cpu":
+        return host, {n: s for n, (s, _) in extra.items()}, {n: v for n, (_, v) in extra.items()}
+    names = list(host.storages) + list(extra)
+    storages = list(host.storages.values()) + [s for s, _ in extra.values()]
+    packed, moved = packed_buffer_to(storages, device)
+    moved = dict(zip(names, moved))
+    inputs = _viewed(host, {n: moved[n] for n in host.storages}, host=host, packed=None)
+    views = {}
+    for name, (storage, view) in extra.items():
+        there = moved[name]
+        offset = view.storage_offset() - storage.storage_offset()
+        views[name] = there.as_strided(view.shape, view.stride(), there.storage_offset() + offset)
+    return inputs, {n: moved[n] for n in extra}, views
+
+
 def _viewed(inputs: Inputs, storages: dict[str, torch.Tensor], *, host: Inputs | None,
             packed: torch.Tensor | None = None) -> Inputs:
     """Inputs over `storages` with `inputs`' views: shapes, strides, and offsets from the start of

@@ -3,44 +3,32 @@
 Order matters (after robust-kbench): the implementation runs first, on freshly materialised
 inputs, before any reference touches the device; the references run on their own fresh copies;
 then the implementation runs again on fresh copies. A kernel therefore cannot pass by returning
-memory a reference left behind, and the second run doubles as the determinism check.
+memory a reference left behind, and the second run doubles as the determinism check. (When the
+judgement computes on the host while the implementation runs on an accelerator, no reference
+touches the device at all, and the second run follows the first at once: `_runs_together`.)
 
-The first run is the adversarial one: its inputs sit in NaN-padded storage, and its outputs are
-either caller-provided buffers pre-filled with NaN between canary guards (`out_buffer`
-implementations) or allocated right after the allocator was handed NaN-filled blocks of the
-same sizes, so stale memory shows. The second run gets plain allocations.
+The runs themselves, adversarial and plain, and their side-effect checks: engine/runs.py.
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
-import math
 
 import torch
 
 from fuzzattn.contract.case import AttentionCase
-from fuzzattn.contract.dtypes import BY_NAME
 from fuzzattn.contract.implementation import Implementation
-from fuzzattn.engine import execute
+from fuzzattn.engine import execute, runs
 from fuzzattn.engine.error_statistics import out_rms_bound
 from fuzzattn.engine.gradients import judge_gradients
-from fuzzattn.engine.inputs import (Inputs, as_bits, changed_anywhere, changed_flags, check_budget,
-                                     inputs_sha256, materialize)
+from fuzzattn.engine.inputs import Inputs, check_budget, inputs_sha256, materialize
 from fuzzattn.engine.judge_device import judge_device, moved
-from fuzzattn.engine.transfer import read_back, same_device
-from fuzzattn.engine.poison import (UninitializedMemoryIsZero, prime_allocator,
-                                    uninitialized_memory_is_nan)
 from fuzzattn.engine.oracle import Reference, oracle, same_precision_reference
+from fuzzattn.engine.runs import same_bits
 from fuzzattn.engine.tolerance import lse_bound, out_bound
+from fuzzattn.engine.transfer import same_device
 from fuzzattn.engine.verdict import CHECKS, Verdict, heatmap, locate
 from fuzzattn.engine.versions import versions
-
-# Canary elements on each side of an output buffer: as many as the buffer holds (at least 4096),
-# so a store with a wrong tile mask or a swapped batch/head index lands in the canary, not in
-# the harness's own heap.
-MIN_GUARD = 4096
-CANARY = {2: 0x5A5A, 4: 0x5A5A5A5A}          # bit pattern by element size: no kernel writes it
 
 
 def default_device() -> str:
@@ -96,129 +84,7 @@ def skip_reason(impl: Implementation, case: AttentionCase) -> str | None:
     return None
 
 
-# -- output buffers ---------------------------------------------------------------------------
-class _GuardedBuffer:
-    """A contiguous output tensor between two canary regions, its body pre-filled with NaN."""
-
-    def __init__(self, shape, dtype, device):
-        numel = math.prod(shape)
-        self.guard = guard = max(MIN_GUARD, numel)
-        self.storage = torch.empty(guard + numel + guard, dtype=dtype, device=device)
-        self.pattern = CANARY[self.storage.element_size()]
-        as_bits(self.storage).fill_(self.pattern)
-        self.tensor = self.storage[guard:guard + numel].view(shape)
-        self.tensor.fill_(float("nan"))
-
-    def canary_broken(self) -> torch.Tensor:
-        """A 0-dim bool tensor on the buffer's device (read back with the run's other results)."""
-        bits = as_bits(self.storage)
-        g = self.guard
-        # Both guards as the two rows of one strided view: one comparison and one reduction
-        # (each launch is a wait on a GPU shared by several fuzzing processes).
-        guards = bits.as_strided((2, g), (bits.numel() - g, 1), bits.storage_offset())
-        return (guards != self.pattern).any()
-
-
-def _prime_allocator(case: AttentionCase, device, byte: int) -> None:
-    """poison.prime_allocator with the sizes of this case's out and lse."""
-    out_bytes = math.prod(case.shape("q")) * BY_NAME[case.dtype].itemsize
-    prime_allocator((out_bytes, case.batch * case.heads * case.seq_q * 4), device, byte)
-
-
-# -- running ----------------------------------------------------------------------------------
-@dataclasses.dataclass
-class _Run:
-    call: execute.Call                      # the outputs where the implementation left them
-    inputs: Inputs
-    failure: Verdict | None = None          # crash or contract: nothing else can be judged
-    side_effects: list[Verdict] = dataclasses.field(default_factory=list)
-    delivered: tuple | None = None          # (device, out, lse): the outputs where they are judged
-
-    @property
-    def out(self):
-        return self.call.out
-
-    @property
-    def lse(self):
-        return self.call.lse
-
-
-def _run(impl: Implementation, case: AttentionCase, device, *, adversarial: bool,
-         pad_value: float = float("nan"), poison: bool = True, inputs: Inputs | None = None,
-         pristine: Inputs | None = None, here: torch.device | None = None) -> _Run:
-    """One call of `impl` on freshly materialised inputs, or on `inputs`: a copy of `pristine`
-    made for this run and used by no other, whose storages the input-mutation check compares
-    against (no snapshot needed). The outputs are also delivered to `here`, where the judgement
-    computes (default: `device`)."""
-    if inputs is None:
-        inputs = materialize(case, device, pad_value=pad_value)
-        before = inputs.snapshot()
-    else:
-        before = pristine.storages if pristine is not None else inputs.snapshot()
-    guarded = None
-    buffers = {}
-    if adversarial and impl.caps.out_buffer:
-        guarded = (_GuardedBuffer(case.shape("q"), inputs.q.dtype, device),
-                   _GuardedBuffer((case.batch, case.heads, case.seq_q), torch.float32, device))
-        if not poison:
-            for g in guarded:
-                g.tensor.zero_()
-        buffers = dict(out=guarded[0].tensor, lse=guarded[1].tensor)
-    elif adversarial:
-        _prime_allocator(case, device, 0xFF if poison else 0x00)
-    verdict = dict(impl=impl.name, case=case)
-    if adversarial:
-        memory = uninitialized_memory_is_nan() if poison else UninitializedMemoryIsZero()
-    else:
-        memory = contextlib.nullcontext()
-    with memory:
-        call = execute.call(impl, *inputs.tensors(), case, **buffers)
-    run = _Run(call, inputs)
-    if call.status == execute.REFUSED and not call.declared_refusal:
-        run.failure = Verdict(check="crash", passed=False,
-                              detail=f"refused a declared case: {call.summary}", **verdict)
-    elif call.status in (execute.CRASH, execute.CONTRACT):
-        run.failure = Verdict(check=call.status, passed=False, detail=call.summary, **verdict)
-    if not call.answered:
-        return run
-    if call.lse is None and impl.caps.returns_lse:
-        run.failure = Verdict(check="contract", passed=False,
-                              detail="declares returns_lse but returned no lse", **verdict)
-        return run
-    # Which input storages changed, whether the canaries survived, and the outputs for the
-    # judgement, read back in one transfer (transfer.read_back).
-    # Packed inputs (moved to an accelerator) are compared whole, one kernel; which storage
-    # changed is asked only when something did.
-    anywhere = changed_anywhere(inputs, pristine) if pristine is not None else None
-    flags = changed_flags(inputs.storages, before) if anywhere is None else anywhere
-    inputs_flags = flags.numel()
-    if guarded is not None:
-        flags = torch.cat([flags, torch.stack([g.canary_broken() for g in guarded])])
-    here = torch.device(here or device)
-    flags, out, lse = read_back([flags, call.out, call.lse], here)
-    flags = flags.tolist()
-    run.delivered = (here, out, lse)
-    if anywhere is None:
-        changed = [name for name, flag in zip(inputs.storages, flags) if flag]
-    elif flags[0]:
-        per_storage = changed_flags(inputs.storages, before).tolist()
-        changed = [name for name, flag in zip(inputs.storages, per_storage) if flag]
-        changed = changed or ["the bytes between the input storages"]
-    else:
-        changed = []
-    run.side_effects.append(Verdict(check="inputs_mutated", passed=not changed,
-                                    detail=f"storage of {', '.join(changed)} changed" if changed else "",
-                                    **verdict))
-    if guarded is not None:
-        broken = [name for name, flag in zip(("out", "lse"), flags[inputs_flags:]) if flag]
-        run.side_effects.append(Verdict(
-            check="out_of_bounds_write", passed=not broken,
-            detail=f"canary next to the {', '.join(broken)} buffer overwritten" if broken else "",
-            **verdict))
-    return run
-
-
-def _on(run: _Run, device: torch.device) -> _Run:
+def _on(run: runs.Run, device: torch.device) -> runs.Run:
     """`run` with its out and lse on `device`, where the judgement computes (judge_device.py)."""
     if run.out is None or same_device(run.out.device, device):
         return run
@@ -229,7 +95,7 @@ def _on(run: _Run, device: torch.device) -> _Run:
     return dataclasses.replace(run, call=dataclasses.replace(run.call, out=out, lse=lse))
 
 
-def _nonfinite_rows(run: _Run, ref: Reference) -> torch.Tensor:
+def _nonfinite_rows(run: runs.Run, ref: Reference) -> torch.Tensor:
     """(B, H, Nq) bool: rows with NaN/inf in out (or lse) where the oracle is finite."""
     run = _on(run, ref.out.device)
     bad = (~torch.isfinite(run.out.to(torch.float64)) & torch.isfinite(ref.out)).any(dim=-1)
@@ -243,18 +109,18 @@ def _attribute_nonfinite(impl, case, device, ref: Reference) -> tuple[str, str]:
     Both re-runs zero every tensor the kernel allocates (and hand the allocator zeroed blocks,
     or zeroed buffers) where the first run had NaN ones, so NaN left in freed memory by earlier
     runs cannot masquerade as a kernel's read."""
-    def finite(run: _Run) -> bool:
+    def finite(run: runs.Run) -> bool:
         return run.failure is None and run.call.answered and not bool(_nonfinite_rows(run, ref).any())
 
     here = ref.out.device
-    if finite(_run(impl, case, device, adversarial=True, poison=False, here=here)):
+    if finite(runs.run(impl, case, device, adversarial=True, poison=False, here=here)):
         return "unwritten_output", "NaN appears only when the output memory starts as NaN"
-    if finite(_run(impl, case, device, adversarial=True, poison=False, pad_value=0.0, here=here)):
+    if finite(runs.run(impl, case, device, adversarial=True, poison=False, pad_value=0.0, here=here)):
         return "out_of_bounds_read", "NaN appears only when the storage around the inputs holds NaN"
     return "nonfinite", "NaN/inf with clean padding and clean output memory"
 
 
-def _value_verdicts(impl, case, run: _Run, ref: Reference, spr: Reference, *, check_out="out",
+def _value_verdicts(impl, case, run: runs.Run, ref: Reference, spr: Reference, *, check_out="out",
                     check_lse="lse", check_stat="out_rms") -> list[Verdict]:
     verdict = dict(impl=impl.name, case=case)
     out_results = []
@@ -325,23 +191,41 @@ def judge(impl: Implementation, case: AttentionCase, device=None, *,
                        f"file pins {expected_sha256[:16]}...; not running on different inputs"))
             return judged
     here = judge_device(case, device)      # where the references and the checks compute
-    first = _run(impl, case, device, adversarial=True, inputs=pristine.copy(), pristine=pristine,
-                 here=here)
+    first = runs.launch(impl, case, device, adversarial=True, inputs=pristine.copy(),
+                    pristine=pristine, here=here)
     if first.call.declared_refusal:
         judged.refused = first.call.summary
         return judged
-    judged.verdicts = _judge_runs(impl, case, device, first, pristine, here)
+    second = None
+    if first.pending is not None and _runs_together(here, device):
+        second = runs.launch(impl, case, device, adversarial=False, inputs=pristine.copy(),
+                         pristine=pristine, here=here)
+    runs.deliver(impl, case, [first] if second is None else [first, second])
+    judged.verdicts = _judge_runs(impl, case, device, first, pristine, here, second)
     if gradients and impl.caps.backward and all(v.passed for v in judged.verdicts):
-        judged.verdicts += judge_gradients(impl, case, device, forward=(first.out, first.lse),
-                                           judge_on=here)
+        # The forward's outputs as read back (the same bits, already where the explicit
+        # backward's inputs are built: no second read from the device).
+        forward = first.delivered[1:] if first.delivered is not None else (first.out, first.lse)
+        judged.verdicts += judge_gradients(impl, case, device, forward=forward, judge_on=here)
     if not judged.passed:
         judged.inputs_sha256 = judged.inputs_sha256 or inputs_sha256(pristine)
         judged.versions = versions()
     return judged
 
 
-def _judge_runs(impl: Implementation, case: AttentionCase, device, first: _Run,
-                pristine: Inputs, here: torch.device) -> list[Verdict]:
+def _runs_together(here: torch.device, device) -> bool:
+    """Whether the second run follows the first at once, both read back in one transfer (one
+    wait for a time-sliced GPU instead of two: engine/runs.py). So when the judgement computes on the
+    host while the implementation runs on an accelerator: no reference then ever touches the
+    device, so nothing a reference leaves in device memory can lie between the runs anyway.
+    Otherwise the second run comes after the references, on the device they used."""
+    return not same_device(here, device)
+
+
+def _judge_runs(impl: Implementation, case: AttentionCase, device, first: runs.Run,
+                pristine: Inputs, here: torch.device, second: runs.Run | None = None) -> list[Verdict]:
+    """The verdicts of the first run, and of the second (`second` when it already ran, else run
+    here, after the references)."""
     if first.failure is not None:
         return [first.failure]
     verdicts = list(first.side_effects)
@@ -360,17 +244,16 @@ def _judge_runs(impl: Implementation, case: AttentionCase, device, first: _Run,
                                 where=locate(nonfinite), heatmap=heatmap(nonfinite), detail=detail))
     verdicts += _value_verdicts(impl, case, first, ref, spr)
 
-    second = _run(impl, case, device, adversarial=False, inputs=pristine.copy(), pristine=pristine,
-                  here=here)
+    if second is None:
+        second = runs.run(impl, case, device, adversarial=False, inputs=pristine.copy(),
+                      pristine=pristine, here=here)
     if second.failure is not None or not second.call.answered:
         failure = second.failure or Verdict(impl=impl.name, case=case, check="crash", passed=False,
                                             detail=second.call.summary)
         verdicts.append(dataclasses.replace(failure, detail="second run: " + failure.detail))
         return verdicts
     second_here = _on(second, here)
-    same_out = torch.equal(as_bits(first.out), as_bits(second_here.out))
-    same_lse = (first.lse is None or second_here.lse is None
-                or torch.equal(as_bits(first.lse), as_bits(second_here.lse)))
+    same_out, same_lse = same_bits([(first.out, second_here.out), (first.lse, second_here.lse)])
     if all(v.passed for v in verdicts) and not (same_out and same_lse):
         # The rerun is judged on its own only when the first run passed, so one bug is one
         # verdict, and only when its bits differ from the first run's (the same bits would get

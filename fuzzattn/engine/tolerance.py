@@ -173,10 +173,18 @@ def bound(got: torch.Tensor, reference: torch.Tensor, oracle: torch.Tensor, *, k
     ref_err = (reference.to(torch.float64) - oracle64).abs().masked_fill(~finite, 0.0)
     # NaN never satisfies <=, so a NaN error fails; keep it visible in the maximum too.
     err = torch.where(torch.isnan(err), torch.full_like(err, float("inf")), err)
-    scale = max(_max(oracle64.abs()), FLOOR)
-    allowed = k * _max(ref_err) + relative_noise * scale + absolute_noise
+    worst, magnitude, ref_worst = maxima(err, oracle64.abs(), ref_err)
+    allowed = k * ref_worst + relative_noise * max(magnitude, FLOOR) + absolute_noise
     rows = err.amax(dim=-1) if err.dim() == 4 else err
-    return Bound(_max(err), allowed, _max(ref_err), rows)
+    return Bound(worst, allowed, ref_worst, rows)
+
+
+def maxima(*tensors: torch.Tensor) -> list[float]:
+    """The maximum of each tensor (0 for an empty one), read back in one transfer: on a GPU
+    time-sliced between fuzzing processes each read is a wait (engine/runs.py)."""
+    live = [t for t in tensors if t.numel()]
+    read = iter(torch.stack([t.max().to(torch.float64) for t in live]).tolist() if live else ())
+    return [next(read) if t.numel() else 0.0 for t in tensors]
 
 
 def out_bound(got, reference, oracle, score_magnitude: float = 0.0, *,
@@ -223,7 +231,7 @@ def grad_allowance(dtype: torch.dtype, terms, *, fp32_matmul: str = "ieee",
     past the dtype's largest finite value, the rule says nothing: a backward that recomputes P
     from fp32 scores this large may overflow to inf (or inf - inf = NaN) and still be correct."""
     coeffs = grad_noise(dtype, fp32_matmul, score_magnitude, terms_summed)
-    return sum(c * _max(t) for c, t in zip(coeffs, (terms.actual, terms.delta, terms.magnitude)))
+    return sum(c * m for c, m in zip(coeffs, maxima(terms.actual, terms.delta, terms.magnitude)))
 
 
 # -- error statistics (error_statistics.py: the `out_rms` check) --------------------------------
