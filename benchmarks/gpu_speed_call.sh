@@ -125,13 +125,15 @@ elif [[ "$MODE" == fma ]]; then
 elif [[ "$MODE" == census ]]; then
     step "kernels, copies and waits per judged case"
     # sdpa_math fp32 (no known upstream defect, so no shrinking or fault in the count), this tree
-    # and BEFORE's judge; CENSUS_SPECS adds others ("sdpa float32" ...).
-    for spec in "sdpa_math float32" ${CENSUS_SPECS:-}; do
+    # and BEFORE's judge; CENSUS_SPECS adds others, separated by ";" ("sdpa float32;sdpa bfloat16").
+    # CENSUS_BEFORE=0 skips BEFORE.
+    IFS=';' read -ra EXTRA_SPECS <<< "${CENSUS_SPECS:-}"
+    for spec in "sdpa_math float32" "${EXTRA_SPECS[@]}"; do
         set -- $spec
         timeout 200 python3 benchmarks/launch_census.py --impl "$1" --dtype "$2" --cases 200 \
             >"$OUT/census_$1_$2.txt" 2>&1
         cut -c1-160 "$OUT/census_$1_$2.txt" | grep -v Warning | head -24
-        if [[ -d "$BEFORE" && "$1" == sdpa_math ]]; then
+        if [[ -d "$BEFORE" && "$1" == sdpa_math && "${CENSUS_BEFORE:-1}" != 0 ]]; then
             CENSUS_TREE=$BEFORE timeout 200 python3 benchmarks/launch_census.py --impl "$1" \
                 --dtype "$2" --cases 200 >"$OUT/census_before_$1_$2.txt" 2>&1
             echo "-- BEFORE"; cut -c1-160 "$OUT/census_before_$1_$2.txt" | grep -v Warning | head -24
