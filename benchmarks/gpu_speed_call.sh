@@ -81,6 +81,7 @@ elif [[ "$MODE" == triton ]]; then
         | tee -a "$OUT/scaling.txt"
 elif [[ "$MODE" == triage ]]; then
     step "open findings of benchmarks/gpu_findings: explained on this tree, replayed on BEFORE"
+    shopt -s nullglob           # none open: nothing to triage
     impl_of() { python3 -c 'import json, sys; print(json.load(open(sys.argv[1])).get("impl") or "triton_fa2")' "$1"; }
     for f in benchmarks/gpu_findings/*.json; do
         impl=$(impl_of "$f")
