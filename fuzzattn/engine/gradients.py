@@ -65,12 +65,18 @@ def _prime(case: AttentionCase, device, byte: int) -> None:
 
 
 def _run(impl: Implementation, case: AttentionCase, device, forward, *, adversarial: bool,
-         pad_value: float = float("nan"), poison: bool = True, here=None) -> _GradRun:
-    """One gradient call on freshly materialised q, k, v, dO (and copies of the forward's out
-    and lse for an explicit backward); the gradients are also delivered to `here` (default:
-    `device`), in the same transfer as the input-mutation check's verdicts."""
+         pad_value: float = float("nan"), poison: bool = True, here=None,
+         source: Inputs | None = None) -> _GradRun:
+    """One gradient call on fresh copies of q, k, v, dO (and of the forward's out and lse for an
+    explicit backward); the gradients are also delivered to `here` (default: `device`), in the
+    same transfer as the input-mutation check's verdicts. `source`: CPU inputs of this case with
+    NaN padding that no implementation is ever handed (the judgement's pristine ones), copied
+    instead of materialised again; other padding is always materialised anew."""
     # Built on the CPU and moved in one transfer: q, k, v, dO and the forward's out and lse.
-    host = materialize(case, "cpu", pad_value=pad_value)
+    if source is not None and math.isnan(pad_value):
+        host = source.copy() if torch.device(device).type == "cpu" else source
+    else:
+        host = materialize(case, "cpu", pad_value=pad_value)
     extra = {"dout": materialize_dout(case, "cpu", pad_value)}
     if forward is not None:
         extra["out"] = place(forward[0], case.layout[0], forward[0].dtype, "cpu", pad_value)
@@ -232,15 +238,20 @@ def _values(impl, case, run: _GradRun, ref: GradReference, spr: GradReference,
 
 
 def judge_gradients(impl: Implementation, case: AttentionCase, device, forward=None,
-                    judge_on=None) -> list[Verdict]:
+                    judge_on=None, pristine: Inputs | None = None) -> list[Verdict]:
     """Every gradient check of `impl` on `case`. `forward` = (out, lse) of the judged forward
     run, handed (as copies) to an explicit backward; autograd implementations ignore it.
     `judge_on`: where the gradient oracle, the reference and the comparisons compute
-    (judge_device.py; default: `device`)."""
+    (judge_device.py; default: `device`). `pristine`: the forward judgement's inputs, which no
+    implementation run was handed: the runs copy them and the oracles read them, instead of
+    materialising the case again (the largest cases spend ~100 ms in the CPU's randn)."""
     forward = tuple(t.detach() if t is not None else None for t in forward) \
         if impl.backward_fn is not None and forward is not None else None
     here = torch.device(judge_on if judge_on is not None else device)
-    first = _run(impl, case, device, forward, adversarial=True, here=here)
+    source = None
+    if pristine is not None:
+        source = pristine if pristine.q.device.type == "cpu" else pristine.host
+    first = _run(impl, case, device, forward, adversarial=True, here=here, source=source)
     if first.failure is not None:
         return [first.failure]
     verdicts = list(first.side_effects)
@@ -248,8 +259,11 @@ def judge_gradients(impl: Implementation, case: AttentionCase, device, forward=N
 
     # The oracle's q, k, v: the first run's host copy when judging on the host (never handed to
     # the implementation), else materialised again.
-    host = first.inputs.host
-    fresh = host if host is not None and here.type == "cpu" else materialize(case, here)
+    if pristine is not None:
+        fresh = pristine.on(here)
+    else:
+        host = first.inputs.host
+        fresh = host if host is not None and here.type == "cpu" else materialize(case, here)
     _, dout = materialize_dout(case, here)
     ref = oracle_gradients(*fresh.tensors(), dout, case)
     spr = same_precision_gradients(*fresh.tensors(), dout, case, impl.caps.fp32_matmul)
@@ -270,7 +284,7 @@ def judge_gradients(impl: Implementation, case: AttentionCase, device, forward=N
     verdicts += _values(impl, case, first, ref, spr, allowances, vacuous)
 
     if impl.caps.deterministic_backward:
-        second = _run(impl, case, device, forward, adversarial=False, here=here)
+        second = _run(impl, case, device, forward, adversarial=False, here=here, source=source)
         if second.failure is not None:
             return verdicts + [dataclasses.replace(second.failure,
                                                    detail="second run: " + second.failure.detail)]

@@ -206,7 +206,8 @@ def judge(impl: Implementation, case: AttentionCase, device=None, *,
         # The forward's outputs as read back (the same bits, already where the explicit
         # backward's inputs are built: no second read from the device).
         forward = first.delivered[1:] if first.delivered is not None else (first.out, first.lse)
-        judged.verdicts += judge_gradients(impl, case, device, forward=forward, judge_on=here)
+        judged.verdicts += judge_gradients(impl, case, device, forward=forward, judge_on=here,
+                                           pristine=pristine)
     if not judged.passed:
         judged.inputs_sha256 = judged.inputs_sha256 or inputs_sha256(pristine)
         judged.versions = versions()
@@ -218,7 +219,10 @@ def _runs_together(here: torch.device, device) -> bool:
     wait for a time-sliced GPU instead of two: engine/runs.py). So when the judgement computes on the
     host while the implementation runs on an accelerator: no reference then ever touches the
     device, so nothing a reference leaves in device memory can lie between the runs anyway.
-    Otherwise the second run comes after the references, on the device they used."""
+    Otherwise the second run comes after the references, on the device they used. (The first
+    run's flags are computed before the second run starts, in stream order; a second run that
+    writes out of bounds into the first run's still-unread results can change which check
+    fails, never turn a failure into a pass: its own results are judged too.)"""
     return not same_device(here, device)
 
 
