@@ -5,8 +5,8 @@ synchronisation and of a launch under K CUDA contexts, and how fast the device p
 Not a test: each process prints one JSON line; run K of them at once and sum (benchmarks/
 gpu_speed_call.sh contention does, for K = 1, 4, 16, with and without MPS when the host has it).
 
-    python benchmarks/contention_probe.py syncs    --seconds 8    # one tiny kernel + synchronize, repeated
-    python benchmarks/contention_probe.py launches --seconds 8    # 100 tiny kernels, then one synchronize
+    python benchmarks/contention_probe.py syncs --seconds 8      # tiny kernel, synchronize, again
+    python benchmarks/contention_probe.py launches --seconds 8   # 100 tiny kernels, synchronize
     python benchmarks/contention_probe.py runs --seconds 20 --impl sdpa --dtype float32
         # gpu-profile cases materialised on the host beforehand; timed: inputs to the device, the
         # adversarial run and the plain run with their flags read back (engine/runs.py), per case
@@ -67,11 +67,11 @@ def launches(seconds: float, device, per_sync: int = 100) -> dict:
 
     body()
     n, took = _loop(seconds, body)
-    return dict(mode="launches", per_second=n * per_sync / took, launches=n * per_sync, seconds=took)
+    return dict(mode="launches", per_second=n * per_sync / took, launches=n * per_sync,
+                seconds=took)
 
 
 def runs(seconds: float, device, impl_name: str, dtype: str, cases: int, seed: int) -> dict:
-    import torch
     from hypothesis import given, settings
     from hypothesis import seed as hypothesis_seed
 
@@ -115,8 +115,8 @@ def runs(seconds: float, device, impl_name: str, dtype: str, cases: int, seed: i
         i["n"] += 1
 
     n, took = _loop(seconds, body)
-    return dict(mode="runs", per_second=n / took, cases=n, seconds=took, impl=impl_name, dtype=dtype,
-                distinct_cases=len(material))
+    return dict(mode="runs", per_second=n / took, cases=n, seconds=took, impl=impl_name,
+                dtype=dtype, distinct_cases=len(material))
 
 
 def main(argv=None) -> int:

@@ -241,8 +241,8 @@ def test_runs_read_back_together_catch_the_same_bugs(check, impl, case, monkeypa
     """On an accelerator, a case judged on the host has its two runs launched back to back and
     read back in one transfer; forced on here, every check still names its own bug."""
     monkeypatch.setattr(judge_module, "_runs_together", lambda here, device: True)
-    fresh = dataclasses.replace(impl, fn=type(impl.fn)() if isinstance(impl.fn, (_CorrectOnce, _Jittery))
-                                else impl.fn)
+    stateful = isinstance(impl.fn, (_CorrectOnce, _Jittery))      # a fresh one: its count from 0
+    fresh = dataclasses.replace(impl, fn=type(impl.fn)() if stateful else impl.fn)
     report = judge(fresh, case)
     assert not report.passed, report.describe()
     assert report.first_failure.check == check, report.describe()
@@ -294,7 +294,8 @@ def test_a_fault_surfacing_in_the_backwards_read_back_is_its_crash(monkeypatch):
     monkeypatch.setattr(gradients_module, "read_back", faulted)
     report = judge(implementations()["sdpa"], RAGGED)
     assert not report.passed and report.first_failure.check == "grad_crash"
-    assert report.first_failure.detail == "backward raised: RuntimeError: CUDA error: misaligned address"
+    assert report.first_failure.detail == \
+        "backward raised: RuntimeError: CUDA error: misaligned address"
 
 
 def test_same_bits_pairs():

@@ -115,7 +115,8 @@ def out_rms_bound(got: torch.Tensor, reference: torch.Tensor, oracle: torch.Tens
         [keep.sum().to(torch.float64), nonfinite.any().to(torch.float64)]
         + [t.pow(2).sum() for t in squared]).tolist()
     n = int(n)
-    err_rms, ref_rms, scale_rms, magnitude_rms, moved_rms, *summed_rms = (_rms(sq, n) for sq in squares)
+    err_rms, ref_rms, scale_rms, magnitude_rms, moved_rms, *summed_rms = (
+        _rms(sq, n) for sq in squares)
 
     sampling = 1.0 + RMS_SAMPLING / math.sqrt(n) if n else 1.0
     one_element = EPS_ULPS * scale_rms / math.sqrt(n) if n else 0.0

@@ -115,7 +115,8 @@ def _attribute_nonfinite(impl, case, device, ref: Reference) -> tuple[str, str]:
     here = ref.out.device
     if finite(runs.run(impl, case, device, adversarial=True, poison=False, here=here)):
         return "unwritten_output", "NaN appears only when the output memory starts as NaN"
-    if finite(runs.run(impl, case, device, adversarial=True, poison=False, pad_value=0.0, here=here)):
+    if finite(runs.run(impl, case, device, adversarial=True, poison=False, pad_value=0.0,
+                       here=here)):
         return "out_of_bounds_read", "NaN appears only when the storage around the inputs holds NaN"
     return "nonfinite", "NaN/inf with clean padding and clean output memory"
 
@@ -216,18 +217,19 @@ def judge(impl: Implementation, case: AttentionCase, device=None, *,
 
 def _runs_together(here: torch.device, device) -> bool:
     """Whether the second run follows the first at once, both read back in one transfer (one
-    wait for a time-sliced GPU instead of two: engine/runs.py). So when the judgement computes on the
-    host while the implementation runs on an accelerator: no reference then ever touches the
+    wait for a time-sliced GPU instead of two: engine/runs.py). So when the judgement computes
+    on the host while the implementation runs on an accelerator: no reference then touches the
     device, so nothing a reference leaves in device memory can lie between the runs anyway.
     Otherwise the second run comes after the references, on the device they used. (The first
     run's flags are computed before the second run starts, in stream order; a second run that
     writes out of bounds into the first run's still-unread results can change which check
-    fails, never turn a failure into a pass: its own results are judged too.)"""
+    fails, not turn a failure into a pass.)"""
     return not same_device(here, device)
 
 
 def _judge_runs(impl: Implementation, case: AttentionCase, device, first: runs.Run,
-                pristine: Inputs, here: torch.device, second: runs.Run | None = None) -> list[Verdict]:
+                pristine: Inputs, here: torch.device,
+                second: runs.Run | None = None) -> list[Verdict]:
     """The verdicts of the first run, and of the second (`second` when it already ran, else run
     here, after the references)."""
     if first.failure is not None:

@@ -88,7 +88,7 @@ class Run:
     failure: Verdict | None = None          # crash or contract: nothing else can be judged
     side_effects: list[Verdict] = dataclasses.field(default_factory=list)
     delivered: tuple | None = None          # (device, out, lse): the outputs where they are judged
-    pending: Pending | None = None         # launched, not yet read back (deliver)
+    pending: Pending | None = None          # launched, not yet read back (deliver)
 
     @property
     def out(self):
@@ -104,8 +104,8 @@ def crash(impl, case, summary: str) -> Verdict:
 
 
 def launch(impl: Implementation, case: AttentionCase, device, *, adversarial: bool,
-            pad_value: float = float("nan"), poison: bool = True, inputs: Inputs | None = None,
-            pristine: Inputs | None = None, here: torch.device | None = None) -> Run:
+           pad_value: float = float("nan"), poison: bool = True, inputs: Inputs | None = None,
+           pristine: Inputs | None = None, here: torch.device | None = None) -> Run:
     """Call `impl` once and queue its checks, without waiting for the device: the run's flags
     and outputs are read back by `deliver`, possibly together with another run's.
 
@@ -162,7 +162,7 @@ def launch(impl: Implementation, case: AttentionCase, device, *, adversarial: bo
         run.failure = crash(impl, case, execute.one_line(exc))
         return run
     run.pending = Pending(flags, inputs_flags, anywhere is None, before, guarded is not None,
-                           torch.device(here or device))
+                          torch.device(here or device))
     return run
 
 
@@ -170,11 +170,14 @@ def deliver(impl: Implementation, case: AttentionCase, runs: list[Run]) -> None:
     """Read back every pending run's flags and outputs in one transfer (transfer.read_back),
     then turn the flags into the runs' side-effect verdicts. A device fault raised by the
     read-back is the first pending run's crash (the runs were launched in order, so nothing of
-    the harness ran between them)."""
+    the harness ran between them). The runs deliver to one place (`here` of their launches)."""
     pending = [r for r in runs if r.pending is not None]
     if not pending:
         return
     here = pending[0].pending.here
+    if any(r.pending.here != here for r in pending):
+        raise ValueError(f"runs delivered together must be judged in one place, not "
+                         f"{sorted({str(r.pending.here) for r in pending})}")
     try:
         back = read_back([t for r in pending for t in (r.pending.flags, r.call.out, r.call.lse)],
                          here)
@@ -197,15 +200,15 @@ def deliver(impl: Implementation, case: AttentionCase, runs: list[Run]) -> None:
             changed = changed or ["the bytes between the input storages"]
         else:
             changed = []
-        r.side_effects.append(Verdict(check="inputs_mutated", passed=not changed,
-                                      detail=f"storage of {', '.join(changed)} changed" if changed else "",
-                                      **verdict))
+        r.side_effects.append(Verdict(
+            check="inputs_mutated", passed=not changed,
+            detail=f"storage of {', '.join(changed)} changed" if changed else "", **verdict))
         if p.guarded:
             broken = [name for name, flag in zip(("out", "lse"), flags[p.inputs_flags:]) if flag]
             r.side_effects.append(Verdict(
                 check="out_of_bounds_write", passed=not broken,
-                detail=f"canary next to the {', '.join(broken)} buffer overwritten" if broken else "",
-                **verdict))
+                detail=(f"canary next to the {', '.join(broken)} buffer overwritten"
+                        if broken else ""), **verdict))
 
 
 def run(impl: Implementation, case: AttentionCase, device, **kw) -> Run:
