@@ -39,6 +39,25 @@ if [[ -f benchmarks/_before.tar ]]; then
     mkdir -p "$BEFORE" && tar xf benchmarks/_before.tar -C "$BEFORE"
 fi
 
+# Run "$@" with an MPS control daemon started for it (its pipe and log under /tmp, so the
+# processes started meanwhile connect to it) and stopped after; says so when the host has none.
+under_mps() {
+    if ! command -v nvidia-cuda-mps-control >/dev/null; then
+        echo "no nvidia-cuda-mps-control on this host: MPS not measured"; return 0
+    fi
+    export CUDA_MPS_PIPE_DIRECTORY=/tmp/fuzzattn-mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/fuzzattn-mps-log
+    mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+    if nvidia-cuda-mps-control -d; then
+        "$@"
+        echo quit | nvidia-cuda-mps-control
+        sleep 2
+    else
+        echo "MPS control daemon did not start"
+    fi
+    tail -n 5 "$CUDA_MPS_LOG_DIRECTORY"/*.log 2>/dev/null
+    unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+}
+
 SUITE_PID=
 wait_suite() {   # the background suite's summary, once it ended
     [[ -n "$SUITE_PID" ]] || return 0
@@ -190,22 +209,8 @@ PY
     }
     step "contention between CUDA contexts: syncs, launches, the device part alone, whole fuzzers"
     contention_round "" "1 16"
-    if command -v nvidia-cuda-mps-control >/dev/null; then
-        step "the same under MPS (one scheduling context for every process; started here, stopped after)"
-        export CUDA_MPS_PIPE_DIRECTORY=/tmp/fuzzattn-mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/fuzzattn-mps-log
-        mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
-        if nvidia-cuda-mps-control -d; then
-            contention_round "mps_" "16"
-            echo quit | nvidia-cuda-mps-control
-            sleep 2
-        else
-            echo "MPS control daemon did not start"
-        fi
-        cat "$CUDA_MPS_LOG_DIRECTORY"/*.log 2>/dev/null | tail -5
-        unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
-    else
-        echo "no nvidia-cuda-mps-control on this host: MPS not measured"
-    fi
+    step "the same under MPS (one scheduling context for every process; started here, stopped after)"
+    under_mps contention_round "mps_" "16"
 elif [[ "$MODE" == ceiling ]]; then
     step "the host's cores"
     lscpu | grep -E "^CPU\(s\)|Thread|Core|Socket|Model name"
@@ -226,17 +231,11 @@ elif [[ "$MODE" == mps ]]; then
     # The host-bound ceiling: under MPS the 16 processes share one scheduling context, so
     # waiting for the GPU costs little (contention above) and what is left is each case's host work.
     step "16 sdpa fp32 fuzzers under MPS (started here, stopped after): this tree, then BEFORE"
-    export CUDA_MPS_PIPE_DIRECTORY=/tmp/fuzzattn-mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/fuzzattn-mps-log
-    mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
-    if command -v nvidia-cuda-mps-control >/dev/null && nvidia-cuda-mps-control -d; then
+    mps_pair() {
         scale_run 16 "mps_after_16" 1700 | tee -a "$OUT/scaling.txt"
         [[ -d "$BEFORE" ]] && SCALE_TREE=$BEFORE scale_run 16 "mps_before_16" 1750 | tee -a "$OUT/scaling.txt"
-        echo quit | nvidia-cuda-mps-control
-        sleep 2
-    else
-        echo "MPS not available here"
-    fi
-    unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+    }
+    under_mps mps_pair
 fi
 done
 wait_suite
