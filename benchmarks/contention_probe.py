@@ -76,7 +76,7 @@ def runs(seconds: float, device, impl_name: str, dtype: str, cases: int, seed: i
     from hypothesis import seed as hypothesis_seed
 
     import fuzzattn  # noqa: F401  (backend selection)
-    from fuzzattn import settings as run_settings
+    from fuzzattn.contract.profiles import PROFILES
     from fuzzattn.engine.inputs import materialize
     from fuzzattn.engine.runs import run as _run
     from fuzzattn.engine.judge_device import judge_device
@@ -84,7 +84,7 @@ def runs(seconds: float, device, impl_name: str, dtype: str, cases: int, seed: i
     from strategies import attention_cases
 
     impl = get(impl_name)
-    profile = run_settings.load_profile("gpu")
+    profile = PROFILES["gpu"]         # sizes only: the process's Hypothesis profile stays as it is
     drawn = []
 
     @hypothesis_seed(seed)

@@ -217,3 +217,23 @@ def test_launch_census_draws_the_same_cases_and_attributes_calls_to_the_innermos
     if not torch.cuda.is_available():
         assert census.main(["--cases", "1"]) == 2
         assert "no CUDA device" in capsys.readouterr().err
+
+
+def test_contention_probe_times_the_device_part_of_judging_and_needs_cuda_for_the_rest(capsys):
+    """benchmarks/contention_probe.py: `runs` times the two runs of drawn cases (on the CPU here,
+    where nothing waits) and prints one JSON line; `syncs` and `launches` measure CUDA contexts,
+    so without a GPU they say so instead of timing nothing."""
+    import json
+    probe = _script("contention_probe")
+    threads = torch.get_num_threads()
+    try:
+        assert probe.main(["runs", "--seconds", "0.3", "--cases", "3"]) == 0
+    finally:
+        torch.set_num_threads(threads)       # the probe pins one, as its measurements run
+    line = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert line["mode"] == "runs" and line["distinct_cases"] == 3
+    assert line["cases"] >= 1 and line["per_second"] > 0
+    if not torch.cuda.is_available():
+        with pytest.raises(SystemExit):
+            probe.main(["syncs", "--seconds", "0.1"])
+        assert "no GPU is visible here" in capsys.readouterr().err
