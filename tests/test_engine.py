@@ -185,6 +185,22 @@ def test_nan_never_passes_the_tolerance():
     assert not out_bound(got, got.nan_to_num(), truth).ok
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_reference_without_magnitudes_is_the_same_reference(dtype):
+    """The forward's judgement asks the same-precision reference for no magnitudes (the
+    tolerance reads the oracle's): its out and lse are the same bits, and the magnitudes it left
+    out say so (NaN, None) instead of reading as zero noise."""
+    case = AttentionCase(2, 4, 2, 9, 13, 24, dtype=dtype, causal="bottom_right", values="large")
+    q, k, v = materialize(case).tensors()
+    full = same_precision_reference(q, k, v, case)
+    lean = same_precision_reference(q, k, v, case, magnitudes=False)
+    assert torch.equal(full.out.view(torch.int16 if dtype == "bfloat16" else torch.int32),
+                       lean.out.view(torch.int16 if dtype == "bfloat16" else torch.int32))
+    assert torch.equal(full.lse, lean.lse) and torch.equal(full.empty_rows, lean.empty_rows)
+    assert math.isnan(lean.score_magnitude) and lean.out_magnitude is None
+    assert full.score_magnitude > 0 and full.out_magnitude is not None
+
+
 def test_maxima_read_together_are_each_tensors_maximum():
     """The tolerance rules read their maxima in one transfer (a wait each on a shared GPU); the
     values are each tensor's own maximum, exactly, an empty tensor's 0."""
