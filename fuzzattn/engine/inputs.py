@@ -250,7 +250,9 @@ def moved_with(host: Inputs, extra: dict, device) -> tuple[Inputs, dict, dict]:
         return host, {n: s for n, (s, _) in extra.items()}, {n: v for n, (_, v) in extra.items()}
     names = list(host.storages) + list(extra)
     storages = list(host.storages.values()) + [s for s, _ in extra.values()]
-    packed, moved = packed_buffer_to(storages, device)
+    # The packed buffer also holds the extras, so these inputs are not `packed` (Inputs.copy
+    # would copy dO, out and lse with them): each storage is a view of it all the same.
+    _, moved = packed_buffer_to(storages, device)
     moved = dict(zip(names, moved))
     inputs = _viewed(host, {n: moved[n] for n in host.storages}, host=host, packed=None)
     views = {}
