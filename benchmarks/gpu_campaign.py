@@ -73,6 +73,10 @@ def parse_args(argv):
                    help="seconds per case before an isolated case is a hang (default 120)")
     p.add_argument("--known-regressions", type=Path, default=ROOT / "regressions",
                    help="regression files whose expected failures may cover a finding")
+    p.add_argument("--cprofile", type=Path, default=None, metavar="FILE",
+                   help="profile the campaigns with cProfile and write its stats to FILE, and the "
+                        "cases they judged to FILE.cases (benchmarks/host_profile.py summarises "
+                        "them per judged case)")
     args = p.parse_args(argv)
     if not args.seconds > 0:
         p.error("--seconds must be positive")
@@ -211,6 +215,11 @@ def main(argv=None) -> int:
     print(f"gpu_campaign: shard {shard}, {len(plan)} campaigns x {per_campaign:.1f} s, profile "
           f"{profile.name}, device {settings.device_description()}", flush=True)
     campaigns = []
+    profiler = None
+    if args.cprofile is not None:
+        import cProfile
+        profiler = cProfile.Profile()
+        profiler.enable()
     with settings.one_cpu_thread():
         for impl, dtype in plan:
             entry = run_campaign(impl, dtype, profile=profile, seconds=per_campaign, shard=shard,
@@ -222,6 +231,10 @@ def main(argv=None) -> int:
             print(f"  {impl.name:16} {dtype:9} {entry['cases']:6} cases {entry['seconds']:7.1f} s"
                   f"  refused {sum(entry['refused'].values()):4}  failures {len(entry['failures'])}"
                   + (f": {note}" if note else ""), flush=True)
+    if profiler is not None:
+        profiler.disable()
+        profiler.dump_stats(args.cprofile)
+        Path(f"{args.cprofile}.cases").write_text(f"{sum(c['cases'] for c in campaigns)}\n")
     result = dict(schema=1, date=started.isoformat(timespec="seconds"), shard=shard,
                   profile=profile.name, seconds_budget=args.seconds,
                   gradient_every=args.gradient_every, isolated=args.isolate, palette=args.palette,

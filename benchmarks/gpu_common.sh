@@ -26,11 +26,13 @@ scale_run() {   # $1 = processes, $2 = label, $3 = first shard, $4... = more gpu
     for i in $(seq 0 $(( k - 1 ))); do
         local palette=()
         [[ -n "${SCALE_PALETTES:-}" ]] && palette=(--palette $(( i % SCALE_PALETTES )))
+        local profiled=()    # SCALE_PROFILE_FIRST=1: process 0 under cProfile (host_profile.py)
+        [[ -n "${SCALE_PROFILE_FIRST:-}" && $i == 0 ]] && profiled=(--cprofile "$dir/first.stats")
         CUDA_VISIBLE_DEVICES=${SCALE_GPU-0} OMP_NUM_THREADS=1 PYTHONPATH="$tree" timeout $(( SCALING_SECONDS + 60 )) \
             python3 "$tree/benchmarks/gpu_campaign.py" --impl "${SCALE_IMPL:-sdpa}" \
             --dtype "${SCALE_DTYPE:-float32}" --seconds "$SCALING_SECONDS" --shard $(( base + i )) \
-            --gradient-every 4 --out "$dir" --regressions-dir "$dir/found" "${palette[@]}" "$@" \
-            >"$dir/log_$i.txt" 2>&1 &
+            --gradient-every 4 --out "$dir" --regressions-dir "$dir/found" "${palette[@]}" \
+            "${profiled[@]}" "$@" >"$dir/log_$i.txt" 2>&1 &
     done
     wait
     python3 benchmarks/scaling_summary.py "$dir" "$k" "$label"

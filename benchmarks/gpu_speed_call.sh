@@ -25,6 +25,11 @@
 #                                               the device part of judging alone (K = 1, 16), 16 sdpa
 #                                               fp32 fuzzers; the same again under MPS when the host
 #                                               has it (contention_probe.py)
+#   bash benchmarks/gpu_speed_call.sh hostprofile where a case's host time goes (host_profile.py): sdpa
+#                                               fp32, one process under cProfile alone, then one of 16
+#   bash benchmarks/gpu_speed_call.sh macs      16 sdpa fp32 fuzzers with more cases judged on the host
+#                                               (FUZZATTN_HOST_JUDGE_MACS = MACS_VALUES, default
+#                                               2^21 (the default), 2^23, 2^25)
 #   bash benchmarks/gpu_speed_call.sh suite     the test suite on the GPU (SUITE_TESTS, default all of
 #                                               tests/): which fail there, by name
 # Several modes run one after the other: bash benchmarks/gpu_speed_call.sh triton ab
@@ -67,7 +72,7 @@ wait_suite() {   # the background suite's summary, once it ended
 }
 
 for MODE in "${MODES[@]}"; do
-[[ "$MODE" =~ ^(sdpa|ab|triton|ceiling|contention|mps)$ ]] && wait_suite
+[[ "$MODE" =~ ^(sdpa|ab|triton|ceiling|contention|mps|hostprofile|macs)$ ]] && wait_suite
 if [[ "$MODE" == sdpa ]]; then
     step "the judge on the GPU: engine, checks, gradients, transfer, palette tests, this tree and BEFORE"
     TESTS="tests/test_engine.py tests/test_checks.py tests/test_gradients.py tests/test_judge_device.py
@@ -227,6 +232,19 @@ elif [[ "$MODE" == ab ]]; then
             $(( 1150 + 100 * k )) | tee -a "$OUT/scaling.txt"
     done
     unset SCALE_IMPL SCALE_DTYPE
+elif [[ "$MODE" == hostprofile ]]; then
+    step "where a case's host time goes: sdpa fp32, one process profiled alone, then one of 16"
+    for k in 1 16; do
+        SCALE_PROFILE_FIRST=1 scale_run "$k" "profiled_$k" $(( 1800 + 20 * k )) | tee -a "$OUT/scaling.txt"
+        python3 benchmarks/host_profile.py "$OUT/scaling/profiled_$k/first.stats" --top 45 \
+            >"$OUT/host_profile_$k.txt" 2>&1
+        head -n 60 "$OUT/host_profile_$k.txt" | cut -c1-170
+    done
+elif [[ "$MODE" == macs ]]; then
+    step "16 sdpa fp32 fuzzers, more cases judged on the host (FUZZATTN_HOST_JUDGE_MACS)"
+    for macs in ${MACS_VALUES:-2097152 8388608 33554432}; do
+        FUZZATTN_HOST_JUDGE_MACS=$macs scale_run 16 "macs_$macs" 1900 | tee -a "$OUT/scaling.txt"
+    done
 elif [[ "$MODE" == mps ]]; then
     # The host-bound ceiling: under MPS the 16 processes share one scheduling context, so
     # waiting for the GPU costs little (contention above) and what is left is each case's host work.
