@@ -79,7 +79,7 @@ def runs(seconds: float, device, impl_name: str, dtype: str, cases: int, seed: i
     from fuzzattn.contract.profiles import PROFILES
     from fuzzattn.engine.inputs import materialize
     from fuzzattn.engine.runs import run as _run
-    from fuzzattn.engine.judge_device import judge_device
+    from fuzzattn.engine.judge_device import check_device
     from fuzzattn.engine.registry import get
     from strategies import attention_cases
 
@@ -98,7 +98,7 @@ def runs(seconds: float, device, impl_name: str, dtype: str, cases: int, seed: i
 
     def one(case, host):
         pristine = host.on(device)
-        here = judge_device(case, device)
+        here = check_device(case, device)      # where the runs deliver their outputs
         first = _run(impl, case, device, adversarial=True, inputs=pristine.copy(),
                      pristine=pristine, here=here)
         if first.failure is None and first.call.answered:

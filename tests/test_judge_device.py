@@ -1,12 +1,19 @@
 """Where a judgement computes (fuzzattn/engine/judge_device.py): small cases on an accelerator are
-judged on the host, large ones on the device, CPU cases on the CPU; the override is checked."""
+judged on the host, large ones on the device, CPU cases on the CPU; larger cases with small
+outputs half and half (references on the device, checks on the host); the overrides are checked."""
 from __future__ import annotations
 
 import pytest
 import torch
 
 from fuzzattn import AttentionCase
-from fuzzattn.engine.judge_device import ENV, HOST_JUDGE_MACS, judge_device, moved
+from fuzzattn.engine import judge as judge_module
+from fuzzattn.engine.grad_oracle import oracle_gradients
+from fuzzattn.engine.inputs import materialize, materialize_dout
+from fuzzattn.engine.judge_device import (CHECK_ENV, ENV, HOST_CHECK_ELEMENTS, HOST_JUDGE_MACS,
+                                          check_device, judge_device, moved, moved_together)
+from fuzzattn.engine.oracle import oracle
+from fuzzattn.engine.registry import implementations
 
 SMALL = AttentionCase(1, 2, 2, 16, 32, 64)                # 65,536 multiply-adds
 LARGE = AttentionCase(4, 16, 4, 300, 300, 128)            # 737,280,000
@@ -43,3 +50,81 @@ def test_moved_keeps_values_and_none():
     t = torch.arange(6.0).reshape(2, 3).t()
     assert moved(t, torch.device("cpu")) is t
     assert moved(None, torch.device("cpu")) is None
+
+
+# B * Hq * max(Nq, Nk) * D = 2 * 4 * 300 * 32 = 76,800 elements; 23,040,000 multiply-adds.
+MIDDLE = AttentionCase(2, 4, 2, 300, 300, 32)
+
+
+def test_larger_cases_with_small_outputs_are_checked_on_the_host(monkeypatch):
+    monkeypatch.delenv(ENV, raising=False)
+    monkeypatch.delenv(CHECK_ENV, raising=False)
+    assert judge_device(MIDDLE, "cuda") == torch.device("cuda")
+    assert check_device(MIDDLE, "cuda") == torch.device("cpu")
+    assert check_device(LARGE, "cuda") == torch.device("cuda")
+    assert check_device(SMALL, "cuda") == torch.device("cpu")        # references there too
+    assert check_device(LARGE, "cpu") == torch.device("cpu")
+    # The longer of Nq and Nk counts: dk and dv have Nk rows.
+    edge = AttentionCase(1, 1, 1, 1, HOST_CHECK_ELEMENTS, 1).replace(seq_q=2 ** 12)
+    assert judge_device(edge, "cuda") == torch.device("cuda")
+    assert check_device(edge, "cuda") == torch.device("cpu")
+    assert check_device(edge.replace(seq_k=HOST_CHECK_ELEMENTS + 1), "cuda") == torch.device("cuda")
+    monkeypatch.setenv(CHECK_ENV, "0")
+    assert check_device(MIDDLE, "cuda") == torch.device("cuda")
+    monkeypatch.setenv(CHECK_ENV, "lots")
+    with pytest.raises(ValueError, match=f"{CHECK_ENV}='lots'"):
+        check_device(MIDDLE, "cuda")
+
+
+def test_moved_together_keeps_every_tensor_and_reads_deferred_magnitudes():
+    case = AttentionCase(1, 2, 1, 5, 7, 8, causal="bottom_right")
+    q, k, v = materialize(case).tensors()
+    deferred = oracle(q, k, v, case, deferred=True)
+    assert isinstance(deferred.score_magnitude, torch.Tensor) and deferred.score_magnitude.dim() == 0
+    read, = moved_together([deferred], torch.device("cpu"))
+    plain = oracle(q, k, v, case)
+    assert read.score_magnitude == plain.score_magnitude and isinstance(read.score_magnitude, float)
+    for name in ("out", "lse", "empty_rows", "out_magnitude"):
+        assert torch.equal(getattr(read, name), getattr(plain, name)), name
+    _, dout = materialize_dout(case)
+    grads, = moved_together([oracle_gradients(q, k, v, dout, case, deferred=True)], torch.device("cpu"))
+    expected = oracle_gradients(q, k, v, dout, case)
+    assert grads.score_magnitude == expected.score_magnitude
+    for name in ("dq", "dk", "dv"):
+        assert torch.equal(grads.grads[name], expected.grads[name])
+        for part in ("actual", "magnitude", "delta"):
+            assert torch.equal(getattr(grads.terms[name], part), getattr(expected.terms[name], part))
+
+
+def test_the_judge_reads_the_references_back_once_with_their_score_magnitude(monkeypatch):
+    """Every judgement computes its references deferred and reads them back in one call of
+    moved_together (forward, then gradients): the score magnitude arrives as a 0-d tensor."""
+    seen = []
+
+    def spying(references, device):
+        seen.append([type(r.score_magnitude) for r in references])
+        return moved_together(references, device)
+
+    monkeypatch.setattr(judge_module, "moved_together", spying)
+    monkeypatch.setattr("fuzzattn.engine.gradients.moved_together", spying)
+    impl = implementations()["sdpa"]
+    judged = judge_module.judge(impl, MIDDLE.replace(seq_q=9, seq_k=11), "cpu")
+    assert judged.passed, judged.describe()
+    assert len(seen) == 2                  # the forward's references, then the gradients'
+    assert seen[0][0] is torch.Tensor and seen[1][0] is torch.Tensor    # the oracles': deferred
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU: references on the device")
+def test_half_and_half_gives_the_verdicts_of_judging_on_the_device(monkeypatch):
+    impl = implementations()["sdpa_math"]
+    for case in (MIDDLE, MIDDLE.replace(causal="bottom_right", seq_q=280, dtype="bfloat16")):
+        monkeypatch.delenv(CHECK_ENV, raising=False)
+        assert check_device(case, "cuda").type == "cpu" and judge_device(case, "cuda").type == "cuda"
+        half = judge_module.judge(impl, case, "cuda")
+        monkeypatch.setenv(CHECK_ENV, "0")
+        whole = judge_module.judge(impl, case, "cuda")
+        assert [(v.check, v.passed) for v in half.verdicts] == [(v.check, v.passed) for v in whole.verdicts]
+        for a, b in zip(half.verdicts, whole.verdicts):
+            if a.error is not None:        # float64 on two devices: equal to rounding
+                assert a.error == pytest.approx(b.error, rel=1e-9, abs=1e-300), a.check
+                assert a.allowed == pytest.approx(b.allowed, rel=1e-9), a.check

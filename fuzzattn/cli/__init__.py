@@ -71,8 +71,8 @@ def _check_environment() -> None:
     """Settings read from the environment deep inside a run, checked up front: a bad value is a
     one-line usage error before anything runs, not an internal error halfway through."""
     from fuzzattn.campaigns.compile_palette import palette_mode
-    from fuzzattn.engine.judge_device import host_judge_macs
-    for check in (palette_mode, host_judge_macs):
+    from fuzzattn.engine.judge_device import host_check_elements, host_judge_macs
+    for check in (palette_mode, host_judge_macs, host_check_elements):
         try:
             check()
         except ValueError as exc:

@@ -101,12 +101,13 @@ def term_magnitudes(q, k, v, out, dout, p, case: AttentionCase) -> dict[str, Ter
             "dv": Terms(dv, dv, torch.zeros_like(dv))}
 
 
-def oracle_gradients(q, k, v, dout, case: AttentionCase) -> GradReference:
-    """float64 autograd of the forward oracle on the rounded inputs: the ground truth."""
+def oracle_gradients(q, k, v, dout, case: AttentionCase, *, deferred: bool = False) -> GradReference:
+    """float64 autograd of the forward oracle on the rounded inputs: the ground truth.
+    `deferred` as in oracle.oracle (the score magnitude left a 0-d tensor)."""
     leaves = [t.detach().to(torch.float64).requires_grad_() for t in (q, k, v)]
     dout64 = dout.detach().to(torch.float64)
     with torch.enable_grad():
-        ref = _attend(*leaves, case, torch.float64, None)
+        ref = _attend(*leaves, case, torch.float64, None, deferred=deferred)
         grads = torch.autograd.grad(ref.out, leaves, dout64, allow_unused=True) \
             if ref.out.requires_grad else (None, None, None)
     grads = [torch.zeros_like(leaf) if g is None else g.detach() for g, leaf in zip(grads, leaves)]
@@ -122,7 +123,8 @@ def same_precision_gradients(q, k, v, dout, case: AttentionCase,
                              fp32_matmul: str = "ieee") -> GradReference:
     """FlashAttention-2's backward at the input precision (module docstring)."""
     in_dtype = q.dtype
-    fwd = same_precision_reference(q, k, v, case, fp32_matmul)
+    # Its out and lse only: the magnitudes the tolerance reads are the oracle's.
+    fwd = same_precision_reference(q, k, v, case, fp32_matmul, magnitudes=False)
     operand = truncate_to_tf32 if reads_tf32(in_dtype, fp32_matmul) else (lambda t: t)
 
     def rounded(t):          # a matmul operand in the input dtype (TF32 for TF32 fp32 matmuls)

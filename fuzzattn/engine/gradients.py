@@ -34,7 +34,7 @@ from fuzzattn.engine import execute
 from fuzzattn.engine.grad_oracle import NAMES, GradReference, oracle_gradients, same_precision_gradients
 from fuzzattn.engine.inputs import (Inputs, as_bits, changed_flags, materialize, materialize_dout,
                                      moved_with, place, place_flat)
-from fuzzattn.engine.judge_device import moved
+from fuzzattn.engine.judge_device import moved, moved_together
 from fuzzattn.engine.transfer import read_back, same_device
 from fuzzattn.engine.poison import prime_allocator, uninitialized_memory_is_nan
 from fuzzattn.engine.tolerance import grad_allowance, grad_bound
@@ -238,13 +238,16 @@ def _values(impl, case, run: _GradRun, ref: GradReference, spr: GradReference,
 
 
 def judge_gradients(impl: Implementation, case: AttentionCase, device, forward=None,
-                    judge_on=None, pristine: Inputs | None = None) -> list[Verdict]:
+                    judge_on=None, pristine: Inputs | None = None,
+                    references_on=None) -> list[Verdict]:
     """Every gradient check of `impl` on `case`. `forward` = (out, lse) of the judged forward
     run, handed (as copies) to an explicit backward; autograd implementations ignore it.
     `judge_on`: where the gradient oracle, the reference and the comparisons compute
     (judge_device.py; default: `device`). `pristine`: the forward judgement's inputs, which no
     implementation run was handed: the runs copy them and the oracles read them, instead of
-    materialising the case again (the largest cases spend ~100 ms in the CPU's randn)."""
+    materialising the case again (the largest cases spend ~100 ms in the CPU's randn).
+    `references_on`: where the gradient oracle and the reference compute, when not `judge_on`:
+    they are read back to it in one copy (judge_device.py)."""
     forward = tuple(t.detach() if t is not None else None for t in forward) \
         if impl.backward_fn is not None and forward is not None else None
     here = torch.device(judge_on if judge_on is not None else device)
@@ -259,14 +262,16 @@ def judge_gradients(impl: Implementation, case: AttentionCase, device, forward=N
 
     # The oracle's q, k, v: the first run's host copy when judging on the host (never handed to
     # the implementation), else materialised again.
+    references = torch.device(references_on) if references_on is not None else here
     if pristine is not None:
-        fresh = pristine.on(here)
+        fresh = pristine.on(references)
     else:
         host = first.inputs.host
-        fresh = host if host is not None and here.type == "cpu" else materialize(case, here)
-    _, dout = materialize_dout(case, here)
-    ref = oracle_gradients(*fresh.tensors(), dout, case)
-    spr = same_precision_gradients(*fresh.tensors(), dout, case, impl.caps.fp32_matmul)
+        fresh = host if host is not None and references.type == "cpu" else materialize(case, references)
+    _, dout = materialize_dout(case, references)
+    ref, spr = moved_together(
+        [oracle_gradients(*fresh.tensors(), dout, case, deferred=True),
+         same_precision_gradients(*fresh.tensors(), dout, case, impl.caps.fp32_matmul)], here)
 
     allowances = _allowances(impl, case, first, ref)
     vacuous = _vacuous(first, allowances)

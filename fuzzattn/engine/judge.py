@@ -4,7 +4,7 @@ Order matters (after robust-kbench): the implementation runs first, on freshly m
 inputs, before any reference touches the device; the references run on their own fresh copies;
 then the implementation runs again on fresh copies. A kernel therefore cannot pass by returning
 memory a reference left behind, and the second run doubles as the determinism check. (When the
-judgement computes on the host while the implementation runs on an accelerator, no reference
+references compute on the host while the implementation runs on an accelerator, no reference
 touches the device at all, and the second run follows the first at once: `_runs_together`.)
 
 The runs themselves, adversarial and plain, and their side-effect checks: engine/runs.py.
@@ -22,7 +22,7 @@ from fuzzattn.engine import execute, runs
 from fuzzattn.engine.error_statistics import out_rms_bound
 from fuzzattn.engine.gradients import judge_gradients
 from fuzzattn.engine.inputs import Inputs, check_budget, inputs_sha256, materialize
-from fuzzattn.engine.judge_device import judge_device, moved
+from fuzzattn.engine.judge_device import check_device, judge_device, moved, moved_together
 from fuzzattn.engine.oracle import Reference, oracle, same_precision_reference
 from fuzzattn.engine.runs import same_bits
 from fuzzattn.engine.tolerance import lse_bound, out_bound
@@ -191,31 +191,34 @@ def judge(impl: Implementation, case: AttentionCase, device=None, *,
                 detail=f"the case now materialises sha256 {judged.inputs_sha256[:16]}..., the "
                        f"file pins {expected_sha256[:16]}...; not running on different inputs"))
             return judged
-    here = judge_device(case, device)      # where the references and the checks compute
+    # Where the references compute, and where the checks do (judge_device.py): the runs deliver
+    # their outputs there, and the references are read back there.
+    references, here = judge_device(case, device), check_device(case, device)
     first = runs.launch(impl, case, device, adversarial=True, inputs=pristine.copy(),
                     pristine=pristine, here=here)
     if first.call.declared_refusal:
         judged.refused = first.call.summary
         return judged
     second = None
-    if first.pending is not None and _runs_together(here, device):
+    if first.pending is not None and _runs_together(references, device):
         second = runs.launch(impl, case, device, adversarial=False, inputs=pristine.copy(),
                          pristine=pristine, here=here)
     runs.deliver(impl, case, [first] if second is None else [first, second])
-    judged.verdicts = _judge_runs(impl, case, device, first, pristine, here, second)
+    judged.verdicts = _judge_runs(impl, case, device, first, pristine, here, second,
+                                  references=references)
     if gradients and impl.caps.backward and all(v.passed for v in judged.verdicts):
         # The forward's outputs as read back (the same bits, already where the explicit
         # backward's inputs are built: no second read from the device).
         forward = first.delivered[1:] if first.delivered is not None else (first.out, first.lse)
         judged.verdicts += judge_gradients(impl, case, device, forward=forward, judge_on=here,
-                                           pristine=pristine)
+                                           pristine=pristine, references_on=references)
     if not judged.passed:
         judged.inputs_sha256 = judged.inputs_sha256 or inputs_sha256(pristine)
         judged.versions = versions()
     return judged
 
 
-def _runs_together(here: torch.device, device) -> bool:
+def _runs_together(references: torch.device, device) -> bool:
     """Whether the second run follows the first at once, both read back in one transfer (one
     wait for a time-sliced GPU instead of two: engine/runs.py). So when the judgement computes
     on the host while the implementation runs on an accelerator: no reference then touches the
@@ -224,23 +227,28 @@ def _runs_together(here: torch.device, device) -> bool:
     run's flags are computed before the second run starts, in stream order; a second run that
     writes out of bounds into the first run's still-unread results can change which check
     fails, not turn a failure into a pass.)"""
-    return not same_device(here, device)
+    return not same_device(references, device)
 
 
 def _judge_runs(impl: Implementation, case: AttentionCase, device, first: runs.Run,
                 pristine: Inputs, here: torch.device,
-                second: runs.Run | None = None) -> list[Verdict]:
+                second: runs.Run | None = None, references=None) -> list[Verdict]:
     """The verdicts of the first run, and of the second (`second` when it already ran, else run
-    here, after the references)."""
+    here, after the references). The references compute on `references` (default: `here`) and
+    are read back to `here`, where every check computes."""
     if first.failure is not None:
         return [first.failure]
     verdicts = list(first.side_effects)
 
     # The references only read their inputs, and no implementation run ever sees `pristine`.
-    # They, and every comparison with them, compute on `here` (judge_device.py).
-    originals = pristine.on(here).tensors()
-    ref = oracle(*originals, case)
-    spr = same_precision_reference(*originals, case, impl.caps.fp32_matmul, magnitudes=False)
+    # They compute on `references`, and are read back in one copy (their score magnitude with
+    # them) to `here`, where every comparison with them computes (judge_device.py).
+    references = here if references is None else references
+    originals = pristine.on(references).tensors()
+    ref, spr = moved_together(
+        [oracle(*originals, case, deferred=True),
+         same_precision_reference(*originals, case, impl.caps.fp32_matmul, magnitudes=False)],
+        here)
     first = _on(first, here)
 
     nonfinite = _nonfinite_rows(first, ref)

@@ -18,9 +18,20 @@ measured), and about 64% of the `gpu` profile's sdpa cases (600 drawn). Larger c
 the device, where float64 is fast. FUZZATTN_HOST_JUDGE_MACS overrides it (0: judge every case
 on its own device). Either way the oracle is float64 attention of the same input bits; results
 agree to float64 rounding, far below every tolerance.
+
+A larger case whose outputs are still small (B * Hq * max(Nq, Nk) * D <= HOST_CHECK_ELEMENTS) is
+judged half and half: the references' matmuls run on the device, where float64 is fast, and are
+read back in one copy (`moved_together`) beside the implementation's outputs; the checks, a few
+dozen elementwise passes and the reads of their maxima, run on the host. On the device each of
+those reads is a wait for this process's time slice, ~2 ms each with 16 fuzzers sharing the GPU
+(benchmarks/contention_probe.py), and a device-judged case made about ten of them; judged half
+and half it makes four (the input copy, each run's read-back, the references'). 2^17 elements
+keep the host's share under a few milliseconds (~1 MB per float64 tensor) and cover ~57% of the
+gpu profile's device-judged sdpa cases (600 drawn); FUZZATTN_HOST_CHECK_ELEMENTS overrides it.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import torch
@@ -28,30 +39,88 @@ import torch
 from fuzzattn.contract.case import AttentionCase
 from fuzzattn.engine.transfer import same_device
 
+from fuzzattn.engine.transfer import read_back
+
 HOST_JUDGE_MACS = 2 ** 21
 ENV = "FUZZATTN_HOST_JUDGE_MACS"
+HOST_CHECK_ELEMENTS = 2 ** 17
+CHECK_ENV = "FUZZATTN_HOST_CHECK_ELEMENTS"
+
+
+def _setting(env: str, default: int, unit: str) -> int:
+    value = os.environ.get(env)
+    if value is None or value == "":
+        return default
+    try:
+        number = int(value)
+    except ValueError:
+        raise ValueError(f"{env}={value!r} is not an integer ({unit}; 0 disables)") from None
+    if number < 0:
+        raise ValueError(f"{env}={value!r} must be >= 0 ({unit}; 0 disables)")
+    return number
 
 
 def host_judge_macs() -> int:
-    value = os.environ.get(ENV)
-    if value is None or value == "":
-        return HOST_JUDGE_MACS
-    try:
-        macs = int(value)
-    except ValueError:
-        raise ValueError(f"{ENV}={value!r} is not an integer (multiply-adds; 0 disables)") from None
-    if macs < 0:
-        raise ValueError(f"{ENV}={value!r} must be >= 0 (multiply-adds; 0 disables)")
-    return macs
+    return _setting(ENV, HOST_JUDGE_MACS, "multiply-adds")
+
+
+def host_check_elements() -> int:
+    return _setting(CHECK_ENV, HOST_CHECK_ELEMENTS, "elements")
 
 
 def judge_device(case: AttentionCase, device) -> torch.device:
-    """The device the judgement of `case` computes on when its implementation ran on `device`."""
+    """The device the references of `case` (the float64 oracle, the same-precision reference and
+    their gradient versions) compute on when its implementation ran on `device`."""
     device = torch.device(device)
     if device.type == "cpu":
         return device
     macs = case.batch * case.heads * case.seq_q * max(case.seq_k, 1) * case.head_dim
     return torch.device("cpu") if macs <= host_judge_macs() else device
+
+
+def check_device(case: AttentionCase, device) -> torch.device:
+    """The device the checks of `case` compute on (where the runs deliver their outputs and the
+    references are read back to): the host when the references are computed there, or when the
+    outputs and gradients are small enough to judge there (module docstring)."""
+    references = judge_device(case, device)
+    if references.type == "cpu":
+        return references
+    elements = case.batch * case.heads * max(case.seq_q, case.seq_k) * case.head_dim
+    return torch.device("cpu") if elements <= host_check_elements() else references
+
+
+def moved_together(references: list, device: torch.device) -> list:
+    """`references` (oracle.Reference, grad_oracle.GradReference: dataclasses holding tensors,
+    dicts and dataclasses of tensors) with every tensor on `device`, those elsewhere read back in
+    one copy; a 0-d tensor (a score magnitude computed without waiting for it) becomes a float."""
+    found: list[torch.Tensor] = []
+
+    def collect(x):
+        if isinstance(x, torch.Tensor):
+            found.append(x)
+        elif dataclasses.is_dataclass(x):
+            for field in dataclasses.fields(x):
+                collect(getattr(x, field.name))
+        elif isinstance(x, dict):
+            for value in x.values():
+                collect(value)
+
+    for r in references:
+        collect(r)
+    here = iter(read_back(found, device))
+
+    def rebuilt(x):
+        if isinstance(x, torch.Tensor):
+            t = next(here)
+            return float(t) if t.dim() == 0 else t
+        if dataclasses.is_dataclass(x):
+            return dataclasses.replace(x, **{f.name: rebuilt(getattr(x, f.name))
+                                             for f in dataclasses.fields(x)})
+        if isinstance(x, dict):
+            return {key: rebuilt(value) for key, value in x.items()}
+        return x
+
+    return [rebuilt(r) for r in references]
 
 
 def moved(t: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:

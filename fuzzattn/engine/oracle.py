@@ -50,14 +50,15 @@ class Reference:
     empty_rows: torch.Tensor  # (Nq,) bool: rows that see no key
     score_magnitude: float    # largest |scale| * sum_d |q_d k_d| over visible pairs: the size of
                               # the terms each fp32 score sums, which sets its rounding noise
-                              # (NaN where not computed: same_precision_reference(magnitudes=False))
+                              # (NaN where not computed: same_precision_reference(magnitudes=False);
+                              # a 0-d tensor, not yet read, from oracle(..., deferred=True))
     out_magnitude: torch.Tensor | None = None   # (B, Hq, Nq, D): sum_j p_ij |v_jd| / l_i, the
                               # size of the terms each output element sums (|out| when they do
                               # not cancel), which sets the rounding noise of that sum
 
 
 def _attend(q, k, v, case: AttentionCase, compute: torch.dtype, p_dtype: torch.dtype | None,
-            matmul_round=None, magnitudes: bool = True) -> Reference:
+            matmul_round=None, magnitudes: bool = True, deferred: bool = False) -> Reference:
     q, k, v = (t.to(compute) for t in (q, k, v))
     k, v = _expand_kv(k, case.heads), _expand_kv(v, case.heads)
     if matmul_round is not None:
@@ -71,7 +72,9 @@ def _attend(q, k, v, case: AttentionCase, compute: torch.dtype, p_dtype: torch.d
     score_magnitude = math.nan
     if magnitudes:
         terms = (q.detach().abs() @ k.detach().abs().transpose(-1, -2)).masked_fill(~mask, 0.0)
-        score_magnitude = float(terms.max()) * abs(case.softmax_scale) if terms.numel() else 0.0
+        score_magnitude = terms.max() * abs(case.softmax_scale) if terms.numel() else 0.0
+        if not deferred and terms.numel():
+            score_magnitude = float(score_magnitude)
     # A safe row maximum: rows with no visible key get 0 so exp(-inf - 0) = 0, not NaN.
     row_max = scores.amax(dim=-1, keepdim=True) if case.seq_k else scores.sum(-1, keepdim=True)
     row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
@@ -94,9 +97,11 @@ def _attend(q, k, v, case: AttentionCase, compute: torch.dtype, p_dtype: torch.d
     return Reference(out, lse, empty, score_magnitude, magnitude)
 
 
-def oracle(q, k, v, case: AttentionCase) -> Reference:
-    """float64 attention on the rounded inputs: the ground truth."""
-    return _attend(q, k, v, case, torch.float64, None)
+def oracle(q, k, v, case: AttentionCase, *, deferred: bool = False) -> Reference:
+    """float64 attention on the rounded inputs: the ground truth. `deferred=True` leaves the
+    score magnitude a 0-d tensor on the inputs' device, read back with the rest of the reference
+    (judge_device.moved_together) instead of waiting for the device on its own."""
+    return _attend(q, k, v, case, torch.float64, None, deferred=deferred)
 
 
 def same_precision_reference(q, k, v, case: AttentionCase, fp32_matmul: str = "ieee", *,
