@@ -22,6 +22,7 @@ classification, not a verdict.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -77,6 +78,9 @@ def parse_args(argv):
                    help="profile the campaigns with cProfile and write its stats to FILE, and the "
                         "cases they judged to FILE.cases (benchmarks/host_profile.py summarises "
                         "them per judged case)")
+    p.add_argument("--stage-times", type=Path, default=None, metavar="FILE",
+                   help="time the judge's stages by wall clock (benchmarks/stage_times.py, no "
+                        "profiler) and write their totals to FILE as JSON")
     args = p.parse_args(argv)
     if not args.seconds > 0:
         p.error("--seconds must be positive")
@@ -188,6 +192,30 @@ def _run_campaign(impl, dtype, *, profile, seconds, shard, regressions_dir, know
     return entry
 
 
+@contextlib.contextmanager
+def _measured(args):
+    """The campaigns under cProfile (--cprofile) and stage timers (--stage-times) when asked;
+    yields the stage timers' totals (None without them)."""
+    profiler = None
+    timers = contextlib.nullcontext()
+    if args.stage_times is not None:
+        sys.path.insert(0, str(ROOT / "benchmarks"))
+        import stage_times
+        timers = stage_times.timing()
+    if args.cprofile is not None:
+        import cProfile
+        profiler = cProfile.Profile()
+    with timers as totals:
+        if profiler is not None:
+            profiler.enable()
+        try:
+            yield totals
+        finally:
+            if profiler is not None:
+                profiler.disable()
+                profiler.dump_stats(args.cprofile)
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     import torch
@@ -215,12 +243,7 @@ def main(argv=None) -> int:
     print(f"gpu_campaign: shard {shard}, {len(plan)} campaigns x {per_campaign:.1f} s, profile "
           f"{profile.name}, device {settings.device_description()}", flush=True)
     campaigns = []
-    profiler = None
-    if args.cprofile is not None:
-        import cProfile
-        profiler = cProfile.Profile()
-        profiler.enable()
-    with settings.one_cpu_thread():
+    with _measured(args) as stage_totals, settings.one_cpu_thread():
         for impl, dtype in plan:
             entry = run_campaign(impl, dtype, profile=profile, seconds=per_campaign, shard=shard,
                                  regressions_dir=regressions_dir, known=known,
@@ -231,10 +254,12 @@ def main(argv=None) -> int:
             print(f"  {impl.name:16} {dtype:9} {entry['cases']:6} cases {entry['seconds']:7.1f} s"
                   f"  refused {sum(entry['refused'].values()):4}  failures {len(entry['failures'])}"
                   + (f": {note}" if note else ""), flush=True)
-    if profiler is not None:
-        profiler.disable()
-        profiler.dump_stats(args.cprofile)
-        Path(f"{args.cprofile}.cases").write_text(f"{sum(c['cases'] for c in campaigns)}\n")
+    cases = sum(c["cases"] for c in campaigns)
+    if args.cprofile is not None:
+        Path(f"{args.cprofile}.cases").write_text(f"{cases}\n")
+    if args.stage_times is not None:
+        import stage_times
+        stage_times.write(args.stage_times, stage_totals, cases, sum(c["seconds"] for c in campaigns))
     result = dict(schema=1, date=started.isoformat(timespec="seconds"), shard=shard,
                   profile=profile.name, seconds_budget=args.seconds,
                   gradient_every=args.gradient_every, isolated=args.isolate, palette=args.palette,

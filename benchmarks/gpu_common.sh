@@ -28,6 +28,8 @@ scale_run() {   # $1 = processes, $2 = label, $3 = first shard, $4... = more gpu
         [[ -n "${SCALE_PALETTES:-}" ]] && palette=(--palette $(( i % SCALE_PALETTES )))
         local profiled=()    # SCALE_PROFILE_FIRST=1: process 0 under cProfile (host_profile.py)
         [[ -n "${SCALE_PROFILE_FIRST:-}" && $i == 0 ]] && profiled=(--cprofile "$dir/first.stats")
+        # SCALE_STAGE_TIMES=1: every process times its stages (stage_times.py), stage_times_I.json
+        [[ -n "${SCALE_STAGE_TIMES:-}" ]] && profiled+=(--stage-times "$dir/stage_times_$i.json")
         CUDA_VISIBLE_DEVICES=${SCALE_GPU-0} OMP_NUM_THREADS=1 PYTHONPATH="$tree" timeout $(( SCALING_SECONDS + 60 )) \
             python3 "$tree/benchmarks/gpu_campaign.py" --impl "${SCALE_IMPL:-sdpa}" \
             --dtype "${SCALE_DTYPE:-float32}" --seconds "$SCALING_SECONDS" --shard $(( base + i )) \

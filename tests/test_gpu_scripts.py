@@ -237,3 +237,28 @@ def test_contention_probe_times_the_device_part_of_judging_and_needs_cuda_for_th
         with pytest.raises(SystemExit):
             probe.main(["syncs", "--seconds", "0.1"])
         assert "no GPU is visible here" in capsys.readouterr().err
+
+
+def test_stage_times_and_host_profile_account_for_the_judged_cases(tmp_path, capsys):
+    """gpu_campaign.py --stage-times and --cprofile: the stage timers add up inside the campaign's
+    time and are removed after; both summaries print per judged case."""
+    from fuzzattn.campaigns import campaign as campaign_module
+    judge_before = campaign_module.judge
+    campaign = _script("gpu_campaign")
+    timers, stats = tmp_path / "stages.json", tmp_path / "run.stats"
+    from fuzzattn.cli import _profile_restored
+    with _profile_restored():
+        assert campaign.main(["--seconds", "1.5", "--out", str(tmp_path), "--profile", "ci",
+                              "--impl", "sdpa", "--dtype", "float32", "--gradient-every", "2",
+                              "--stage-times", str(timers), "--cprofile", str(stats)]) == 0
+    assert campaign_module.judge is judge_before         # the timers are gone again
+    record = json.loads(timers.read_text())
+    stages = record["stages"]
+    assert record["cases"] > 0 and 0 < stages["judge"] <= record["seconds"]
+    assert 0 < stages["oracle"] < stages["judge"] and 0 < stages["gradients"] < stages["judge"]
+    assert int(Path(f"{stats}.cases").read_text()) == record["cases"]
+    _script("stage_times").main([str(timers)])
+    _script("host_profile").main([str(stats), "--top", "5"])
+    out = capsys.readouterr().out
+    assert f"{'judged cases':<34}" in out and f"{record['cases']} judged cases" in out
+    assert "value checks" in out and "top 5 by own time" in out
