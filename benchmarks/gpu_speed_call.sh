@@ -30,6 +30,11 @@
 #   bash benchmarks/gpu_speed_call.sh macs      16 sdpa fp32 fuzzers with more cases judged on the host
 #                                               (FUZZATTN_HOST_JUDGE_MACS = MACS_VALUES, default
 #                                               2^21 (the default), 2^23, 2^25)
+#   bash benchmarks/gpu_speed_call.sh stages    wall-clock time per judge stage (stage_times.py), sdpa fp32,
+#                                               K = 1 and 16, every process timed
+#   bash benchmarks/gpu_speed_call.sh checks    16 sdpa fp32 fuzzers with FUZZATTN_HOST_CHECK_ELEMENTS =
+#                                               CHECK_VALUES (default 0 (checks on the device), 2^17
+#                                               (the default), 2^19)
 #   bash benchmarks/gpu_speed_call.sh suite     the test suite on the GPU (SUITE_TESTS, default all of
 #                                               tests/): which fail there, by name
 # Several modes run one after the other: bash benchmarks/gpu_speed_call.sh triton ab
@@ -72,7 +77,7 @@ wait_suite() {   # the background suite's summary, once it ended
 }
 
 for MODE in "${MODES[@]}"; do
-[[ "$MODE" =~ ^(sdpa|ab|triton|ceiling|contention|mps|hostprofile|macs)$ ]] && wait_suite
+[[ "$MODE" =~ ^(sdpa|ab|triton|ceiling|contention|mps|hostprofile|macs|stages|checks)$ ]] && wait_suite
 if [[ "$MODE" == sdpa ]]; then
     step "the judge on the GPU: engine, checks, gradients, transfer, palette tests, this tree and BEFORE"
     TESTS="tests/test_engine.py tests/test_checks.py tests/test_gradients.py tests/test_judge_device.py
@@ -244,6 +249,18 @@ elif [[ "$MODE" == macs ]]; then
     step "16 sdpa fp32 fuzzers, more cases judged on the host (FUZZATTN_HOST_JUDGE_MACS)"
     for macs in ${MACS_VALUES:-2097152 8388608 33554432}; do
         FUZZATTN_HOST_JUDGE_MACS=$macs scale_run 16 "macs_$macs" 1900 | tee -a "$OUT/scaling.txt"
+    done
+elif [[ "$MODE" == stages ]]; then
+    step "wall-clock time per judge stage: sdpa fp32, K = 1 and 16"
+    for k in 1 16; do
+        SCALE_STAGE_TIMES=1 scale_run "$k" "stages_$k" $(( 2000 + 20 * k )) | tee -a "$OUT/scaling.txt"
+    done
+    python3 benchmarks/stage_times.py "$OUT"/scaling/stages_1/stage_times_0.json \
+        "$OUT"/scaling/stages_16/stage_times_{0,5,10,15}.json | tee "$OUT/stage_times.txt"
+elif [[ "$MODE" == checks ]]; then
+    step "16 sdpa fp32 fuzzers, checks of larger cases on the host or the device (FUZZATTN_HOST_CHECK_ELEMENTS)"
+    for elements in ${CHECK_VALUES:-0 131072 524288}; do
+        FUZZATTN_HOST_CHECK_ELEMENTS=$elements scale_run 16 "checks_$elements" 2100 | tee -a "$OUT/scaling.txt"
     done
 elif [[ "$MODE" == mps ]]; then
     # The host-bound ceiling: under MPS the 16 processes share one scheduling context, so
