@@ -35,6 +35,12 @@ WRAPPED = (
     ("fuzzattn.engine.gradients", "oracle_gradients", "gradients: oracle"),
     ("fuzzattn.engine.gradients", "same_precision_gradients", "gradients: reference"),
     ("fuzzattn.engine.gradients", "moved_together", "gradients: references moved"),
+    ("fuzzattn.engine.gradients", "_run", "gradients: runs"),
+    ("fuzzattn.engine.gradients", "materialize_dout", "gradients: dO materialised"),
+    ("fuzzattn.engine.gradients", "_allowances", "gradients: allowances"),
+    ("fuzzattn.engine.gradients", "_nonfinite", "gradients: nonfinite check"),
+    ("fuzzattn.engine.gradients", "_empty_rows", "gradients: empty rows"),
+    ("fuzzattn.engine.gradients", "_values", "gradients: value checks"),
 )
 
 

@@ -11,6 +11,7 @@ picks up NaN, which the oracle never has.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import math
 
@@ -306,9 +307,17 @@ def materialize_dout(case: AttentionCase, device: str | torch.device = "cpu",
     """(storage, view): the case's upstream gradient dO, standard normal values rounded to the
     case's dtype, in q's layout (so a transposed or sliced q comes with a dO of the same form)
     inside NaN-guarded storage, bit-identical on every machine."""
-    g = torch.Generator().manual_seed(case.data_seed ^ DOUT_SEED_MIX)
-    logical = torch.randn(case.shape("q"), generator=g)
+    logical = _dout_values(case.data_seed, tuple(case.shape("q")))
     return place(logical, case.layout[0], torch_dtype(case.dtype), device, pad_value)
+
+
+@functools.lru_cache(maxsize=2)
+def _dout_values(data_seed: int, shape: tuple[int, ...]) -> torch.Tensor:
+    """dO's standard normal values, kept for the next call: a gradient judgement asks for the
+    same dO two to four times (each backward run, the oracles), and the CPU's randn of a large
+    case costs milliseconds each time. Never handed out: `place` copies it into new storage."""
+    g = torch.Generator().manual_seed(data_seed ^ DOUT_SEED_MIX)
+    return torch.randn(shape, generator=g)
 
 
 def inputs_sha256(inputs: Inputs) -> str:
