@@ -95,22 +95,27 @@ def out_rms_bound(got: torch.Tensor, reference: torch.Tensor, oracle: torch.Tens
     if empty_rows is not None:
         keep = keep & ~empty_rows.to(keep.device)
     keep = keep[..., None].expand_as(oracle64)
-    err = (got.to(torch.float64) - oracle64).masked_fill(~keep, 0.0)
-    ref_err = (reference.to(torch.float64) - oracle64).masked_fill(~keep, 0.0)
+    drop = ~keep
+    # In place on fresh tensors (tolerance.bound says why), made contiguous first: the sums of
+    # squares below then add in the same order whatever layout the implementation's output has.
+    err = (got.to(torch.float64) - oracle64).contiguous().masked_fill_(drop, 0.0)
+    ref_err = (reference.to(torch.float64) - oracle64).contiguous().masked_fill_(drop, 0.0)
     # A NaN or inf anywhere makes the statistic infinite: it fails, as under the max rule.
-    nonfinite = ~torch.isfinite(err) & keep
-    err = err.masked_fill(~torch.isfinite(err), 0.0)
+    infinite = ~torch.isfinite(err)
+    nonfinite = infinite & keep
+    err.masked_fill_(infinite, 0.0)
     # Each element's own rounding scale: the output dtype's rounding at |out|, plus fp32
     # summation rounding at the size of the terms summed (far above |out| where they cancel).
-    summed = oracle64.abs() if out_magnitude is None else out_magnitude.to(torch.float64)
-    scale = (unit_roundoff(got.dtype) * oracle64.abs() + U32 * summed).masked_fill(~keep, 0.0)
+    magnitude = oracle64.abs()
+    summed = magnitude if out_magnitude is None else out_magnitude.to(torch.float64)
+    scale = (unit_roundoff(got.dtype) * magnitude + U32 * summed).masked_fill_(drop, 0.0)
     # Scores off by up to d = SCORE_ULPS u(fp32) S move out_i = sum_j p_j v_j by sum_j p_j
     # delta_j (v_j - out_i), at most d (A_i + |out_i|): a per-element bound, so a bound on the rms.
-    moved = (summed + oracle64.abs()).masked_fill(~keep, 0.0)
+    moved = (summed + magnitude).masked_fill_(drop, 0.0)
     # Every scalar below in one read-back (a wait per read on a time-sliced GPU: engine/runs.py).
-    squared = [err, ref_err, scale, oracle64.abs().masked_fill(~keep, 0.0), moved]
+    squared = [err, ref_err, scale, magnitude.masked_fill(drop, 0.0), moved]
     if tf32:
-        squared.append(summed.masked_fill(~keep, 0.0))
+        squared.append(summed.masked_fill(drop, 0.0))
     n, any_nonfinite, *squares = torch.stack(
         [keep.sum().to(torch.float64), nonfinite.any().to(torch.float64)]
         + [t.pow(2).sum() for t in squared]).tolist()

@@ -98,7 +98,7 @@ def _on(run: runs.Run, device: torch.device) -> runs.Run:
 def _nonfinite_rows(run: runs.Run, ref: Reference) -> torch.Tensor:
     """(B, H, Nq) bool: rows with NaN/inf in out (or lse) where the oracle is finite."""
     run = _on(run, ref.out.device)
-    bad = (~torch.isfinite(run.out.to(torch.float64)) & torch.isfinite(ref.out)).any(dim=-1)
+    bad = (~torch.isfinite(run.out) & torch.isfinite(ref.out)).any(dim=-1)
     if run.lse is not None:
         bad |= torch.isnan(run.lse) | (torch.isinf(run.lse) & torch.isfinite(ref.lse))
     return bad
