@@ -118,7 +118,7 @@ def out_rms_bound(got: torch.Tensor, reference: torch.Tensor, oracle: torch.Tens
         squared.append(summed.masked_fill(drop, 0.0))
     n, any_nonfinite, *squares = torch.stack(
         [keep.sum().to(torch.float64), nonfinite.any().to(torch.float64)]
-        + [t.pow(2).sum() for t in squared]).tolist()
+        + [t.mul(t).sum() for t in squared]).tolist()     # t * t: pow(2)'s bits, ~4x faster on the host
     n = int(n)
     err_rms, ref_rms, scale_rms, magnitude_rms, moved_rms, *summed_rms = (
         _rms(sq, n) for sq in squares)
