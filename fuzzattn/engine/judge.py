@@ -220,7 +220,7 @@ def judge(impl: Implementation, case: AttentionCase, device=None, *,
 
 def _runs_together(references: torch.device, device) -> bool:
     """Whether the second run follows the first at once, both read back in one transfer (one
-    wait for a time-sliced GPU instead of two: engine/runs.py). So when the judgement computes
+    wait for a time-sliced GPU instead of two: engine/runs.py). So when the references compute
     on the host while the implementation runs on an accelerator: no reference then touches the
     device, so nothing a reference leaves in device memory can lie between the runs anyway.
     Otherwise the second run comes after the references, on the device they used. (The first
