@@ -68,6 +68,15 @@ under_mps() {
     unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
 }
 
+# 16 sdpa fp32 fuzzers once per value of an environment variable, each run labelled with it.
+sweep() {   # $1 = the variable, $2 = label prefix, $3 = first shard, $4... = its values
+    local var=$1 label=$2 base=$3 value
+    shift 3
+    for value in "$@"; do
+        ( export "$var=$value"; scale_run 16 "${label}_$value" "$base" ) | tee -a "$OUT/scaling.txt"
+    done
+}
+
 SUITE_PID=
 wait_suite() {   # the background suite's summary, once it ended
     [[ -n "$SUITE_PID" ]] || return 0
@@ -247,9 +256,7 @@ elif [[ "$MODE" == hostprofile ]]; then
     done
 elif [[ "$MODE" == macs ]]; then
     step "16 sdpa fp32 fuzzers, more cases judged on the host (FUZZATTN_HOST_JUDGE_MACS)"
-    for macs in ${MACS_VALUES:-2097152 8388608 33554432}; do
-        FUZZATTN_HOST_JUDGE_MACS=$macs scale_run 16 "macs_$macs" 1900 | tee -a "$OUT/scaling.txt"
-    done
+    sweep FUZZATTN_HOST_JUDGE_MACS macs 1900 ${MACS_VALUES:-2097152 8388608 33554432}
 elif [[ "$MODE" == stages ]]; then
     step "wall-clock time per judge stage: sdpa fp32, K = 1 and 16"
     for k in 1 16; do
@@ -259,9 +266,7 @@ elif [[ "$MODE" == stages ]]; then
         "$OUT"/scaling/stages_16/stage_times_{0,5,10,15}.json | tee "$OUT/stage_times.txt"
 elif [[ "$MODE" == checks ]]; then
     step "16 sdpa fp32 fuzzers, checks of larger cases on the host or the device (FUZZATTN_HOST_CHECK_ELEMENTS)"
-    for elements in ${CHECK_VALUES:-0 131072 524288}; do
-        FUZZATTN_HOST_CHECK_ELEMENTS=$elements scale_run 16 "checks_$elements" 2100 | tee -a "$OUT/scaling.txt"
-    done
+    sweep FUZZATTN_HOST_CHECK_ELEMENTS checks 2100 ${CHECK_VALUES:-0 131072 524288}
 elif [[ "$MODE" == mps ]]; then
     # The host-bound ceiling: under MPS the 16 processes share one scheduling context, so
     # waiting for the GPU costs little (contention above) and what is left is each case's host work.
