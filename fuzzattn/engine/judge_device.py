@@ -26,10 +26,11 @@ dozen elementwise passes and the reads of their maxima, run on the host. On the 
 those reads is a wait for this process's time slice, ~2 ms each with 16 fuzzers sharing the GPU
 (benchmarks/contention_probe.py), and a device-judged case made about ten of them; judged half
 and half it makes four (the input copy, each run's read-back, the references'). Measured on the
-H200 (benchmarks/gpu_speed_call.sh checks, 16 sdpa fp32 fuzzers, one call): 509 cases/s with
-every larger case checked on the device, 546 with the bound at 2^17 elements, 577 at 2^19, the default
-(~4 MB per float64 tensor; ~88% of the gpu profile's device-judged sdpa cases, 600 drawn).
-FUZZATTN_HOST_CHECK_ELEMENTS overrides it.
+H200 (benchmarks/gpu_speed_call.sh checks, 16 sdpa fp32 fuzzers): 509 cases/s with every
+larger case checked on the device, 546 with the bound at 2^17 elements, 577 at 2^19 (one call);
+559 at 2^19, 478 at 2^20, 422 at 2^21 (the next call): 2^19 it is (~4 MB per float64 tensor;
+~88% of the gpu profile's sdpa cases with references on the device, 600 drawn).
+FUZZATTN_HOST_CHECK_ELEMENTS overrides it (0: every larger case checked on the device).
 """
 from __future__ import annotations
 
@@ -39,9 +40,7 @@ import os
 import torch
 
 from fuzzattn.contract.case import AttentionCase
-from fuzzattn.engine.transfer import same_device
-
-from fuzzattn.engine.transfer import read_back
+from fuzzattn.engine.transfer import read_back, same_device
 
 HOST_JUDGE_MACS = 2 ** 21
 ENV = "FUZZATTN_HOST_JUDGE_MACS"
