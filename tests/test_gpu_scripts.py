@@ -30,7 +30,9 @@ def _script(name: str):
 
 @pytest.fixture(scope="module")
 def two_runs(tmp_path_factory):
-    """Two tiny runs into one --out: a real implementation and one that fails on bottom-right."""
+    """Two tiny runs into one --out: a real implementation and one that fails on bottom-right.
+    The tests using it stand together below it: under `--dist worksteal` a test of it stolen by
+    the other worker sets it up there again (8.5 s, seen in the durations)."""
     campaign = _script("gpu_campaign")
     out = tmp_path_factory.mktemp("gpu_results")
     known = tmp_path_factory.mktemp("known")
@@ -99,6 +101,14 @@ def test_the_report_sums_the_runs(two_runs, tmp_path):
     assert "bottom_right_as_top_left" in text.split("## Findings")[1]
 
 
+def test_the_scaling_summary_sums_the_runs_of_a_directory(two_runs):
+    out, runs = two_runs
+    cases = sum(c["cases"] for r in runs for c in r["campaigns"])
+    line = _script("scaling_summary").summary(out, 2, "two_runs")
+    assert f"{len(runs):2d} results, {cases:6d} cases" in line and cases > 0
+    assert line.endswith("GPU sm% median -1")        # no dmon samples on the CPU
+
+
 def test_the_report_refuses_what_is_not_a_result(tmp_path):
     report = _script("gpu_report")
     (tmp_path / "gpu_campaign_x.json").write_text("{}")
@@ -154,14 +164,6 @@ def test_triage_judges_each_file_per_implementation_forward_and_with_gradients(c
     assert all("forward: ok" in line and line.rstrip().endswith("with gradients: ok")
                for line in judged), judged
     assert "no_such_impl: not a registered implementation" in lines
-
-
-def test_the_scaling_summary_sums_the_runs_of_a_directory(two_runs):
-    out, runs = two_runs
-    cases = sum(c["cases"] for r in runs for c in r["campaigns"])
-    line = _script("scaling_summary").summary(out, 2, "two_runs")
-    assert f"{len(runs):2d} results, {cases:6d} cases" in line and cases > 0
-    assert line.endswith("GPU sm% median -1")        # no dmon samples on the CPU
 
 
 @pytest.mark.parametrize("script", sorted((ROOT / "benchmarks").glob("gpu_*.sh")), ids=lambda p: p.name)
