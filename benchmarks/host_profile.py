@@ -39,13 +39,19 @@ def cases_beside(stats: Path) -> int:
         raise SystemExit(f"host_profile: no judged-case count in {counted}: give --cases N") from None
 
 
+def stage_ms(stats: dict, cases: int, stages: dict = STAGES) -> dict[str, float]:
+    """Milliseconds per judged case of each stage: the cumulative time of its function, from
+    pstats' raw table (`pstats.Stats(...).stats`); also throughput.py's breakdown."""
+    return {stage: 1000.0 * sum(v[3] for (file, _, func), v in stats.items()
+                                if file.endswith(suffix) and func == name) / max(cases, 1)
+            for stage, (suffix, name) in stages.items()}
+
+
 def summarise(stats_path: Path, cases: int, top: int) -> str:
     stats = pstats.Stats(str(stats_path)).stats
     per_case = 1000.0 / max(cases, 1)
     lines = [f"{stats_path}: {cases} judged cases; milliseconds per judged case"]
-    for stage, (suffix, name) in STAGES.items():
-        total = sum(v[3] for (file, _, func), v in stats.items() if file.endswith(suffix) and func == name)
-        lines.append(f"  {stage:<32}{total * per_case:9.2f}")
+    lines += [f"  {stage:<32}{ms:9.2f}" for stage, ms in stage_ms(stats, cases).items()]
 
     def label(key):
         file, line, func = key

@@ -41,13 +41,15 @@ from fuzzattn.engine.oracle import oracle
 from fuzzattn.engine.registry import implementations
 from strategies import attention_cases
 
-# Functions whose cumulative time makes up each stage of the breakdown.
+from host_profile import stage_ms    # benchmarks/, this script's own folder
+
+# Functions whose cumulative time makes up each stage of the breakdown (file, function).
 STAGES = {
-    "draw (hypothesis)": ("cases.py:", "_cases"),
-    "materialise": ("inputs.py:", "materialize"),
-    "implementation runs": ("execute.py:", "call"),
-    "oracle + reference": ("oracle.py:", "_attend"),
-    "gradients": ("gradients.py:", "judge_gradients"),
+    "draw (hypothesis)": ("cases.py", "_cases"),
+    "materialise": ("inputs.py", "materialize"),
+    "implementation runs": ("execute.py", "call"),
+    "oracle + reference": ("oracle.py", "_attend"),
+    "gradients": ("gradients.py", "judge_gradients"),
 }
 
 
@@ -71,13 +73,7 @@ def bare_loop(impl, strategy, cases: int, device) -> tuple[int, float]:
 
 
 def breakdown(profile: cProfile.Profile, cases: int) -> dict[str, float]:
-    stats = pstats.Stats(profile).stats
-    out = {}
-    for stage, (file_part, func) in STAGES.items():
-        total = sum(v[3] for (file, _, name), v in stats.items()
-                    if file.endswith(file_part.rstrip(":")) and name == func)
-        out[stage] = 1000 * total / max(cases, 1)
-    return out
+    return stage_ms(pstats.Stats(profile).stats, cases, STAGES)
 
 
 def main(argv=None) -> int:

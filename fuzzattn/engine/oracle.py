@@ -73,7 +73,7 @@ def _attend(q, k, v, case: AttentionCase, compute: torch.dtype, p_dtype: torch.d
     if magnitudes:
         terms = (q.detach().abs() @ k.detach().abs().transpose(-1, -2)).masked_fill(~mask, 0.0)
         score_magnitude = terms.max() * abs(case.softmax_scale) if terms.numel() else 0.0
-        if not deferred and terms.numel():
+        if not deferred:
             score_magnitude = float(score_magnitude)
     # A safe row maximum: rows with no visible key get 0 so exp(-inf - 0) = 0, not NaN.
     row_max = scores.amax(dim=-1, keepdim=True) if case.seq_k else scores.sum(-1, keepdim=True)
