@@ -10,6 +10,10 @@ rates only on the GPU). Three figures per row:
                test can do: materialise, run once, the float64 oracle, one max-error compare
     ratio      pipeline cost per case / bare cost per case (the issue's target: <= 1.5 on CPU)
 
+With `--repeats N` the pipeline and the bare loop run N times each, alternating, on the same
+cases (the verdict memo emptied before each pipeline run), and the rates are the medians: the
+2-core machines drift by 20% within minutes, which one pair of runs cannot tell from a change.
+
 and a per-case breakdown of the pipeline (milliseconds per judged case: drawing, materialising,
 implementation runs, references, the rest), from a second, profiled run (cProfile slows
 Python-heavy stages; the rate is measured without it).
@@ -25,6 +29,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import pstats
+import statistics
 import time
 
 import fuzzattn  # noqa: F401  (selects the Triton backend first)
@@ -32,7 +37,7 @@ import torch
 from hypothesis import given, seed, settings
 
 from fuzzattn import settings as run_settings
-from fuzzattn.campaigns.campaign import fuzz
+from fuzzattn.campaigns.campaign import forget_verdicts, fuzz
 from fuzzattn.contract.dtypes import DTYPES
 from fuzzattn.engine import execute
 from fuzzattn.engine.inputs import materialize
@@ -84,6 +89,8 @@ def main(argv=None) -> int:
     parser.add_argument("--dtype", action="append", choices=DTYPES)
     parser.add_argument("--gradient-every", type=int, default=1, metavar="N",
                         help="judge gradients on one case in N (campaign.fuzz; default 1: all)")
+    parser.add_argument("--repeats", type=int, default=1, metavar="N",
+                        help="pipeline and bare loop N times each, alternating; medians reported")
     args = parser.parse_args(argv)
     profile = run_settings.load_profile(args.profile)
     if run_settings.wants_one_thread():
@@ -98,29 +105,34 @@ def main(argv=None) -> int:
                 continue
             strategy = attention_cases(impl.caps, dtype=dtype, profile=profile)
             fuzz(impl, strategy, max_examples=5, save_to_file=False, hypothesis_seed_value=99)  # warm-up
-            # The rate unprofiled; the breakdown from a second, profiled run of other cases
-            # (cProfile slows Python-heavy stages, so its total is not the rate).
-            start = time.perf_counter()
-            # A fixed seed: two trees (or two runs) compared judge the same cases, as the bare
+            # The rate unprofiled. A fixed seed: two trees (or two runs) compared judge the same cases, as the bare
             # loop does; random draws made rates of one tree vary by 1.5x between runs.
-            result = fuzz(impl, strategy, max_examples=args.cases, save_to_file=False,
-                          hypothesis_seed_value=0, gradient_every=args.gradient_every)
-            seconds = time.perf_counter() - start
+            rates, bare_rates = [], []
+            for _ in range(args.repeats):
+                forget_verdicts()
+                start = time.perf_counter()
+                result = fuzz(impl, strategy, max_examples=args.cases, save_to_file=False,
+                              hypothesis_seed_value=0, gradient_every=args.gradient_every)
+                rates.append(result.cases / (time.perf_counter() - start))
+                bare_cases, bare_seconds = bare_loop(impl, strategy, args.cases, device)
+                bare_rates.append(bare_cases / bare_seconds)
+            # The breakdown from a second, profiled run of other cases (cProfile slows
+            # Python-heavy stages, so its total is not the rate).
             profiler = cProfile.Profile()
             profiler.enable()
             profiled = fuzz(impl, strategy, max_examples=args.cases, save_to_file=False,
                             hypothesis_seed_value=1, gradient_every=args.gradient_every)
             profiler.disable()
-            bare_cases, bare_seconds = bare_loop(impl, strategy, args.cases, device)
-            rows.append((name, dtype, result.cases, seconds, bare_cases, bare_seconds,
-                         breakdown(profiler, profiled.cases), result.passed))
+            rows.append((name, dtype, result.cases, statistics.median(rates),
+                         statistics.median(bare_rates), breakdown(profiler, profiled.cases),
+                         result.passed))
     print(f"profile={profile.name} device={run_settings.device_description()} "
           f"threads={torch.get_num_threads()} gradient_every={args.gradient_every} "
+          f"repeats={args.repeats} "
           f"{run_settings.backend_description()}")
     print(f"{'implementation':<16}{'dtype':<10}{'cases':>6}{'cases/s':>9}{'bare/s':>9}{'ratio':>7}  "
           + "  ".join(f"{s} ms" for s in STAGES) + "  verdict")
-    for name, dtype, cases, seconds, bare_cases, bare_seconds, stages, passed in rows:
-        rate, bare_rate = cases / seconds, bare_cases / bare_seconds
+    for name, dtype, cases, rate, bare_rate, stages, passed in rows:
         print(f"{name:<16}{dtype:<10}{cases:>6}{rate:>9.1f}{bare_rate:>9.1f}{bare_rate / rate:>7.2f}  "
               + "  ".join(f"{stages[s]:>{len(s) + 3}.2f}" for s in STAGES)
               + f"  {'pass' if passed else 'FOUND A FAILURE'}")

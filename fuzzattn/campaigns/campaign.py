@@ -104,6 +104,13 @@ def use_workers(pool, covers) -> tuple | None:
     return previous
 
 
+def forget_verdicts() -> None:
+    """Empty this process's memo of verdicts, so the same cases are judged again (a benchmark
+    timing one campaign several times; a memo hit costs no judging)."""
+    _memo.clear()
+    _rerun.clear()
+
+
 def _run_judge(impl: Implementation, device):
     """How check_case judges `impl` in this run: a pooled worker's judge, or None (in-process)."""
     if _workers is None or impl.cli_name not in _workers[1]:

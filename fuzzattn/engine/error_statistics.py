@@ -91,35 +91,40 @@ def out_rms_bound(got: torch.Tensor, reference: torch.Tensor, oracle: torch.Tens
     tf32 = reads_tf32(got.dtype, fp32_matmul)
     k_rms = K_RMS_TF32 if tf32 else K_RMS
     oracle64 = oracle.to(torch.float64)
-    keep = torch.ones(oracle64.shape[:-1], dtype=torch.bool, device=oracle64.device)
-    if empty_rows is not None:
-        keep = keep & ~empty_rows.to(keep.device)
-    keep = keep[..., None].expand_as(oracle64)
-    drop = ~keep
-    # In place on fresh tensors (tolerance.bound says why), made contiguous first: the sums of
-    # squares below then add in the same order whatever layout the implementation's output has.
-    err = (got.to(torch.float64) - oracle64).contiguous().masked_fill_(drop, 0.0)
-    ref_err = (reference.to(torch.float64) - oracle64).contiguous().masked_fill_(drop, 0.0)
+    # Rows with no visible key are left out: zeroed (in place, on fresh tensors: tolerance.bound
+    # says why) and not counted. Without any (`empty_rows` None), nothing is masked.
+    drop = None if empty_rows is None else \
+        empty_rows.to(oracle64.device)[:, None].expand(oracle64.shape)
+
+    def kept(t: torch.Tensor) -> torch.Tensor:
+        return t if drop is None else t.masked_fill_(drop, 0.0)
+
+    # Made contiguous first: the sums of squares below then add in the same order whatever
+    # layout the implementation's output has.
+    err = kept((got.to(torch.float64) - oracle64).contiguous())
+    ref_err = kept((reference.to(torch.float64) - oracle64).contiguous())
     # A NaN or inf anywhere makes the statistic infinite: it fails, as under the max rule.
     infinite = ~torch.isfinite(err)
-    nonfinite = infinite & keep
+    nonfinite = infinite if drop is None else infinite & ~drop
     err.masked_fill_(infinite, 0.0)
     # Each element's own rounding scale: the output dtype's rounding at |out|, plus fp32
     # summation rounding at the size of the terms summed (far above |out| where they cancel).
     magnitude = oracle64.abs()
     summed = magnitude if out_magnitude is None else out_magnitude.to(torch.float64)
-    scale = (unit_roundoff(got.dtype) * magnitude + U32 * summed).masked_fill_(drop, 0.0)
+    scale = kept(unit_roundoff(got.dtype) * magnitude + U32 * summed)
     # Scores off by up to d = SCORE_ULPS u(fp32) S move out_i = sum_j p_j v_j by sum_j p_j
     # delta_j (v_j - out_i), at most d (A_i + |out_i|): a per-element bound, so a bound on the rms.
-    moved = (summed + magnitude).masked_fill_(drop, 0.0)
+    moved = kept(summed + magnitude)
     # Every scalar below in one read-back (a wait per read on a time-sliced GPU: engine/runs.py).
-    squared = [err, ref_err, scale, magnitude.masked_fill(drop, 0.0), moved]
+    squared = [err, ref_err, scale, magnitude if drop is None else magnitude.masked_fill(drop, 0.0),
+               moved]
     if tf32:
-        squared.append(summed.masked_fill(drop, 0.0))
-    n, any_nonfinite, *squares = torch.stack(
-        [keep.sum().to(torch.float64), nonfinite.any().to(torch.float64)]
-        + [t.mul(t).sum() for t in squared]).tolist()     # t * t: pow(2)'s bits, ~4x faster on the host
-    n = int(n)
+        squared.append(summed if drop is None else summed.masked_fill(drop, 0.0))
+    counted = [] if drop is None else [drop.logical_not().sum().to(torch.float64)]
+    any_nonfinite, *squares = torch.stack(
+        [nonfinite.any().to(torch.float64)] + [t.mul(t).sum() for t in squared]  # t * t: pow(2)'s
+        + counted).tolist()                                     # bits, ~4x faster on the host
+    n = int(squares.pop()) if counted else oracle64.numel()
     err_rms, ref_rms, scale_rms, magnitude_rms, moved_rms, *summed_rms = (
         _rms(sq, n) for sq in squares)
 

@@ -269,9 +269,11 @@ def judge_gradients(impl: Implementation, case: AttentionCase, device, forward=N
         host = first.inputs.host
         fresh = host if host is not None and references.type == "cpu" else materialize(case, references)
     _, dout = materialize_dout(case, references)
-    ref, spr = moved_together(
-        [oracle_gradients(*fresh.tensors(), dout, case, deferred=True),
-         same_precision_gradients(*fresh.tensors(), dout, case, impl.caps.fp32_matmul)], here)
+    away = not same_device(references, here)
+    ref, spr = [oracle_gradients(*fresh.tensors(), dout, case, deferred=away),
+                same_precision_gradients(*fresh.tensors(), dout, case, impl.caps.fp32_matmul)]
+    if away:
+        ref, spr = moved_together([ref, spr], here)
 
     allowances = _allowances(impl, case, first, ref)
     vacuous = _vacuous(first, allowances)

@@ -65,13 +65,20 @@ def _attend(q, k, v, case: AttentionCase, compute: torch.dtype, p_dtype: torch.d
         q, k, v = matmul_round(q), matmul_round(k), matmul_round(v)
     scores = (q @ k.transpose(-1, -2)) * case.softmax_scale
     mask = visible_keys(case.seq_q, case.seq_k, case.causal, q.device)
-    if mask is None:
-        mask = torch.ones(case.seq_q, case.seq_k, dtype=torch.bool, device=q.device)
-    scores = scores.masked_fill(~mask, float("-inf"))
-    empty = ~mask.any(dim=-1)
+    if mask is None and case.seq_k == 0:
+        mask = torch.ones(case.seq_q, 0, dtype=torch.bool, device=q.device)   # every row empty
+    # Every key visible (mask None): nothing to mask, and no row is empty; the masking below is
+    # skipped rather than done with an all-True mask (the same values, seven operations fewer).
+    hidden = None if mask is None else ~mask
+    if hidden is not None:
+        scores = scores.masked_fill(hidden, float("-inf"))
+    empty = (torch.zeros(case.seq_q, dtype=torch.bool, device=q.device) if mask is None
+             else ~mask.any(dim=-1))
     score_magnitude = math.nan
     if magnitudes:
-        terms = (q.detach().abs() @ k.detach().abs().transpose(-1, -2)).masked_fill(~mask, 0.0)
+        terms = q.detach().abs() @ k.detach().abs().transpose(-1, -2)
+        if hidden is not None:
+            terms = terms.masked_fill(hidden, 0.0)
         score_magnitude = terms.max() * abs(case.softmax_scale) if terms.numel() else 0.0
         if not deferred:
             score_magnitude = float(score_magnitude)
@@ -90,10 +97,12 @@ def _attend(q, k, v, case: AttentionCase, compute: torch.dtype, p_dtype: torch.d
     safe_denom = torch.where(denom > 0, denom, torch.ones_like(denom))
     out = (p @ v) / safe_denom
     lse = (row_max + torch.log(denom)).squeeze(-1)
-    out = out.masked_fill(empty[:, None], 0.0)
     magnitude = None
     if magnitudes:
-        magnitude = ((p @ v.abs()) / safe_denom).masked_fill(empty[:, None], 0.0)
+        magnitude = (p @ v.abs()) / safe_denom
+    if mask is not None:
+        out = out.masked_fill(empty[:, None], 0.0)
+        magnitude = magnitude if magnitude is None else magnitude.masked_fill(empty[:, None], 0.0)
     return Reference(out, lse, empty, score_magnitude, magnitude)
 
 
