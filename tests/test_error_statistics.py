@@ -12,7 +12,7 @@ from fuzzattn.contract.dtypes import unit_roundoff
 from fuzzattn.engine.error_statistics import out_rms_bound
 from fuzzattn.engine.judge import judge
 from fuzzattn.engine.registry import implementations, mutants
-from fuzzattn.engine.tolerance import EPS_ULPS, K_OUT, K_RMS, RMS_SAMPLING, out_bound
+from fuzzattn.engine.tolerance import EPS_ULPS, K_OUT, K_RMS, RMS_SAMPLING, all_finite, out_bound
 from fuzzattn.engine.verdict import CHECKS
 from strategies.lengths import MAX_CHUNK, SHAPE_FAMILIES, TILE, seq_shapes
 
@@ -114,6 +114,30 @@ def test_rows_with_no_visible_key_are_left_out():
     empty = torch.tensor([True, False, False, False])
     b = out_rms_bound(reference, reference, oracle, empty)
     assert b.elements == 3 * 8
+
+
+def test_the_host_shortcuts_leave_inputs_alone_and_still_see_every_nonfinite_entry():
+    """On the host, tolerance.bound and out_rms_bound skip their masks when one float64 sum says
+    everything is finite (tolerance.all_finite). Unmasked, the oracle is the caller's own tensor:
+    nothing may write to it. And whatever the sum says, a NaN or inf in the output fails: an inf
+    and a -inf (their sum NaN), a NaN in a row that is left out (that one must not count)."""
+    oracle, reference = _tensors()
+    kept = [t.clone() for t in (oracle, reference)]
+    assert out_bound(reference, reference, oracle).ok
+    assert out_rms_bound(reference, reference, oracle).ok
+    assert all(torch.equal(a, b) for a, b in zip(kept, (oracle, reference)))
+    got = reference.clone()
+    got[0, 0, 1, 1], got[1, 1, 2, 3] = float("inf"), float("-inf")
+    for rule in (out_bound, out_rms_bound):
+        b = rule(got, reference, oracle)
+        assert not b.ok and math.isinf(b.error if rule is out_bound else b.statistic)
+    empty = torch.zeros(oracle.shape[2], dtype=torch.bool)
+    empty[7] = True
+    oracle[..., 7, :] = 0.0
+    got = oracle.to(torch.bfloat16)
+    got[0, 1, 7, 0] = float("nan")
+    assert out_rms_bound(got, got, oracle, empty).ok           # NaN in a row left out
+    assert all_finite(oracle) and not all_finite(got) and not all_finite(torch.tensor([1e308] * 2))
 
 
 def test_out_rms_is_a_named_check_after_the_max_rule():

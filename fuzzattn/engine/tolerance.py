@@ -169,16 +169,31 @@ def bound(got: torch.Tensor, reference: torch.Tensor, oracle: torch.Tensor, *, k
     (lse of rows with no visible key) are excluded here and checked exactly by the caller."""
     # In place on fresh tensors where it can be: on the host each new tensor of a large case is
     # fresh pages to fault in, which cost more than the arithmetic.
-    excluded = ~torch.isfinite(oracle)
-    oracle64 = oracle.to(torch.float64).masked_fill(excluded, 0.0)
-    err = (got.to(torch.float64) - oracle64).abs_().masked_fill_(excluded, 0.0)
-    ref_err = (reference.to(torch.float64) - oracle64).abs_().masked_fill_(excluded, 0.0)
+    oracle64 = oracle.to(torch.float64)
+    excluded = None if all_finite(oracle64) else ~torch.isfinite(oracle)
+    if excluded is not None:
+        oracle64 = oracle64.masked_fill(excluded, 0.0)
+    err = (got.to(torch.float64) - oracle64).abs_()
+    ref_err = (reference.to(torch.float64) - oracle64).abs_()
+    if excluded is not None:
+        err.masked_fill_(excluded, 0.0)
+        ref_err.masked_fill_(excluded, 0.0)
     # NaN never satisfies <=, so a NaN error fails; keep it visible in the maximum too.
     err.nan_to_num_(nan=float("inf"), posinf=float("inf"))
-    worst, magnitude, ref_worst = maxima(err, oracle64.abs_(), ref_err)
+    # |oracle| in place only on the masked copy: unmasked, oracle64 may be the caller's tensor.
+    worst, magnitude, ref_worst = maxima(
+        err, oracle64.abs() if excluded is None else oracle64.abs_(), ref_err)
     allowed = k * ref_worst + relative_noise * max(magnitude, FLOOR) + absolute_noise
     rows = err.amax(dim=-1) if err.dim() == 4 else err
     return Bound(worst, allowed, ref_worst, rows)
+
+
+def all_finite(t: torch.Tensor) -> bool:
+    """True when `t` (on the host) is certainly finite everywhere: one float64 sum instead of an
+    isfinite mask and the masking it drives (finite sums come only from finite entries; a sum
+    that overflows says False, and the caller masks as it would have). Always False off the
+    host, where the read would be one more wait for the device (engine/runs.py)."""
+    return t.device.type == "cpu" and math.isfinite(float(t.sum(dtype=torch.float64)))
 
 
 def maxima(*tensors: torch.Tensor) -> list[float]:
