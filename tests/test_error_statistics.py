@@ -5,7 +5,7 @@ import math
 
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
 
 from fuzzattn import AttentionCase
 from fuzzattn.contract.dtypes import unit_roundoff
