@@ -35,6 +35,9 @@
 #   bash benchmarks/gpu_speed_call.sh checks    16 sdpa fp32 fuzzers with FUZZATTN_HOST_CHECK_ELEMENTS =
 #                                               CHECK_VALUES (default 0 (checks on the device), 2^17
 #                                               (the default), 2^19)
+#   bash benchmarks/gpu_speed_call.sh rows      K fuzzers of each implementation and dtype in ROWS (default
+#                                               "sdpa:bfloat16 sdpa:float16 torch_tiled:float32"), K in
+#                                               ROW_COUNTS (default 1 16): THROUGHPUT.md's per-row rates
 #   bash benchmarks/gpu_speed_call.sh suite     the test suite on the GPU (SUITE_TESTS, default all of
 #                                               tests/): which fail there, by name
 # Several modes run one after the other: bash benchmarks/gpu_speed_call.sh triton ab
@@ -86,7 +89,7 @@ wait_suite() {   # the background suite's summary, once it ended
 }
 
 for MODE in "${MODES[@]}"; do
-[[ "$MODE" =~ ^(sdpa|ab|triton|ceiling|contention|mps|hostprofile|macs|stages|checks)$ ]] && wait_suite
+[[ "$MODE" =~ ^(sdpa|ab|triton|ceiling|contention|mps|hostprofile|macs|stages|checks|rows)$ ]] && wait_suite
 if [[ "$MODE" == sdpa ]]; then
     step "the judge on the GPU: engine, checks, gradients, transfer, palette tests, this tree and BEFORE"
     TESTS="tests/test_engine.py tests/test_checks.py tests/test_gradients.py tests/test_judge_device.py
@@ -240,10 +243,13 @@ elif [[ "$MODE" == ceiling ]]; then
 elif [[ "$MODE" == ab ]]; then
     export SCALE_IMPL=${AB_IMPL:-sdpa_math} SCALE_DTYPE=float32
     step "$SCALE_IMPL fp32, this tree and BEFORE alternately, $SCALING_SECONDS s each"
+    round=0     # a K may repeat (AB_COUNTS="16 16": two pairs); each pair its own label and shards
     for k in ${AB_COUNTS:-1 16}; do
-        scale_run "$k" "${SCALE_IMPL}_after_$k" $(( 1100 + 100 * k )) | tee -a "$OUT/scaling.txt"
-        [[ -d "$BEFORE" ]] && SCALE_TREE=$BEFORE scale_run "$k" "${SCALE_IMPL}_before_$k" \
-            $(( 1150 + 100 * k )) | tee -a "$OUT/scaling.txt"
+        round=$(( round + 1 ))
+        scale_run "$k" "${SCALE_IMPL}_after_${k}_$round" $(( 1100 + 100 * k + 40 * round )) \
+            | tee -a "$OUT/scaling.txt"
+        [[ -d "$BEFORE" ]] && SCALE_TREE=$BEFORE scale_run "$k" "${SCALE_IMPL}_before_${k}_$round" \
+            $(( 1120 + 100 * k + 40 * round )) | tee -a "$OUT/scaling.txt"
     done
     unset SCALE_IMPL SCALE_DTYPE
 elif [[ "$MODE" == hostprofile ]]; then
@@ -264,6 +270,16 @@ elif [[ "$MODE" == stages ]]; then
     done
     python3 benchmarks/stage_times.py "$OUT"/scaling/stages_1/stage_times_0.json \
         "$OUT"/scaling/stages_16/stage_times_{0,5,10,15}.json | tee "$OUT/stage_times.txt"
+elif [[ "$MODE" == rows ]]; then
+    step "per implementation and dtype, K = ${ROW_COUNTS:-1 16}, $SCALING_SECONDS s each"
+    base=2200
+    for row in ${ROWS:-sdpa:bfloat16 sdpa:float16 torch_tiled:float32}; do
+        for k in ${ROW_COUNTS:-1 16}; do
+            SCALE_IMPL=${row%%:*} SCALE_DTYPE=${row#*:} scale_run "$k" "${row%%:*}_${row#*:}_$k" "$base" \
+                | tee -a "$OUT/scaling.txt"
+            base=$(( base + 20 ))
+        done
+    done
 elif [[ "$MODE" == checks ]]; then
     step "16 sdpa fp32 fuzzers, checks of larger cases on the host or the device (FUZZATTN_HOST_CHECK_ELEMENTS)"
     sweep FUZZATTN_HOST_CHECK_ELEMENTS checks 2100 ${CHECK_VALUES:-0 131072 524288}
