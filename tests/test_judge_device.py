@@ -96,22 +96,36 @@ def test_moved_together_keeps_every_tensor_and_reads_deferred_magnitudes():
             assert torch.equal(getattr(grads.terms[name], part), getattr(expected.terms[name], part))
 
 
-def test_the_judge_reads_the_references_back_once_with_their_score_magnitude(monkeypatch):
-    """Every judgement computes its references deferred and reads them back in one call of
-    moved_together (forward, then gradients): the score magnitude arrives as a 0-d tensor."""
-    seen = []
+def test_references_are_read_back_once_from_elsewhere_and_not_at_all_from_here(monkeypatch):
+    """References computed where the checks compute (the host, for a CPU run) are not deferred
+    and read nothing back: the oracle's score magnitude is a float at once. Computed elsewhere
+    (on the GPU for a case checked on the host: half-and-half), they are deferred and read back
+    in one call of moved_together per judgement (forward, then gradients), the score magnitude a
+    0-d tensor until then."""
+    seen, magnitudes = [], []
 
     def spying(references, device):
         seen.append([type(r.score_magnitude) for r in references])
         return moved_together(references, device)
 
+    def oracle_spy(*args, **kwargs):
+        ref = oracle(*args, **kwargs)
+        magnitudes.append(type(ref.score_magnitude))
+        return ref
+
     monkeypatch.setattr(judge_module, "moved_together", spying)
     monkeypatch.setattr("fuzzattn.engine.gradients.moved_together", spying)
-    impl = implementations()["sdpa"]
-    judged = judge_module.judge(impl, MIDDLE.replace(seq_q=9, seq_k=11), "cpu")
+    monkeypatch.setattr(judge_module, "oracle", oracle_spy)
+    judged = judge_module.judge(implementations()["sdpa"], MIDDLE.replace(seq_q=9, seq_k=11), "cpu")
     assert judged.passed, judged.describe()
-    assert len(seen) == 2                  # the forward's references, then the gradients'
-    assert seen[0][0] is torch.Tensor and seen[1][0] is torch.Tensor    # the oracles': deferred
+    assert seen == [] and magnitudes == [float]
+    if torch.cuda.is_available():
+        monkeypatch.delenv(CHECK_ENV, raising=False)
+        assert check_device(MIDDLE, "cuda").type == "cpu" and judge_device(MIDDLE, "cuda").type == "cuda"
+        judged = judge_module.judge(implementations()["sdpa_math"], MIDDLE, "cuda")
+        assert judged.passed, judged.describe()
+        assert len(seen) == 2                  # the forward's references, then the gradients'
+        assert seen[0][0] is torch.Tensor and seen[1][0] is torch.Tensor    # the oracles': deferred
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU: references on the device")
