@@ -8,6 +8,7 @@
 #                                               rate), this tree and BEFORE alternately (AB_IMPL,
 #                                               AB_COUNTS: another implementation, other K)
 #   bash benchmarks/gpu_speed_call.sh mps       16 sdpa fp32 fuzzers under MPS, this tree and BEFORE
+#                                               (MPS_ROUNDS pairs, the order alternating)
 #   bash benchmarks/gpu_speed_call.sh triton    compiled triton_fa2 fp16, 16 processes: this tree
 #                                               warms its compile palettes (WARM s), then is timed
 #                                               on new cases of the same palettes; the BEFORE tree
@@ -287,9 +288,21 @@ elif [[ "$MODE" == mps ]]; then
     # The host-bound ceiling: under MPS the 16 processes share one scheduling context, so
     # waiting for the GPU costs little (contention above) and what is left is each case's host work.
     step "16 sdpa fp32 fuzzers under MPS (started here, stopped after): this tree, then BEFORE"
+    # MPS_ROUNDS pairs (default 1), the order alternating: this tree first in odd rounds.
+    mps_run() {   # $1 = after or before, $2 = the round
+        if [[ $1 == after ]]; then
+            scale_run 16 "mps_after_16_$2" $(( 1700 + 100 * $2 )) | tee -a "$OUT/scaling.txt"
+        elif [[ -d "$BEFORE" ]]; then
+            SCALE_TREE=$BEFORE scale_run 16 "mps_before_16_$2" $(( 1750 + 100 * $2 )) \
+                | tee -a "$OUT/scaling.txt"
+        fi
+    }
     mps_pair() {
-        scale_run 16 "mps_after_16" 1700 | tee -a "$OUT/scaling.txt"
-        [[ -d "$BEFORE" ]] && SCALE_TREE=$BEFORE scale_run 16 "mps_before_16" 1750 | tee -a "$OUT/scaling.txt"
+        local round
+        for round in $(seq 1 "${MPS_ROUNDS:-1}"); do
+            if (( round % 2 )); then mps_run after "$round"; mps_run before "$round"
+            else mps_run before "$round"; mps_run after "$round"; fi
+        done
     }
     under_mps mps_pair
 fi
