@@ -50,7 +50,8 @@ import torch
 
 from fuzzattn.contract.dtypes import TF32_ROUNDOFF, U32, reads_tf32, unit_roundoff
 from fuzzattn.engine import tolerance
-from fuzzattn.engine.tolerance import EPS_ULPS, all_finite, K_RMS, K_RMS_TF32, RMS_SAMPLING, SCORE_ULPS, ULP32
+from fuzzattn.engine.tolerance import (EPS_ULPS, K_RMS, K_RMS_TF32, RMS_SAMPLING, SCORE_ULPS,
+                                       ULP32, all_finite)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 
 import torch
 
@@ -26,7 +25,7 @@ from fuzzattn.engine.inputs import Inputs, check_budget, inputs_sha256, material
 from fuzzattn.engine.judge_device import check_device, judge_device, moved, moved_together
 from fuzzattn.engine.oracle import Reference, oracle, same_precision_reference
 from fuzzattn.engine.runs import same_bits
-from fuzzattn.engine.tolerance import lse_bound, out_bound
+from fuzzattn.engine.tolerance import all_finite, lse_bound, out_bound
 from fuzzattn.engine.transfer import same_device
 from fuzzattn.engine.verdict import CHECKS, Verdict, heatmap, locate
 from fuzzattn.engine.versions import versions
@@ -98,13 +97,12 @@ def _on(run: runs.Run, device: torch.device) -> runs.Run:
 
 def _nonfinite_rows(run: runs.Run, ref: Reference) -> torch.Tensor | None:
     """(B, H, Nq) bool: rows with NaN/inf in out (or lse) where the oracle is finite; None when
-    there can be none. On the host that is asked first, of one float64 sum per tensor: finite
-    exactly when every entry is (a float64 sum of float32 or narrower values cannot overflow),
-    two operations instead of ten in the common case. (On an accelerator the read would be one
-    more wait for the device: the rows are computed there and read with the rest.)"""
+    there can be none. On the host that is asked first, of one float64 sum per tensor
+    (tolerance.all_finite: a float64 sum of float32 or narrower values cannot overflow), two
+    operations instead of ten in the common case. (On an accelerator the read would be one more
+    wait for the device: the rows are computed there and read with the rest.)"""
     run = _on(run, ref.out.device)
-    if ref.out.device.type == "cpu" and all(
-            t is None or math.isfinite(float(t.sum(dtype=torch.float64))) for t in (run.out, run.lse)):
+    if all(t is None or all_finite(t) for t in (run.out, run.lse)):
         return None
     bad = (~torch.isfinite(run.out) & torch.isfinite(ref.out)).any(dim=-1)
     if run.lse is not None:
