@@ -278,7 +278,7 @@ elif [[ "$MODE" == rows ]]; then
         for k in ${ROW_COUNTS:-1 16}; do
             SCALE_IMPL=${row%%:*} SCALE_DTYPE=${row#*:} scale_run "$k" "${row%%:*}_${row#*:}_$k" "$base" \
                 | tee -a "$OUT/scaling.txt"
-            base=$(( base + 20 ))
+            base=$(( base + k ))      # each run its own shards, whatever K
         done
     done
 elif [[ "$MODE" == checks ]]; then

@@ -105,8 +105,8 @@ def main(argv=None) -> int:
                 continue
             strategy = attention_cases(impl.caps, dtype=dtype, profile=profile)
             fuzz(impl, strategy, max_examples=5, save_to_file=False, hypothesis_seed_value=99)  # warm-up
-            # The rate unprofiled. A fixed seed: two trees (or two runs) compared judge the same cases, as the bare
-            # loop does; random draws made rates of one tree vary by 1.5x between runs.
+            # The rate unprofiled. A fixed seed: two trees (or two runs) compared judge the same
+            # cases, as the bare loop does; random draws made one tree's rate vary by 1.5x.
             rates, bare_rates = [], []
             for _ in range(args.repeats):
                 forget_verdicts()

@@ -102,7 +102,8 @@ def _attend(q, k, v, case: AttentionCase, compute: torch.dtype, p_dtype: torch.d
         magnitude = (p @ v.abs()) / safe_denom
     if mask is not None:
         out = out.masked_fill(empty[:, None], 0.0)
-        magnitude = magnitude if magnitude is None else magnitude.masked_fill(empty[:, None], 0.0)
+        if magnitude is not None:
+            magnitude = magnitude.masked_fill(empty[:, None], 0.0)
     return Reference(out, lse, empty, score_magnitude, magnitude)
 
 
