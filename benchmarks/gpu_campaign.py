@@ -223,8 +223,10 @@ def main(argv=None) -> int:
     from fuzzattn.cli import common
     from fuzzattn.engine.judge import default_device
     from fuzzattn.engine.versions import versions
+    from fuzzattn.engine import cuda_waits
     profile = settings.load_profile(args.profile)
-    settings.choose_backend()
+    settings.choose_backend()             # and the CUDA wait mode, before anything runs there
+    waits = cuda_waits.current()
     subjects = [common.resolve(s) for s in args.impl] if args.impl else common.registered()
     plan = [(impl, dtype) for impl in subjects for dtype in common.dtypes_of(impl, None)
             if not args.dtype or dtype in args.dtype]
@@ -241,7 +243,7 @@ def main(argv=None) -> int:
     per_campaign = args.seconds / max(1, len(plan))
     started = datetime.datetime.now(datetime.timezone.utc)
     print(f"gpu_campaign: shard {shard}, {len(plan)} campaigns x {per_campaign:.1f} s, profile "
-          f"{profile.name}, device {settings.device_description()}", flush=True)
+          f"{profile.name}, device {settings.device_description()}, CUDA waits {waits}", flush=True)
     campaigns = []
     with _measured(args) as stage_totals, settings.one_cpu_thread():
         for impl, dtype in plan:
@@ -263,6 +265,7 @@ def main(argv=None) -> int:
     result = dict(schema=1, date=started.isoformat(timespec="seconds"), shard=shard,
                   profile=profile.name, seconds_budget=args.seconds,
                   gradient_every=args.gradient_every, isolated=args.isolate, palette=args.palette,
+                  cuda_waits=cuda_waits.current(),
                   versions=dict(versions(), cuda=torch.version.cuda),
                   device=settings.device_description(), device_type=device_type,
                   backend=settings.backend_description(), campaigns=campaigns)

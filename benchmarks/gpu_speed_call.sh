@@ -33,6 +33,9 @@
 #                                               2^21 (the default), 2^23, 2^25)
 #   bash benchmarks/gpu_speed_call.sh stages    wall-clock time per judge stage (stage_times.py), sdpa fp32,
 #                                               K = 1 and 16, every process timed
+#   bash benchmarks/gpu_speed_call.sh waits     sdpa fp32 fuzzers by FUZZATTN_CUDA_WAIT (engine/cuda_waits.py):
+#                                               WAIT_VALUES in order (default auto block yield block
+#                                               auto yield) for each K in WAIT_COUNTS (default 16)
 #   bash benchmarks/gpu_speed_call.sh checks    16 sdpa fp32 fuzzers with FUZZATTN_HOST_CHECK_ELEMENTS =
 #                                               CHECK_VALUES (default 0 (checks on the device), 2^17
 #                                               (the default), 2^19)
@@ -90,7 +93,7 @@ wait_suite() {   # the background suite's summary, once it ended
 }
 
 for MODE in "${MODES[@]}"; do
-[[ "$MODE" =~ ^(sdpa|ab|triton|ceiling|contention|mps|hostprofile|macs|stages|checks|rows)$ ]] && wait_suite
+[[ "$MODE" =~ ^(sdpa|ab|triton|ceiling|contention|mps|hostprofile|macs|stages|checks|rows|waits)$ ]] && wait_suite
 if [[ "$MODE" == sdpa ]]; then
     step "the judge on the GPU: engine, checks, gradients, transfer, palette tests, this tree and BEFORE"
     TESTS="tests/test_engine.py tests/test_checks.py tests/test_gradients.py tests/test_judge_device.py
@@ -260,6 +263,18 @@ elif [[ "$MODE" == hostprofile ]]; then
         python3 benchmarks/host_profile.py "$OUT/scaling/profiled_$k/first.stats" --top 45 \
             >"$OUT/host_profile_$k.txt" 2>&1
         head -n 60 "$OUT/host_profile_$k.txt" | cut -c1-170
+    done
+elif [[ "$MODE" == waits ]]; then
+    step "sdpa fp32 fuzzers by how they wait for the GPU (FUZZATTN_CUDA_WAIT), K in WAIT_COUNTS"
+    # WAIT_VALUES in order (a value may repeat: each run its own label and shards), for each K.
+    round=0
+    for k in ${WAIT_COUNTS:-16}; do
+        for value in ${WAIT_VALUES:-auto block yield block auto yield}; do
+            round=$(( round + 1 ))
+            ( export FUZZATTN_CUDA_WAIT=$value
+              scale_run "$k" "waits_${value}_${k}_$round" $(( 2200 + 20 * round )) ) | tee -a "$OUT/scaling.txt"
+            grep -ho "\"cuda_waits\": [^,]*" "$OUT/scaling/waits_${value}_${k}_$round"/*.json | sort | uniq -c
+        done
     done
 elif [[ "$MODE" == macs ]]; then
     step "16 sdpa fp32 fuzzers, more cases judged on the host (FUZZATTN_HOST_JUDGE_MACS)"

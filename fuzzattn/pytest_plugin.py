@@ -169,6 +169,13 @@ def pytest_configure(config):
         state.workers = campaign.use_workers(state.worker_pool(), covered)
 
 
+def pytest_collection_finish(session):
+    """The test modules are imported: freeze what lives on for the session out of the garbage
+    collector's full passes (settings.freeze_long_lived), in each pytest-xdist worker too."""
+    from fuzzattn import settings
+    settings.freeze_long_lived()
+
+
 # -- how many cases this run judged (summed over pytest-xdist workers) --------------------------
 _START_KEY = pytest.StashKey[float]()
 _JUDGED_KEY = pytest.StashKey[int]()
