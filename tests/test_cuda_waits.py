@@ -2,7 +2,6 @@
 set up once per process, before judging; neither may change a verdict, only the host's time."""
 from __future__ import annotations
 
-import ctypes
 import gc
 import os
 import subprocess

@@ -7,7 +7,7 @@ import os
 
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
 
 from fuzzattn import AttentionCase, Capabilities, Implementation
 from fuzzattn.campaigns.campaign import fuzz, judge_once

@@ -16,7 +16,7 @@ from fuzzattn.engine.judge import default_device, judge
 from fuzzattn.engine.triton_backend import is_interpreted
 from fuzzattn.engine.registry import implementations, mutants
 from kernels import triton_fa2
-from kernels.triton_fa2 import (ALL_CONFIGS, AUTOTUNE_CONFIGS, BASELINE_CONFIG, CONFIG_SPACE, config_invalid,
+from kernels.triton_fa2 import (ALL_CONFIGS, AUTOTUNE_CONFIGS, BASELINE_CONFIG, config_invalid,
                                 fa2_fwd_autotuned, triton_fa2_forward)
 
 
