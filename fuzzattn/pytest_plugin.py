@@ -171,9 +171,9 @@ def pytest_configure(config):
 
 def pytest_collection_finish(session):
     """The test modules are imported: freeze what lives on for the session out of the garbage
-    collector's full passes (settings.freeze_long_lived), in each pytest-xdist worker too."""
-    from fuzzattn import settings
-    settings.freeze_long_lived()
+    collector's full passes (engine/heap.py), in each pytest-xdist worker too."""
+    from fuzzattn.engine.heap import freeze_long_lived
+    freeze_long_lived()
 
 
 # -- how many cases this run judged (summed over pytest-xdist workers) --------------------------

@@ -6,7 +6,6 @@ command line and the pytest plugin (which uses it only in runs that opted in).
     backend         Triton compiled or interpreted, with the interpreter's bf16 repairs
     bf16 policy     bf16 cases of Triton kernels skip when the interpreter cannot be repaired
     implementations the registered ones plus those named with --impl / --fuzzattn-impl
-    heap            the long-lived objects frozen out of the garbage collector's full passes
 
 Hypothesis itself loads a built-in profile called "ci" when CI=true (derandomize=True,
 database=None, deadline=None, print_blob=True). fuzzattn registers its own "ci" *on top of* that
@@ -16,7 +15,6 @@ chosen profile is then loaded explicitly, so nothing depends on import order.
 from __future__ import annotations
 
 import contextlib
-import gc
 import os
 
 from fuzzattn.contract.implementation import Implementation
@@ -88,26 +86,6 @@ def one_cpu_thread():
     finally:
         if pin:
             torch.set_num_threads(before)
-
-
-# -- heap ---------------------------------------------------------------------------------------
-_frozen = False
-
-
-def freeze_long_lived() -> None:
-    """Move every object alive now (torch, triton, hypothesis and their modules: ~184,000 on a
-    CPU-only process) out of the garbage collector's reach, once per process, garbage collected
-    first so nothing collectable is frozen. Every full collection otherwise walks all of them
-    again: measured on the 2-core machine, 110-185 ms each, about one per 200 judged sdpa cases,
-    i.e. up to 0.9 ms of a 4 ms case landing on whichever case triggered it (and on whichever
-    leg of a benchmark ran then). Called when judging starts (a campaign, a pytest session after
-    collection); what is created later is collected as before."""
-    global _frozen
-    if _frozen:
-        return
-    _frozen = True
-    gc.collect()
-    gc.freeze()
 
 
 # -- backend ------------------------------------------------------------------------------------

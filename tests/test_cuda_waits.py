@@ -1,4 +1,4 @@
-"""How a process waits for the GPU (engine/cuda_waits.py) and the frozen heap (settings.py):
+"""How a process waits for the GPU (engine/cuda_waits.py) and the frozen heap (engine/heap.py):
 set up once per process, before judging; neither may change a verdict, only the host's time."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from fuzzattn import settings
+from fuzzattn.engine import heap
 from fuzzattn.cli import main as cli_main
 from fuzzattn.engine import cuda_waits
 
@@ -96,8 +96,8 @@ def test_the_mode_holds_once_torch_has_created_the_context():
 
 def test_the_plugin_froze_the_long_lived_heap_once():
     # pytest_collection_finish (fuzzattn/pytest_plugin.py) froze what collection imported.
-    assert settings._frozen
+    assert heap._frozen
     frozen = gc.get_freeze_count()
     assert frozen > 10_000                    # torch, hypothesis, the test modules
-    settings.freeze_long_lived()              # a campaign starting later: no second freeze
+    heap.freeze_long_lived()              # a campaign starting later: no second freeze
     assert gc.get_freeze_count() == frozen

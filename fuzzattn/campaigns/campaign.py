@@ -46,7 +46,7 @@ from fuzzattn.contract.implementation import Implementation
 from fuzzattn.contract.known_defects import KNOWN_PREFIX, known_defect
 from fuzzattn.engine.judge import JudgedCase, default_device, judge
 from fuzzattn.engine.verdict import PROCESS_CHECKS, Verdict
-from fuzzattn.settings import freeze_long_lived
+from fuzzattn.engine.heap import freeze_long_lived
 
 FLAKY_RERUNS = 2          # extra judgements of a failing case; any pass makes it flaky
 _MEMO_SIZE = 20_000       # remembered verdicts per process (a few hundred bytes each)
@@ -273,7 +273,7 @@ def _fuzz(impl, strategy, *, max_examples, seconds, hypothesis_seed_value, save_
     state = {"judged": 0, "first": None, "over": False, "forward_failed": False}
     with_gradients: dict[str, bool] = {}
     refused: collections.Counter[str] = collections.Counter()
-    freeze_long_lived()        # before the clock: once per process (fuzzattn/settings.py)
+    freeze_long_lived()        # before the clock: once per process (engine/heap.py)
     start = time.perf_counter()
 
     def over_budget() -> bool:
