@@ -51,13 +51,15 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path)
     parser.add_argument("--cases", type=int, default=150)
+    parser.add_argument("--also", action="append", default=[], metavar="IMPL:DTYPE",
+                        help="judge this implementation and dtype too (after the default ones)")
     args = parser.parse_args(argv)
     profile = run_settings.load_profile("ci")
     if run_settings.wants_one_thread():
         torch.set_num_threads(1)
     impls = {**implementations(), **mutants()}
     lines = []
-    for name, dtype in JUDGED:
+    for name, dtype in list(JUDGED) + [tuple(a.split(":")) for a in args.also]:
         lines += digest(impls[name], dtype, args.cases, profile)
     args.out.write_text("\n".join(lines) + "\n")
     print(f"{len(lines)} lines, {sum(1 for l in lines if l.startswith('  grad_'))} gradient "

@@ -83,12 +83,15 @@ def _rms(sum_of_squares: float, n: int) -> float:
 def out_rms_bound(got: torch.Tensor, reference: torch.Tensor, oracle: torch.Tensor,
                   empty_rows: torch.Tensor | None = None, score_magnitude: float = 0.0,
                   out_magnitude: torch.Tensor | None = None,
-                  fp32_matmul: str = "ieee") -> StatBound:
+                  fp32_matmul: str = "ieee", differences: tuple | None = None) -> StatBound:
     """Judge the output `got` (B, H, Nq, D) by its rms error against the float64 `oracle`,
     compared with the rms error of the same-precision `reference`; `empty_rows` (Nq,) bool marks
     rows with no visible key, which are left out; `out_magnitude` (the oracle's sum_j p |v| / l
     per element, oracle.Reference) sets the fp32 summation noise, |oracle| standing in without.
-    `fp32_matmul="tf32"` (the implementation's declaration) judges fp32 outputs with K_RMS_TF32."""
+    `fp32_matmul="tf32"` (the implementation's declaration) judges fp32 outputs with K_RMS_TF32.
+    `differences`: the max rule's |got - oracle|, |reference - oracle| and |oracle| of these same
+    tensors (tolerance.Bound.differences), squared here instead of formed again: the same
+    squares (|x|^2 is x^2 exactly; its NaN as inf is non-finite all the same). Masked in place."""
     tf32 = reads_tf32(got.dtype, fp32_matmul)
     k_rms = K_RMS_TF32 if tf32 else K_RMS
     oracle64 = oracle.to(torch.float64)
@@ -102,8 +105,10 @@ def out_rms_bound(got: torch.Tensor, reference: torch.Tensor, oracle: torch.Tens
 
     # Made contiguous first: the sums of squares below then add in the same order whatever
     # layout the implementation's output has.
-    err = kept((got.to(torch.float64) - oracle64).contiguous())
-    ref_err = kept((reference.to(torch.float64) - oracle64).contiguous())
+    if differences is None:
+        differences = (got.to(torch.float64) - oracle64, reference.to(torch.float64) - oracle64,
+                       None)
+    err, ref_err = (kept(t.contiguous()) for t in differences[:2])
     # A NaN or inf anywhere makes the statistic infinite: it fails, as under the max rule.
     nonfinite = None
     if not all_finite(err):
@@ -112,7 +117,7 @@ def out_rms_bound(got: torch.Tensor, reference: torch.Tensor, oracle: torch.Tens
         err.masked_fill_(infinite, 0.0)
     # Each element's own rounding scale: the output dtype's rounding at |out|, plus fp32
     # summation rounding at the size of the terms summed (far above |out| where they cancel).
-    magnitude = oracle64.abs()
+    magnitude = oracle64.abs() if differences[2] is None else differences[2]
     summed = magnitude if out_magnitude is None else out_magnitude.to(torch.float64)
     scale = kept(unit_roundoff(got.dtype) * magnitude + U32 * summed)
     # Scores off by up to d = SCORE_ULPS u(fp32) S move out_i = sum_j p_j v_j by sum_j p_j

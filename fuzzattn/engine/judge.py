@@ -149,12 +149,15 @@ def _value_verdicts(impl, case, run: runs.Run, ref: Reference, spr: Reference, *
             heatmap=heatmap(bad) if wrong.any() else "", **verdict))
     out_rule = functools.partial(out_bound, out_magnitude=ref.out_magnitude,
                                  fp32_matmul=impl.caps.fp32_matmul)
+    differences = None        # the max rule's float64 differences of out, for out_rms
     for check, got, reference, truth, rule in (
             (check_out, run.out, spr.out, ref.out, out_rule),
             (check_lse, run.lse, spr.lse, ref.lse, lse_bound)):
         if got is None:
             continue
         b = rule(got, reference, truth, ref.score_magnitude)
+        if got is run.out:
+            differences = b.differences
         bad = b.row_errors > b.allowed
         if not b.ok:
             bad = bad | torch.isnan(b.row_errors)
@@ -166,7 +169,8 @@ def _value_verdicts(impl, case, run: runs.Run, ref: Reference, spr: Reference, *
     # The error statistic over the whole output (error_statistics.py): precision bugs that stay
     # under the max rule in every element but add error to all of them.
     s = out_rms_bound(run.out, spr.out, ref.out, empty if has_empty else None,
-                      ref.score_magnitude, ref.out_magnitude, fp32_matmul=impl.caps.fp32_matmul)
+                      ref.score_magnitude, ref.out_magnitude, fp32_matmul=impl.caps.fp32_matmul,
+                      differences=differences)
     bad = s.row_ratio > 1 if not s.ok else None
     out_results.append(Verdict(
         check=check_stat, passed=s.ok, error=s.statistic, allowed=s.allowed,

@@ -153,6 +153,10 @@ class Bound:
     allowed: float
     reference_error: float       # the same-precision reference's worst error
     row_errors: torch.Tensor     # (B, H, Nq) worst error per query row, for locating failures
+    # |got - oracle| (NaN as inf), |reference - oracle| and |oracle| in float64, whole, for the
+    # error statistic of the same tensors (error_statistics.out_rms_bound) to square instead of
+    # forming again; None when entries were excluded (a non-finite oracle), which it judges apart.
+    differences: tuple | None = dataclasses.field(default=None, repr=False, compare=False)
 
     @property
     def ok(self) -> bool:
@@ -181,11 +185,12 @@ def bound(got: torch.Tensor, reference: torch.Tensor, oracle: torch.Tensor, *, k
     # NaN never satisfies <=, so a NaN error fails; keep it visible in the maximum too.
     err.nan_to_num_(nan=float("inf"), posinf=float("inf"))
     # |oracle| in place only on the masked copy: unmasked, oracle64 may be the caller's tensor.
-    worst, magnitude, ref_worst = maxima(
-        err, oracle64.abs() if excluded is None else oracle64.abs_(), ref_err)
+    oracle_magnitude = oracle64.abs() if excluded is None else oracle64.abs_()
+    worst, magnitude, ref_worst = maxima(err, oracle_magnitude, ref_err)
     allowed = k * ref_worst + relative_noise * max(magnitude, FLOOR) + absolute_noise
     rows = err.amax(dim=-1) if err.dim() == 4 else err
-    return Bound(worst, allowed, ref_worst, rows)
+    differences = (err, ref_err, oracle_magnitude) if excluded is None else None
+    return Bound(worst, allowed, ref_worst, rows, differences)
 
 
 def all_finite(t: torch.Tensor) -> bool:
@@ -198,7 +203,10 @@ def all_finite(t: torch.Tensor) -> bool:
 
 def maxima(*tensors: torch.Tensor) -> list[float]:
     """The maximum of each tensor (0 for an empty one), read back in one transfer: on a GPU
-    time-sliced between fuzzing processes each read is a wait (engine/runs.py)."""
+    time-sliced between fuzzing processes each read is a wait (engine/runs.py). On the host
+    nothing waits, and each maximum is read as it is (the same floats, two operations fewer)."""
+    if all(t.device.type == "cpu" for t in tensors):
+        return [float(t.max()) if t.numel() else 0.0 for t in tensors]
     live = [t for t in tensors if t.numel()]
     read = iter(torch.stack([t.max().to(torch.float64) for t in live]).tolist() if live else ())
     return [next(read) if t.numel() else 0.0 for t in tensors]
