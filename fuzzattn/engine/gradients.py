@@ -66,12 +66,14 @@ def _prime(case: AttentionCase, device, byte: int) -> None:
 
 def _run(impl: Implementation, case: AttentionCase, device, forward, *, adversarial: bool,
          pad_value: float = float("nan"), poison: bool = True, here=None,
-         source: Inputs | None = None) -> _GradRun:
+         source: Inputs | None = None, side_effects: bool = True) -> _GradRun:
     """One gradient call on fresh copies of q, k, v, dO (and of the forward's out and lse for an
     explicit backward); the gradients are also delivered to `here` (default: `device`), in the
     same transfer as the input-mutation check's verdicts. `source`: CPU inputs of this case with
     NaN padding that no implementation is ever handed (the judgement's pristine ones), copied
-    instead of materialised again; other padding is always materialised anew."""
+    instead of materialised again; other padding is always materialised anew.
+    `side_effects=False`: the gradients only (the determinism rerun: the first run's input
+    mutation check covers the backward), no snapshot of the storages and no flags."""
     # Built on the CPU and moved in one transfer: q, k, v, dO and the forward's out and lse.
     if source is not None and math.isnan(pad_value):
         host = source.copy() if torch.device(device).type == "cpu" else source
@@ -85,7 +87,7 @@ def _run(impl: Implementation, case: AttentionCase, device, forward, *, adversar
     inputs, extra_storages, views = moved_with(host, extra, device)
     storages = {**inputs.storages, **extra_storages}
     dout, out, lse = views["dout"], views.get("out"), views.get("lse")
-    snapshot = {name: s.clone() for name, s in storages.items()}
+    snapshot = {name: s.clone() for name, s in storages.items()} if side_effects else None
     if adversarial:
         _prime(case, device, 0xFF if poison else 0x00)
     poisoned = uninitialized_memory_is_nan() if adversarial and poison else contextlib.nullcontext()
@@ -103,14 +105,16 @@ def _run(impl: Implementation, case: AttentionCase, device, forward, *, adversar
     names = list(storages)
     here = torch.device(here or device)
     try:
-        flags = changed_flags(storages, snapshot)
+        flags = changed_flags(storages, snapshot) if side_effects else None
         flags, *grads = read_back([flags, *call.grads], here)
-        flags = flags.tolist()
+        flags = flags.tolist() if side_effects else None
     except Exception as exc:           # an asynchronous fault of the backward, surfacing here
         run.failure = Verdict(check="grad_crash", passed=False,
                               detail=f"backward raised: {execute.one_line(exc)}", **verdict)
         return run
     run.delivered = (here, tuple(grads))
+    if not side_effects:
+        return run
     changed = [name for name, flag in zip(names, flags) if flag]
     run.side_effects.append(Verdict(
         check="grad_inputs_mutated", passed=not changed,
@@ -291,7 +295,8 @@ def judge_gradients(impl: Implementation, case: AttentionCase, device, forward=N
     verdicts += _values(impl, case, first, ref, spr, allowances, vacuous)
 
     if impl.caps.deterministic_backward:
-        second = _run(impl, case, device, forward, adversarial=False, here=here, source=source)
+        second = _run(impl, case, device, forward, adversarial=False, here=here, source=source,
+                      side_effects=False)
         if second.failure is not None:
             return verdicts + [dataclasses.replace(second.failure,
                                                    detail="second run: " + second.failure.detail)]

@@ -221,7 +221,7 @@ def judge(impl: Implementation, case: AttentionCase, device=None, *,
         second = None
         if first.pending is not None and _runs_together(references, device):
             second = runs.launch(impl, case, device, adversarial=False, inputs=pristine.copy(),
-                                 pristine=pristine, here=here)
+                                 pristine=pristine, here=here, side_effects=False)
         runs.deliver(impl, case, [first] if second is None else [first, second])
         judged.verdicts = _judge_runs(impl, case, device, first, pristine, here, second,
                                       references=references)
@@ -280,7 +280,7 @@ def _judge_runs(impl: Implementation, case: AttentionCase, device, first: runs.R
 
     if second is None:
         second = runs.run(impl, case, device, adversarial=False, inputs=pristine.copy(),
-                      pristine=pristine, here=here)
+                          pristine=pristine, here=here, side_effects=False)
     if second.failure is not None or not second.call.answered:
         failure = second.failure or Verdict(impl=impl.name, case=case, check="crash", passed=False,
                                             detail=second.call.summary)

@@ -73,7 +73,8 @@ def prime_for_outputs(case: AttentionCase, device, byte: int) -> None:
 class Pending:
     """What a launched run still has on the device: its check flags and outputs, read back
     together with other runs' (`deliver`), and how to read the flags."""
-    flags: torch.Tensor                     # input-mutation flags, then the canaries' (if guarded)
+    flags: torch.Tensor | None              # input-mutation flags, then the canaries' (if guarded);
+                                            # None for a run whose side effects are not judged
     inputs_flags: int                       # how many of `flags` are about the inputs
     per_storage: bool                       # one flag per storage (else one for all, packed)
     before: dict                            # what the storages are compared with
@@ -105,9 +106,12 @@ def crash(impl, case, summary: str) -> Verdict:
 
 def launch(impl: Implementation, case: AttentionCase, device, *, adversarial: bool,
            pad_value: float = float("nan"), poison: bool = True, inputs: Inputs | None = None,
-           pristine: Inputs | None = None, here: torch.device | None = None) -> Run:
+           pristine: Inputs | None = None, here: torch.device | None = None,
+           side_effects: bool = True) -> Run:
     """Call `impl` once and queue its checks, without waiting for the device: the run's flags
     and outputs are read back by `deliver`, possibly together with another run's.
+    `side_effects=False`: only the outputs are wanted (the judgement's second run, whose input
+    mutation the first run's check already covers): no flags, no side-effect verdicts.
 
     On a GPU shared by several fuzzing processes (no MPS) every wait for the device costs a turn
     of CUDA's time-slicing between their contexts: measured on the H200, 16 processes share
@@ -117,9 +121,9 @@ def launch(impl: Implementation, case: AttentionCase, device, *, adversarial: bo
     crash, exactly as a fault surfacing in the call used to be."""
     if inputs is None:
         inputs = materialize(case, device, pad_value=pad_value)
-        before = inputs.snapshot()
+        before = inputs.snapshot() if side_effects else None
     else:
-        before = pristine.storages if pristine is not None else inputs.snapshot()
+        before = pristine.storages if pristine is not None or not side_effects else inputs.snapshot()
     guarded = None
     buffers = {}
     if adversarial and impl.caps.out_buffer:
@@ -149,6 +153,9 @@ def launch(impl: Implementation, case: AttentionCase, device, *, adversarial: bo
     if call.lse is None and impl.caps.returns_lse:
         run.failure = Verdict(check="contract", passed=False,
                               detail="declares returns_lse but returned no lse", **verdict)
+        return run
+    if not side_effects:
+        run.pending = Pending(None, 0, False, {}, False, torch.device(here or device))
         return run
     try:
         # Packed inputs (moved to an accelerator) are compared whole, one kernel; which storage
@@ -181,7 +188,8 @@ def deliver(impl: Implementation, case: AttentionCase, runs: list[Run]) -> None:
     try:
         back = read_back([t for r in pending for t in (r.pending.flags, r.call.out, r.call.lse)],
                          here)
-        flag_lists = [back[3 * i].tolist() for i in range(len(pending))]
+        flag_lists = [None if back[3 * i] is None else back[3 * i].tolist()
+                      for i in range(len(pending))]
     except Exception as exc:           # an asynchronous fault of a kernel, surfacing here
         summary = execute.one_line(exc)
         pending[0].failure = crash(impl, case, summary)
@@ -192,6 +200,8 @@ def deliver(impl: Implementation, case: AttentionCase, runs: list[Run]) -> None:
     for i, (r, flags) in enumerate(zip(pending, flag_lists)):
         p, r.pending = r.pending, None
         r.delivered = (here, back[3 * i + 1], back[3 * i + 2])
+        if flags is None:           # launched with side_effects=False
+            continue
         if p.per_storage:
             changed = [name for name, flag in zip(r.inputs.storages, flags) if flag]
         elif flags[0]:
