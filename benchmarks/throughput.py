@@ -11,8 +11,10 @@ rates only on the GPU). Three figures per row:
     ratio      pipeline cost per case / bare cost per case (the issue's target: <= 1.5 on CPU)
 
 With `--repeats N` the pipeline and the bare loop run N times each, alternating, on the same
-cases (the verdict memo emptied before each pipeline run), and the rates are the medians: the
-2-core machines drift by 20% within minutes, which one pair of runs cannot tell from a change.
+cases (the verdict memo emptied before each pipeline run): the rates are the medians, the ratio
+is the median of the N pairs' own ratios (each pair measured within a second or two), and its
+range is printed beside it. The 2-core machines drift by 20% within minutes and a single pair
+has measured anywhere from 1.26 to 1.87 on the same tree, which one pair cannot tell from a change.
 
 and a per-case breakdown of the pipeline (milliseconds per judged case: drawing, materialising,
 implementation runs, references, the rest), from a second, profiled run (cProfile slows
@@ -123,17 +125,21 @@ def main(argv=None) -> int:
             profiled = fuzz(impl, strategy, max_examples=args.cases, save_to_file=False,
                             hypothesis_seed_value=1, gradient_every=args.gradient_every)
             profiler.disable()
+            ratios = [b / p for p, b in zip(rates, bare_rates)]
             rows.append((name, dtype, result.cases, statistics.median(rates),
-                         statistics.median(bare_rates), breakdown(profiler, profiled.cases),
+                         statistics.median(bare_rates), statistics.median(ratios),
+                         (min(ratios), max(ratios)), breakdown(profiler, profiled.cases),
                          result.passed))
     print(f"profile={profile.name} device={run_settings.device_description()} "
           f"threads={torch.get_num_threads()} gradient_every={args.gradient_every} "
           f"repeats={args.repeats} "
           f"{run_settings.backend_description()}")
-    print(f"{'implementation':<16}{'dtype':<10}{'cases':>6}{'cases/s':>9}{'bare/s':>9}{'ratio':>7}  "
+    print(f"{'implementation':<16}{'dtype':<10}{'cases':>6}{'cases/s':>9}{'bare/s':>9}{'ratio':>7}"
+          f"{'range':>12}  "
           + "  ".join(f"{s} ms" for s in STAGES) + "  verdict")
-    for name, dtype, cases, rate, bare_rate, stages, passed in rows:
-        print(f"{name:<16}{dtype:<10}{cases:>6}{rate:>9.1f}{bare_rate:>9.1f}{bare_rate / rate:>7.2f}  "
+    for name, dtype, cases, rate, bare_rate, ratio, (low, high), stages, passed in rows:
+        print(f"{name:<16}{dtype:<10}{cases:>6}{rate:>9.1f}{bare_rate:>9.1f}{ratio:>7.2f}"
+              f"{f'{low:.2f}-{high:.2f}':>12}  "
               + "  ".join(f"{stages[s]:>{len(s) + 3}.2f}" for s in STAGES)
               + f"  {'pass' if passed else 'FOUND A FAILURE'}")
     return 0
