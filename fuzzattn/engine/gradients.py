@@ -274,14 +274,17 @@ def judge_gradients(impl: Implementation, case: AttentionCase, device, forward=N
         fresh = host if host is not None and references.type == "cpu" else materialize(case, references)
     _, dout = materialize_dout(case, references)
     away = not same_device(references, here)
-    ref, spr = [oracle_gradients(*fresh.tensors(), dout, case, deferred=away),
-                same_precision_gradients(*fresh.tensors(), dout, case, impl.caps.fp32_matmul)]
-    if away:
-        ref, spr = moved_together([ref, spr], here)
-
-    allowances = _allowances(impl, case, first, ref)
-    vacuous = _vacuous(first, allowances)
-    nonfinite = _nonfinite(first, ref, vacuous)
+    ref = oracle_gradients(*fresh.tensors(), dout, case, deferred=away)
+    # What needs no autograd (the explicit same-precision backward, the allowances, the
+    # comparisons) runs in inference mode, as the forward's judgement does (judge.py); the
+    # implementation's runs, the oracle's autograd and the attribution's re-runs do not.
+    with torch.inference_mode():
+        spr = same_precision_gradients(*fresh.tensors(), dout, case, impl.caps.fp32_matmul)
+        if away:
+            ref, spr = moved_together([ref, spr], here)
+        allowances = _allowances(impl, case, first, ref)
+        vacuous = _vacuous(first, allowances)
+        nonfinite = _nonfinite(first, ref, vacuous)
     broken = [name for name, rows in nonfinite.items() if bool(rows.any())]
     if broken:
         check, detail = _attribute(impl, case, device, forward, ref, vacuous)
@@ -289,10 +292,11 @@ def judge_gradients(impl: Implementation, case: AttentionCase, device, forward=N
         verdicts.append(Verdict(impl=impl.name, case=case, check=check, passed=False,
                                 where=f"{broken[0]} at {locate(rows)} ({ROW_KIND[broken[0]]})",
                                 heatmap=heatmap(rows), detail=f"{', '.join(broken)}: {detail}"))
-    empty = _empty_rows(impl, case, first, ref)
-    if empty is not None:
-        verdicts.append(empty)
-    verdicts += _values(impl, case, first, ref, spr, allowances, vacuous)
+    with torch.inference_mode():
+        empty = _empty_rows(impl, case, first, ref)
+        if empty is not None:
+            verdicts.append(empty)
+        verdicts += _values(impl, case, first, ref, spr, allowances, vacuous)
 
     if impl.caps.deterministic_backward:
         second = _run(impl, case, device, forward, adversarial=False, here=here, source=source,
