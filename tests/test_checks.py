@@ -303,3 +303,21 @@ def test_same_bits_pairs():
     assert runs_module.same_bits([(a, a.clone()), (a, torch.tensor([1.0, float("nan"), 0.0])),
                                    (None, a), (a, a[:2]), (a, a.double())]) == \
         [True, False, True, False, False]
+
+
+def test_a_second_run_is_judged_on_its_outputs_alone(monkeypatch):
+    """The judgement's second run (forward and backward) computes no side-effect flags: the
+    first run's checks cover the inputs, and nothing ever read the second run's. A mutation is
+    still caught, once, by the first run's check."""
+    flagged = []
+    original = runs_module.changed_flags
+    monkeypatch.setattr(runs_module, "changed_flags",
+                        lambda *a, **k: flagged.append(1) or original(*a, **k))
+    pristine = runs_module.materialize(RAGGED, "cpu")
+    second = runs_module.run(bad("mutates_k", _mutating), RAGGED, "cpu", adversarial=False,
+                             inputs=pristine.copy(), side_effects=False)
+    assert flagged == [] and second.side_effects == [] and second.call.answered
+    assert second.delivered is not None and torch.equal(second.delivered[1], second.out)
+    judged = judge(bad("mutates_k", _mutating), RAGGED, "cpu", gradients=False)
+    mutated = [v for v in judged.verdicts if v.check == "inputs_mutated"]
+    assert len(mutated) == 1 and not mutated[0].passed and "k" in mutated[0].detail

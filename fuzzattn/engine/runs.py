@@ -123,7 +123,8 @@ def launch(impl: Implementation, case: AttentionCase, device, *, adversarial: bo
         inputs = materialize(case, device, pad_value=pad_value)
         before = inputs.snapshot() if side_effects else None
     else:
-        before = pristine.storages if pristine is not None or not side_effects else inputs.snapshot()
+        before = (None if not side_effects else
+                  pristine.storages if pristine is not None else inputs.snapshot())
     guarded = None
     buffers = {}
     if adversarial and impl.caps.out_buffer:
