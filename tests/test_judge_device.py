@@ -101,12 +101,19 @@ def test_references_are_read_back_once_from_elsewhere_and_not_at_all_from_here(m
     and read nothing back: the oracle's score magnitude is a float at once. Computed elsewhere
     (on the GPU for a case checked on the host: half-and-half), they are deferred and read back
     in one call of moved_together per judgement (forward, then gradients), the score magnitude a
-    0-d tensor until then."""
-    seen, magnitudes = [], []
+    0-d tensor until then. The forward's come back in the runs' own read-back
+    (judge._read_back_with_references), the gradients' in one call of moved_together."""
+    seen, magnitudes, also = [], [], []
 
     def spying(references, device):
         seen.append([type(r.score_magnitude) for r in references])
         return moved_together(references, device)
+
+    deliver = judge_module.runs.deliver
+
+    def deliver_spy(impl, case, runs, also_tensors=()):
+        also.append([tuple(t.shape) for t in also_tensors])
+        return deliver(impl, case, runs, also=also_tensors)
 
     def oracle_spy(*args, **kwargs):
         ref = oracle(*args, **kwargs)
@@ -116,16 +123,20 @@ def test_references_are_read_back_once_from_elsewhere_and_not_at_all_from_here(m
     monkeypatch.setattr(judge_module, "moved_together", spying)
     monkeypatch.setattr("fuzzattn.engine.gradients.moved_together", spying)
     monkeypatch.setattr(judge_module, "oracle", oracle_spy)
+    monkeypatch.setattr(judge_module.runs, "deliver",
+                        lambda impl, case, runs, also=(): deliver_spy(impl, case, runs, also))
     judged = judge_module.judge(implementations()["sdpa"], MIDDLE.replace(seq_q=9, seq_k=11), "cpu")
     assert judged.passed, judged.describe()
-    assert seen == [] and magnitudes == [float]
+    assert seen == [] and magnitudes == [float] and also == [[], []]   # each run its own
     if torch.cuda.is_available():
         monkeypatch.delenv(CHECK_ENV, raising=False)
         assert check_device(MIDDLE, "cuda").type == "cpu" and judge_device(MIDDLE, "cuda").type == "cuda"
+        also.clear()
         judged = judge_module.judge(implementations()["sdpa_math"], MIDDLE, "cuda")
         assert judged.passed, judged.describe()
-        assert len(seen) == 2                  # the forward's references, then the gradients'
-        assert seen[0][0] is torch.Tensor and seen[1][0] is torch.Tensor    # the oracles': deferred
+        assert len(also) == 1 and () in also[0]   # one read-back: both runs, the references and
+        assert magnitudes[-1] is torch.Tensor     # the oracle's deferred (0-d) score magnitude
+        assert len(seen) == 1 and seen[0][0] is torch.Tensor    # the gradients' references
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU: references on the device")
@@ -142,3 +153,55 @@ def test_half_and_half_gives_the_verdicts_of_judging_on_the_device(monkeypatch):
             if a.error is not None:        # float64 on two devices: equal to rounding
                 assert a.error == pytest.approx(b.error, rel=1e-9, abs=1e-300), a.check
                 assert a.allowed == pytest.approx(b.allowed, rel=1e-9), a.check
+
+
+def _launched(impl, case):
+    pristine = materialize(case, "cpu")
+    first = judge_module.runs.launch(impl, case, "cpu", adversarial=True, inputs=pristine.copy(),
+                                     pristine=pristine, here=torch.device("cpu"))
+    return pristine, first
+
+
+def test_references_read_back_with_the_runs_give_the_same_verdicts():
+    """Half and half (`_read_back_with_references`: on a GPU, references on the device and
+    checks on the host), run here on the CPU: both runs and the deferred references come back
+    in one read-back, and judging them gives exactly the verdicts of the usual order."""
+    impl = implementations()["sdpa"]
+    for case in (MIDDLE.replace(seq_q=9, seq_k=11), MIDDLE.replace(causal="bottom_right", seq_q=13,
+                                                                    seq_k=6, dtype="bfloat16")):
+        cpu = torch.device("cpu")
+        pristine, first = _launched(impl, case)
+        second, computed = judge_module._read_back_with_references(impl, case, "cpu", first,
+                                                                   pristine, cpu, cpu)
+        assert second is not None and second.delivered is not None and first.delivered is not None
+        assert isinstance(computed[0].score_magnitude, float)      # read with the runs
+        verdicts = judge_module._judge_runs(impl, case, "cpu", first, pristine, cpu, second,
+                                            references=cpu, computed=computed)
+        usual = judge_module.judge(impl, case, "cpu", gradients=False).verdicts
+        assert [(v.check, v.passed, v.error, v.allowed) for v in verdicts] == \
+               [(v.check, v.passed, v.error, v.allowed) for v in usual]
+
+
+def test_a_context_the_first_run_faulted_is_its_crash_and_a_harness_error_is_raised(monkeypatch):
+    impl = implementations()["sdpa"]
+    case = MIDDLE.replace(seq_q=9, seq_k=11)
+    cpu = torch.device("cpu")
+    runs = judge_module.runs
+
+    def refused(*args, **kwargs):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    # A faulted context: every launch after the first run fails, and so does its read-back.
+    pristine, first = _launched(impl, case)
+    monkeypatch.setattr(judge_module, "oracle", refused)
+    monkeypatch.setattr(runs, "read_back", refused)
+    assert judge_module._read_back_with_references(impl, case, "cpu", first, pristine, cpu,
+                                                   cpu) == (None, None)
+    assert first.failure.check == "crash" and "illegal memory access" in first.failure.detail
+    # A healthy device: the references' own error is the harness's, and is raised.
+    monkeypatch.undo()
+    monkeypatch.setattr(judge_module, "oracle", refused)
+    pristine, first = _launched(impl, case)
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        judge_module._read_back_with_references(impl, case, "cpu", first, pristine, cpu, cpu)
+    assert first.failure is None and first.delivered is not None

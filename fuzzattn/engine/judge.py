@@ -5,7 +5,9 @@ inputs, before any reference touches the device; the references run on their own
 then the implementation runs again on fresh copies. A kernel therefore cannot pass by returning
 memory a reference left behind, and the second run doubles as the determinism check. (When the
 references compute on the host while the implementation runs on an accelerator, no reference
-touches the device at all, and the second run follows the first at once: `_runs_together`.)
+touches the device at all, and the second run follows the first at once: `_runs_together`. When
+they compute on the accelerator and the checks on the host, the second run follows them there,
+and both runs and the references are read back together: `_read_back_with_references`.)
 
 The runs themselves, adversarial and plain, and their side-effect checks: engine/runs.py.
 """
@@ -22,7 +24,8 @@ from fuzzattn.engine import execute, runs
 from fuzzattn.engine.error_statistics import out_rms_bound
 from fuzzattn.engine.gradients import judge_gradients
 from fuzzattn.engine.inputs import Inputs, check_budget, inputs_sha256, materialize
-from fuzzattn.engine.judge_device import check_device, judge_device, moved, moved_together
+from fuzzattn.engine.judge_device import (check_device, judge_device, moved, moved_together,
+                                          rebuilt, tensors_in)
 from fuzzattn.engine.oracle import Reference, oracle, same_precision_reference
 from fuzzattn.engine.runs import same_bits
 from fuzzattn.engine.tolerance import all_finite, lse_bound, out_bound
@@ -218,13 +221,18 @@ def judge(impl: Implementation, case: AttentionCase, device=None, *,
         if first.call.declared_refusal:
             judged.refused = first.call.summary
             return judged
-        second = None
+        second, computed = None, None
         if first.pending is not None and _runs_together(references, device):
             second = runs.launch(impl, case, device, adversarial=False, inputs=pristine.copy(),
                                  pristine=pristine, here=here, side_effects=False)
-        runs.deliver(impl, case, [first] if second is None else [first, second])
+            runs.deliver(impl, case, [first, second])
+        elif first.pending is not None and not same_device(references, here):
+            second, computed = _read_back_with_references(impl, case, device, first, pristine,
+                                                          references, here)
+        else:
+            runs.deliver(impl, case, [first])
         judged.verdicts = _judge_runs(impl, case, device, first, pristine, here, second,
-                                      references=references)
+                                      references=references, computed=computed)
     if gradients and impl.caps.backward and all(v.passed for v in judged.verdicts):
         # The forward's outputs as read back (the same bits, already where the explicit
         # backward's inputs are built: no second read from the device).
@@ -249,26 +257,61 @@ def _runs_together(references: torch.device, device) -> bool:
     return not same_device(references, device)
 
 
+def _references(impl: Implementation, case: AttentionCase, pristine: Inputs,
+                references: torch.device, deferred: bool) -> list[Reference]:
+    """The float64 oracle and the same-precision reference of `case`, computed on `references`.
+    They only read their inputs, and no implementation run ever sees `pristine`. `deferred`:
+    the oracle's score magnitude left unread (they are read back elsewhere)."""
+    originals = pristine.on(references).tensors()
+    return [oracle(*originals, case, deferred=deferred),
+            same_precision_reference(*originals, case, impl.caps.fp32_matmul, magnitudes=False)]
+
+
+def _read_back_with_references(impl: Implementation, case: AttentionCase, device,
+                               first: runs.Run, pristine: Inputs, references: torch.device,
+                               here: torch.device) -> tuple[runs.Run | None, list | None]:
+    """Half and half (judge_device.py: references on the accelerator, checks on the host): the
+    references compute right after the first run, the second run follows them on the device,
+    as the judgement's order asks, and the first run's flags and outputs, the second's outputs
+    and the references all come back in one transfer: one wait for a time-sliced GPU where
+    there were three. Returns (second run, references on `here`); (None, None) when the first
+    run's read-back failed (its crash), or when the device refused more work after it faulted."""
+    try:
+        computed = _references(impl, case, pristine, references, deferred=True)
+        second = runs.launch(impl, case, device, adversarial=False, inputs=pristine.copy(),
+                             pristine=pristine, here=here, side_effects=False)
+    except Exception:
+        # A fault of the first run's kernels makes every later launch in the context fail: its
+        # read-back names it as the first run's crash. Anything else is the harness's own error.
+        runs.deliver(impl, case, [first])
+        if first.failure is None:
+            raise
+        return None, None
+    back = runs.deliver(impl, case, [first, second], also=tensors_in(computed))
+    return second, None if back is None else rebuilt(computed, back)
+
+
 def _judge_runs(impl: Implementation, case: AttentionCase, device, first: runs.Run,
                 pristine: Inputs, here: torch.device,
-                second: runs.Run | None = None, references=None) -> list[Verdict]:
+                second: runs.Run | None = None, references=None,
+                computed: list | None = None) -> list[Verdict]:
     """The verdicts of the first run, and of the second (`second` when it already ran, else run
     here, after the references). The references compute on `references` (default: `here`) and
-    are read back to `here`, where every check computes."""
+    are read back to `here`, where every check computes; `computed`: already there (read back
+    with the runs, `_read_back_with_references`)."""
     if first.failure is not None:
         return [first.failure]
     verdicts = list(first.side_effects)
 
-    # The references only read their inputs, and no implementation run ever sees `pristine`.
-    # They compute on `references`, and are read back in one copy (their score magnitude with
-    # them) to `here`, where every comparison with them computes (judge_device.py).
+    # The references are read back in one copy (their score magnitude with them) to `here`,
+    # where every comparison with them computes (judge_device.py).
     references = here if references is None else references
-    originals = pristine.on(references).tensors()
-    away = not same_device(references, here)
-    ref, spr = [oracle(*originals, case, deferred=away),
-                same_precision_reference(*originals, case, impl.caps.fp32_matmul, magnitudes=False)]
-    if away:
-        ref, spr = moved_together([ref, spr], here)
+    if computed is None:
+        away = not same_device(references, here)
+        computed = _references(impl, case, pristine, references, deferred=away)
+        if away:
+            computed = moved_together(computed, here)
+    ref, spr = computed
     first = _on(first, here)
 
     nonfinite = _nonfinite_rows(first, ref)

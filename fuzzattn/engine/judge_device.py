@@ -94,6 +94,12 @@ def moved_together(references: list, device: torch.device) -> list:
     """`references` (oracle.Reference, grad_oracle.GradReference: dataclasses holding tensors,
     dicts and dataclasses of tensors) with every tensor on `device`, those elsewhere read back in
     one copy; a 0-d tensor (a score magnitude computed without waiting for it) becomes a float."""
+    return rebuilt(references, read_back(tensors_in(references), device))
+
+
+def tensors_in(references: list) -> list[torch.Tensor]:
+    """Every tensor `references` hold, in the order `rebuilt` takes them back (a read-back of
+    them may carry other tensors too: engine/runs.deliver)."""
     found: list[torch.Tensor] = []
 
     def collect(x):
@@ -108,20 +114,26 @@ def moved_together(references: list, device: torch.device) -> list:
 
     for r in references:
         collect(r)
-    here = iter(read_back(found, device))
+    return found
 
-    def rebuilt(x):
+
+def rebuilt(references: list, tensors) -> list:
+    """`references` with their tensors (tensors_in's order) replaced by `tensors`, a 0-d one
+    read as a float."""
+    here = iter(tensors)
+
+    def rebuild(x):
         if isinstance(x, torch.Tensor):
             t = next(here)
             return float(t) if t.dim() == 0 else t
         if dataclasses.is_dataclass(x):
-            return dataclasses.replace(x, **{f.name: rebuilt(getattr(x, f.name))
+            return dataclasses.replace(x, **{f.name: rebuild(getattr(x, f.name))
                                              for f in dataclasses.fields(x)})
         if isinstance(x, dict):
-            return {key: rebuilt(value) for key, value in x.items()}
+            return {key: rebuild(value) for key, value in x.items()}
         return x
 
-    return [rebuilt(r) for r in references]
+    return [rebuild(r) for r in references]
 
 
 def moved(t: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:

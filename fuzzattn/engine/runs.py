@@ -174,21 +174,23 @@ def launch(impl: Implementation, case: AttentionCase, device, *, adversarial: bo
     return run
 
 
-def deliver(impl: Implementation, case: AttentionCase, runs: list[Run]) -> None:
+def deliver(impl: Implementation, case: AttentionCase, runs: list[Run], also=()) -> list | None:
     """Read back every pending run's flags and outputs in one transfer (transfer.read_back),
     then turn the flags into the runs' side-effect verdicts. A device fault raised by the
     read-back is the first pending run's crash (the runs were launched in order, so nothing of
-    the harness ran between them). The runs deliver to one place (`here` of their launches)."""
+    the harness ran between them). The runs deliver to one place (`here` of their launches).
+    `also`: more tensors read back in the same transfer (the references computed between the
+    runs, judge.py), returned on `here` in their order; None when the read-back failed."""
     pending = [r for r in runs if r.pending is not None]
     if not pending:
-        return
+        return None if also else []     # no run says where `also` would go
     here = pending[0].pending.here
     if any(r.pending.here != here for r in pending):
         raise ValueError(f"runs delivered together must be judged in one place, not "
                          f"{sorted({str(r.pending.here) for r in pending})}")
+    tensors = [t for r in pending for t in (r.pending.flags, r.call.out, r.call.lse)]
     try:
-        back = read_back([t for r in pending for t in (r.pending.flags, r.call.out, r.call.lse)],
-                         here)
+        back = read_back(tensors + list(also), here)
         flag_lists = [None if back[3 * i] is None else back[3 * i].tolist()
                       for i in range(len(pending))]
     except Exception as exc:           # an asynchronous fault of a kernel, surfacing here
@@ -196,7 +198,7 @@ def deliver(impl: Implementation, case: AttentionCase, runs: list[Run]) -> None:
         pending[0].failure = crash(impl, case, summary)
         for r in pending:
             r.pending = None
-        return
+        return None
     verdict = dict(impl=impl.name, case=case)
     for i, (r, flags) in enumerate(zip(pending, flag_lists)):
         p, r.pending = r.pending, None
@@ -220,6 +222,7 @@ def deliver(impl: Implementation, case: AttentionCase, runs: list[Run]) -> None:
                 check="out_of_bounds_write", passed=not broken,
                 detail=(f"canary next to the {', '.join(broken)} buffer overwritten"
                         if broken else ""), **verdict))
+    return back[len(tensors):]
 
 
 def run(impl: Implementation, case: AttentionCase, device, **kw) -> Run:
