@@ -136,6 +136,8 @@ def worker_main(conn, spec: str, fields: dict | None, device: str, threads: int 
         # dispatches, a CUDA context): pay them now, on a harness-owned implementation, so they
         # count against the start-up timeout and not against the first case's.
         judge(_warm_up_impl(), AttentionCase(1, 1, 1, 2, 2, 16), device=device)
+        from fuzzattn.engine.heap import freeze_long_lived
+        freeze_long_lived()            # everything imported and warmed is here for good
     except BaseException as exc:       # a start-up failure is reported, not left to a timeout
         conn.send(("error", f"{type(exc).__name__}: {exc}"))
         return
