@@ -74,6 +74,12 @@ def parse_args(argv):
                    help="seconds per case before an isolated case is a hang (default 120)")
     p.add_argument("--known-regressions", type=Path, default=ROOT / "regressions",
                    help="regression files whose expected failures may cover a finding")
+    p.add_argument("--warm-up", type=int, default=0, metavar="N",
+                   help="judge N cases of each campaign (gradients on every one) before its "
+                        "clock starts, unsaved and forgotten: the process's one-off costs (the "
+                        "CUDA context, library handles, torch's lazy imports: sympy with the "
+                        "first autograd.grad, ~2.5 s where no bytecode is cached) are start-up, "
+                        "not throughput. Not with --isolate (the worker warms itself up)")
     p.add_argument("--cprofile", type=Path, default=None, metavar="FILE",
                    help="profile the campaigns with cProfile and write its stats to FILE, and the "
                         "cases they judged to FILE.cases (benchmarks/host_profile.py summarises "
@@ -146,6 +152,9 @@ def run_campaign(impl, dtype, *, isolate=False, timeout=120.0, **kw):
         return entry
 
 
+WARM_UP_SEED = 2 ** 31 - 1      # far above SEEDS_PER_SHARD * any shard used
+
+
 def _run_campaign(impl, dtype, *, profile, seconds, shard, regressions_dir, known, device_type,
                   gradient_every=1, judge_fn=None, palette=None):
     from fuzzattn.campaigns.campaign import fuzz
@@ -190,6 +199,22 @@ def _run_campaign(impl, dtype, *, profile, seconds, shard, regressions_dir, know
     entry["seconds"] = round(time.perf_counter() - start, 3)
     entry["cases_per_s"] = round(entry["cases"] / entry["seconds"], 3) if entry["seconds"] else None
     return entry
+
+
+def _warm_up(plan, profile, cases: int, palette) -> None:
+    """`cases` judged cases of each campaign in `plan`, gradients on every one, before any clock:
+    drawn with a seed no campaign uses, saved nowhere, and forgotten after (the verdict memo)."""
+    from fuzzattn import settings
+    from fuzzattn.campaigns.campaign import forget_verdicts, fuzz
+    from fuzzattn.campaigns.compile_palette import campaign_palette
+    from strategies.cases import attention_cases
+    with settings.one_cpu_thread():
+        for impl, dtype in plan:
+            strategy = attention_cases(impl.caps, dtype=dtype, profile=profile,
+                                       palette=campaign_palette(impl, palette or 0))
+            fuzz(impl, strategy, max_examples=cases, hypothesis_seed_value=WARM_UP_SEED,
+                 save_to_file=False, gradient_every=1)
+    forget_verdicts()
 
 
 @contextlib.contextmanager
@@ -245,6 +270,8 @@ def main(argv=None) -> int:
     print(f"gpu_campaign: shard {shard}, {len(plan)} campaigns x {per_campaign:.1f} s, profile "
           f"{profile.name}, device {settings.device_description()}, CUDA waits {waits}", flush=True)
     campaigns = []
+    if args.warm_up and not args.isolate:
+        _warm_up(plan, profile, args.warm_up, args.palette)
     with _measured(args) as stage_totals, settings.one_cpu_thread():
         for impl, dtype in plan:
             entry = run_campaign(impl, dtype, profile=profile, seconds=per_campaign, shard=shard,

@@ -7,9 +7,16 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 FUZZATTN_PROFILE=gpu
 step() { echo; echo "== $1 ($(date +%T))"; }
 
+# Bytecode cached under /tmp for every later process (the image's site-packages hold none, and
+# each process compiled ~490 modules again: sympy, imported by torch's first autograd.grad, 2.5 s
+# of every fuzzer's first 30 s, measured in call 38).
+export PYTHONPYCACHEPREFIX=${PYTHONPYCACHEPREFIX:-/tmp/fuzzattn-pycache}
+unset PYTHONDONTWRITEBYTECODE
 step "install"
 python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1 \
     || { echo "editable install failed"; tail -5 "$OUT/install.log"; }
+python3 -c "import fuzzattn, hypothesis, torch.fx.experimental.symbolic_shapes" \
+    || echo "warm import failed"
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
 NGPU=$(nvidia-smi -L 2>/dev/null | wc -l); (( NGPU > 0 )) || NGPU=1
 
@@ -30,6 +37,8 @@ scale_run() {   # $1 = processes, $2 = label, $3 = first shard, $4... = more gpu
         [[ -n "${SCALE_PROFILE_FIRST:-}" && $i == 0 ]] && profiled=(--cprofile "$dir/first.stats")
         # SCALE_STAGE_TIMES=1: every process times its stages (stage_times.py), stage_times_I.json
         [[ -n "${SCALE_STAGE_TIMES:-}" ]] && profiled+=(--stage-times "$dir/stage_times_$i.json")
+        # SCALE_WARM_UP=N: N cases judged before the clock (gpu_campaign.py --warm-up)
+        [[ -n "${SCALE_WARM_UP:-}" ]] && profiled+=(--warm-up "$SCALE_WARM_UP")
         CUDA_VISIBLE_DEVICES=${SCALE_GPU-0} OMP_NUM_THREADS=1 PYTHONPATH="$tree" timeout $(( SCALING_SECONDS + 60 )) \
             python3 "$tree/benchmarks/gpu_campaign.py" --impl "${SCALE_IMPL:-sdpa}" \
             --dtype "${SCALE_DTYPE:-float32}" --seconds "$SCALING_SECONDS" --shard $(( base + i )) \
