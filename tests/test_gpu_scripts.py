@@ -136,6 +136,36 @@ def test_parts_split_the_plan_and_isolated_runs_record_how_they_judged(tmp_path)
     assert all(c["isolation"] == {"hangs": 0, "device_faults": 0} for c in b["campaigns"])
 
 
+def test_warm_up_cases_are_judged_before_the_clock_and_counted_nowhere(tmp_path, monkeypatch):
+    """--warm-up N judges N cases of each campaign (gradients on every one, nothing saved) before
+    its clock starts: the campaign counts only its own cases, and the wait mode is recorded
+    (None without a GPU)."""
+    campaign = _script("gpu_campaign")
+    import fuzzattn.campaigns.campaign as campaigns
+    calls, real = [], campaigns.fuzz
+
+    def recorded(impl, strategy, **kw):
+        result = real(impl, strategy, **kw)
+        calls.append((kw, result.cases))
+        return result
+
+    monkeypatch.setattr(campaigns, "fuzz", recorded)
+    from fuzzattn.cli import _profile_restored
+    with _profile_restored():
+        assert campaign.main(["--seconds", "2", "--profile", "ci", "--impl", "sdpa_math",
+                              "--dtype", "float32", "--out", str(tmp_path), "--warm-up", "4",
+                              "--gradient-every", "4"]) == 0
+    (result,) = [json.loads(p.read_text()) for p in tmp_path.glob("gpu_campaign_*.json")]
+    (entry,) = result["campaigns"]
+    (warm, warm_cases), *timed = calls
+    assert warm["max_examples"] == 4 and warm["gradient_every"] == 1 and warm_cases == 4
+    assert warm.get("seconds") is None and not warm["save_to_file"]
+    assert warm["hypothesis_seed_value"] not in entry["hypothesis_seeds"]
+    assert timed and all(kw["seconds"] is not None for kw, _ in timed)
+    assert entry["cases"] == sum(cases for _, cases in timed)
+    assert "cuda_waits" in result and (result["cuda_waits"] is None) == (not torch.cuda.is_available())
+
+
 def test_more_parts_than_campaigns_wrap_around(tmp_path):
     campaign = _script("gpu_campaign")
     from fuzzattn.cli import _profile_restored
