@@ -1,0 +1,58 @@
+"""A campaign's time cap (campaign.fuzz(seconds=...)): once spent before any failure, the search
+ends at once, instead of Hypothesis drawing up to max_examples more cases left unjudged; once
+spent while shrinking a failure, the failure found so far is still reported."""
+from __future__ import annotations
+
+import time
+
+from hypothesis import strategies as st
+
+from fuzzattn import AttentionCase, Capabilities, Implementation
+from fuzzattn.campaigns.campaign import fuzz
+from kernels.sdpa import sdpa_forward
+
+CAPS = Capabilities(dtypes={"float32"}, head_dims=None, causal=("top_left", "bottom_right"),
+                    gqa=True, strides="any")
+
+
+def _slow(q, k, v, *, causal, scale):
+    time.sleep(0.02)           # a case costs at least 2 x 20 ms: the cap is reached in a few
+    return sdpa_forward(q, k, v, causal=causal, scale=scale)
+
+
+def _slow_and_wrong_past_3(q, k, v, *, causal, scale):
+    out, lse = _slow(q, k, v, causal=causal, scale=scale)
+    if q.shape[2] > 3:
+        out = out * 1.5        # every case with more than 3 query rows fails `out`
+    return out, lse
+
+
+def _counted(drawn: list):
+    def note(seq_q):
+        drawn.append(seq_q)
+        return AttentionCase(1, 1, 1, seq_q, 5, 16)
+    return st.integers(1, 40).map(note)
+
+
+def test_the_search_ends_when_the_cap_is_spent():
+    drawn = []
+    impl = Implementation(name="slow", fn=_slow, caps=CAPS, description="correct, 20 ms a call")
+    result = fuzz(impl, _counted(drawn), max_examples=3000, seconds=0.3, save_to_file=False,
+                  hypothesis_seed_value=0)
+    assert result.passed and result.budget_hit
+    assert 1 <= result.cases < 3000
+    # Every draw but the one that found the cap spent was judged (Hypothesis may replay a
+    # case, never draw thousands more).
+    assert len(drawn) <= result.cases + 1, (len(drawn), result.cases)
+
+
+def test_a_failure_found_before_the_cap_is_still_reported_when_shrinking_outlasts_it(tmp_path):
+    impl = Implementation(name="slow_wrong", fn=_slow_and_wrong_past_3, caps=CAPS,
+                          description="out scaled by 1.5 past 3 query rows")
+    cases = st.builds(AttentionCase, batch=st.just(1), heads=st.just(1), kv_heads=st.just(1),
+                      seq_q=st.integers(20, 40), seq_k=st.just(5), head_dim=st.just(16))
+    result = fuzz(impl, cases, max_examples=200, seconds=0.2, hypothesis_seed_value=0,
+                  regressions_dir=tmp_path)
+    assert result.counterexample is not None and result.budget_hit
+    assert result.counterexample.judged.first_failure.check == "out"
+    assert result.counterexample.judged.case.seq_q > 3
