@@ -107,7 +107,9 @@ def oracle_gradients(q, k, v, dout, case: AttentionCase, *, deferred: bool = Fal
     leaves = [t.detach().to(torch.float64).requires_grad_() for t in (q, k, v)]
     dout64 = dout.detach().to(torch.float64)
     with torch.enable_grad():
-        ref = _attend(*leaves, case, torch.float64, None, deferred=deferred)
+        # The score magnitude is the gradient rule's; the output's (sum_j p |v_j| / l) is only
+        # the forward's: one float64 matmul fewer, outside what autograd differentiates.
+        ref = _attend(*leaves, case, torch.float64, None, deferred=deferred, out_magnitude=False)
         grads = torch.autograd.grad(ref.out, leaves, dout64, allow_unused=True) \
             if ref.out.requires_grad else (None, None, None)
     grads = [torch.zeros_like(leaf) if g is None else g.detach() for g, leaf in zip(grads, leaves)]

@@ -58,7 +58,8 @@ class Reference:
 
 
 def _attend(q, k, v, case: AttentionCase, compute: torch.dtype, p_dtype: torch.dtype | None,
-            matmul_round=None, magnitudes: bool = True, deferred: bool = False) -> Reference:
+            matmul_round=None, magnitudes: bool = True, deferred: bool = False,
+            out_magnitude: bool = True) -> Reference:
     q, k, v = (t.to(compute) for t in (q, k, v))
     k, v = _expand_kv(k, case.heads), _expand_kv(v, case.heads)
     if matmul_round is not None:
@@ -98,7 +99,7 @@ def _attend(q, k, v, case: AttentionCase, compute: torch.dtype, p_dtype: torch.d
     out = (p @ v) / safe_denom
     lse = (row_max + torch.log(denom)).squeeze(-1)
     magnitude = None
-    if magnitudes:
+    if magnitudes and out_magnitude:
         magnitude = (p @ v.abs()) / safe_denom
     if mask is not None:
         out = out.masked_fill(empty[:, None], 0.0)
