@@ -100,9 +100,12 @@ def choose_backend() -> None:
     from fuzzattn.engine import cuda_waits
     from fuzzattn.engine.triton_backend import ensure_backend
     try:
-        cuda_waits.apply()
+        waits = cuda_waits.apply()
     except cuda_waits.CudaWaitError as exc:
         raise BackendError(str(exc)) from None
+    if "refused" in waits:             # asked for, not in effect: say so, once, and go on
+        import sys
+        print(f"fuzzattn: {cuda_waits.ENV}: {waits}", file=sys.stderr)
     try:
         ensure_backend()
     except Exception as exc:

@@ -101,3 +101,14 @@ def test_the_plugin_froze_the_long_lived_heap_once():
     assert frozen > 10_000                    # torch, hypothesis, the test modules
     heap.freeze_long_lived()              # a campaign starting later: no second freeze
     assert gc.get_freeze_count() == frozen
+
+
+def test_a_mode_the_driver_refuses_is_said_once_on_stderr(monkeypatch, capsys):
+    driver = FakeDriver([0], refuse={0})
+    monkeypatch.setattr(cuda_waits, "_driver", lambda: driver)
+    monkeypatch.setenv(cuda_waits.ENV, "yield")
+    from fuzzattn import settings
+    settings.choose_backend()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["fuzzattn: FUZZATTN_CUDA_WAIT: yield requested; refused by the driver on "
+                   "device(s) [0]"]
