@@ -303,3 +303,36 @@ def test_gradients_the_rule_cannot_bound_are_not_judged():
         assert (allowance >= torch.finfo(torch.float16).max) == vacuous, (case, allowance)
     from fuzzattn.engine.registry import implementations
     assert judge(implementations()["sdpa"], record.case).passed
+
+
+_CACHE: dict = {}
+
+
+def _caching(q, k, v, *, causal, scale):
+    """Correct attention that keeps the boolean mask of hidden keys across calls, as real
+    kernels keep masks and workspaces, and hands it to masked_fill, which autograd saves."""
+    n, m = q.shape[2], k.shape[2]
+    key = (n, m, causal, str(q.device))
+    if key not in _CACHE:
+        offset = 0 if causal in (False, "top_left") else m - n
+        visible = torch.ones(n, m, dtype=torch.bool, device=q.device)
+        _CACHE[key] = ~(visible.tril(offset) if causal else visible)
+    s = (q.float() @ k.float().transpose(-1, -2)) * scale
+    s = s.masked_fill(_CACHE[key], float("-inf"))
+    lse = torch.logsumexp(s, -1)
+    p = torch.exp(s - lse[..., None]).nan_to_num(0.0)
+    return (p @ v.float()).to(q.dtype), lse
+
+
+def test_a_kernel_caching_tensors_across_calls_is_judged_as_it_runs():
+    """The judge's references and checks run in inference mode, the implementation never:
+    a mask cached by the forward's run and saved by autograd in the gradients' run is an
+    ordinary tensor (run in inference mode, the backward raised "Inference tensors cannot be
+    saved for backward": a grad_crash of the harness's making)."""
+    _CACHE.clear()
+    impl = Implementation(name="caching", fn=_caching, caps=CAPS,
+                          description="keeps its masks across calls")
+    for causal in ("top_left", "bottom_right"):
+        judged = judge(impl, AttentionCase(1, 2, 2, 9, 12, 16, causal=causal), "cpu")
+        assert judged.passed, judged.describe()
+        assert any(v.check == "grad_dq" for v in judged.verdicts)

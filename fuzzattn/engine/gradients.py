@@ -276,8 +276,9 @@ def judge_gradients(impl: Implementation, case: AttentionCase, device, forward=N
     away = not same_device(references, here)
     ref = oracle_gradients(*fresh.tensors(), dout, case, deferred=away)
     # What needs no autograd (the explicit same-precision backward, the allowances, the
-    # comparisons) runs in inference mode, as the forward's judgement does (judge.py); the
-    # implementation's runs, the oracle's autograd and the attribution's re-runs do not.
+    # comparisons) runs in inference mode, as the forward's references and checks do
+    # (judge._judging); the implementation's runs, the oracle's autograd and the attribution's
+    # re-runs do not.
     with torch.inference_mode():
         spr = same_precision_gradients(*fresh.tensors(), dout, case, impl.caps.fp32_matmul)
         if away:

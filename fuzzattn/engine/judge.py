@@ -211,28 +211,23 @@ def judge(impl: Implementation, case: AttentionCase, device=None, *,
     # Where the references compute, and where the checks do (judge_device.py): the runs deliver
     # their outputs there, and the references are read back there.
     references, here = judge_device(case, device), check_device(case, device)
-    # The forward's judgement needs no autograd: in inference mode every torch operation skips
-    # autograd's dispatch and version counting (measured on the CPU: 10% of a judged sdpa case,
-    # ~250 small operations). The values are the same kernels' bits. `pristine` stays an
-    # ordinary tensor, materialised above, for the gradients' runs.
-    with torch.inference_mode():
-        first = runs.launch(impl, case, device, adversarial=True, inputs=pristine.copy(),
-                            pristine=pristine, here=here)
-        if first.call.declared_refusal:
-            judged.refused = first.call.summary
-            return judged
-        second, computed = None, None
-        if first.pending is not None and _runs_together(references, device):
-            second = runs.launch(impl, case, device, adversarial=False, inputs=pristine.copy(),
-                                 pristine=pristine, here=here, side_effects=False)
-            runs.deliver(impl, case, [first, second])
-        elif first.pending is not None and not same_device(references, here):
-            second, computed = _read_back_with_references(impl, case, device, first, pristine,
-                                                          references, here)
-        else:
-            runs.deliver(impl, case, [first])
-        judged.verdicts = _judge_runs(impl, case, device, first, pristine, here, second,
-                                      references=references, computed=computed)
+    first = runs.launch(impl, case, device, adversarial=True, inputs=pristine.copy(),
+                        pristine=pristine, here=here)
+    if first.call.declared_refusal:
+        judged.refused = first.call.summary
+        return judged
+    second, computed = None, None
+    if first.pending is not None and _runs_together(references, device):
+        second = runs.launch(impl, case, device, adversarial=False, inputs=pristine.copy(),
+                             pristine=pristine, here=here, side_effects=False)
+        runs.deliver(impl, case, [first, second])
+    elif first.pending is not None and not same_device(references, here):
+        second, computed = _read_back_with_references(impl, case, device, first, pristine,
+                                                      references, here)
+    else:
+        runs.deliver(impl, case, [first])
+    judged.verdicts = _judge_runs(impl, case, device, first, pristine, here, second,
+                                  references=references, computed=computed)
     if gradients and impl.caps.backward and all(v.passed for v in judged.verdicts):
         # The forward's outputs as read back (the same bits, already where the explicit
         # backward's inputs are built: no second read from the device).
@@ -257,6 +252,16 @@ def _runs_together(references: torch.device, device) -> bool:
     return not same_device(references, device)
 
 
+def _judging():
+    """The references and the checks need no autograd, and run in inference mode, where every
+    torch operation skips autograd's dispatch and version counting (measured on the CPU: ~250
+    small operations a judged sdpa case). Never the implementation's own runs: a kernel that
+    keeps tensors across calls (a cached mask, a workspace) would keep inference tensors, and its
+    next autograd call would fail on them ("Inference tensors cannot be saved for backward"), a
+    crash of the harness's making (tests/test_gradients.py pins it)."""
+    return torch.inference_mode()
+
+
 def _references(impl: Implementation, case: AttentionCase, pristine: Inputs,
                 references: torch.device, deferred: bool) -> list[Reference]:
     """The float64 oracle and the same-precision reference of `case`, computed on `references`.
@@ -277,7 +282,8 @@ def _read_back_with_references(impl: Implementation, case: AttentionCase, device
     there were three. Returns (second run, references on `here`); (None, None) when the first
     run's read-back failed (its crash), or when the device refused more work after it faulted."""
     try:
-        computed = _references(impl, case, pristine, references, deferred=True)
+        with _judging():
+            computed = _references(impl, case, pristine, references, deferred=True)
         second = runs.launch(impl, case, device, adversarial=False, inputs=pristine.copy(),
                              pristine=pristine, here=here, side_effects=False)
     except Exception:
@@ -308,18 +314,22 @@ def _judge_runs(impl: Implementation, case: AttentionCase, device, first: runs.R
     references = here if references is None else references
     if computed is None:
         away = not same_device(references, here)
-        computed = _references(impl, case, pristine, references, deferred=away)
-        if away:
-            computed = moved_together(computed, here)
+        with _judging():
+            computed = _references(impl, case, pristine, references, deferred=away)
+            if away:
+                computed = moved_together(computed, here)
     ref, spr = computed
     first = _on(first, here)
 
-    nonfinite = _nonfinite_rows(first, ref)
-    if nonfinite is not None and bool(nonfinite.any()):
+    with _judging():
+        nonfinite = _nonfinite_rows(first, ref)
+        nonfinite = nonfinite if nonfinite is not None and bool(nonfinite.any()) else None
+    if nonfinite is not None:
         check, detail = _attribute_nonfinite(impl, case, device, ref)
         verdicts.append(Verdict(impl=impl.name, case=case, check=check, passed=False,
                                 where=locate(nonfinite), heatmap=heatmap(nonfinite), detail=detail))
-    verdicts += _value_verdicts(impl, case, first, ref, spr)
+    with _judging():
+        verdicts += _value_verdicts(impl, case, first, ref, spr)
 
     if second is None:
         second = runs.run(impl, case, device, adversarial=False, inputs=pristine.copy(),
@@ -330,15 +340,17 @@ def _judge_runs(impl: Implementation, case: AttentionCase, device, first: runs.R
         verdicts.append(dataclasses.replace(failure, detail="second run: " + failure.detail))
         return verdicts
     second_here = _on(second, here)
-    same_out, same_lse = same_bits([(first.out, second_here.out), (first.lse, second_here.lse)])
-    if all(v.passed for v in verdicts) and not (same_out and same_lse):
-        # The rerun is judged on its own only when the first run passed, so one bug is one
-        # verdict, and only when its bits differ from the first run's (the same bits would get
-        # the same verdicts).
-        verdicts += [v for v in _value_verdicts(impl, case, second_here, ref, spr,
-                                                check_out="rerun",
-                                                check_lse="rerun", check_stat="rerun")
-                     if v.check == "rerun"]
+    with _judging():
+        same_out, same_lse = same_bits([(first.out, second_here.out),
+                                        (first.lse, second_here.lse)])
+        if all(v.passed for v in verdicts) and not (same_out and same_lse):
+            # The rerun is judged on its own only when the first run passed, so one bug is one
+            # verdict, and only when its bits differ from the first run's (the same bits would
+            # get the same verdicts).
+            verdicts += [v for v in _value_verdicts(impl, case, second_here, ref, spr,
+                                                    check_out="rerun",
+                                                    check_lse="rerun", check_stat="rerun")
+                         if v.check == "rerun"]
     if impl.caps.deterministic:
         differs = [n for n, same in (("out", same_out), ("lse", same_lse)) if not same]
         verdicts.append(Verdict(impl=impl.name, case=case, check="nondeterministic",
