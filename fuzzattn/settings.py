@@ -100,12 +100,12 @@ def choose_backend() -> None:
     from fuzzattn.engine import cuda_waits
     from fuzzattn.engine.triton_backend import ensure_backend
     try:
-        waits = cuda_waits.apply()
+        cuda_waits.apply()
     except cuda_waits.CudaWaitError as exc:
         raise BackendError(str(exc)) from None
-    if "refused" in waits:             # asked for, not in effect: say so, once, and go on
+    except cuda_waits.CudaWaitRefused as exc:     # asked for, not in effect: say so, go on
         import sys
-        print(f"fuzzattn: {cuda_waits.ENV}: {waits}", file=sys.stderr)
+        print(f"fuzzattn: {cuda_waits.ENV}: {exc}", file=sys.stderr)
     try:
         ensure_backend()
     except Exception as exc:

@@ -65,7 +65,10 @@ def test_auto_leaves_the_driver_untouched(monkeypatch):
 def test_a_refusal_and_a_missing_driver_are_said_not_hidden(monkeypatch):
     driver = FakeDriver([0, 0], refuse={1})
     monkeypatch.setattr(cuda_waits, "_driver", lambda: driver)
-    assert cuda_waits.apply("block") == "block requested; refused by the driver on device(s) [1]"
+    with pytest.raises(cuda_waits.CudaWaitRefused, match=r"block requested; refused by the "
+                                                          r"driver on device\(s\) \[1\]"):
+        cuda_waits.apply("block")
+    assert driver.set_calls == [(0, 0x4), (1, 0x4)]     # every device tried first
     monkeypatch.setattr(cuda_waits, "_driver", lambda: None)
     assert cuda_waits.apply("block") == "block requested; no CUDA driver here"
     assert cuda_waits.current() is None

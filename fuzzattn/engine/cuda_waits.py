@@ -31,6 +31,11 @@ class CudaWaitError(ValueError):
     """FUZZATTN_CUDA_WAIT names no mode."""
 
 
+class CudaWaitRefused(RuntimeError):
+    """The driver kept a device's scheduling as it was (its primary context already active):
+    the run goes on with CUDA's own, and says so."""
+
+
 def requested() -> str:
     mode = os.environ.get(ENV, DEFAULT)
     if mode not in MODES:
@@ -68,7 +73,8 @@ def _state(lib, dev) -> tuple[int, bool]:
 def apply(mode: str | None = None) -> str:
     """Set every visible device's primary context to wait by `mode` (default: the environment's,
     else DEFAULT); returns what was done, in words. `auto` leaves the driver untouched. Raises
-    CudaWaitError for an unknown mode."""
+    CudaWaitError for an unknown mode, and CudaWaitRefused (after trying every device) when the
+    driver kept a device as it was."""
     mode = mode or requested()
     if mode not in MODES:
         raise CudaWaitError(f"{ENV}={mode!r} is not one of {', '.join(MODES)}")
@@ -84,7 +90,7 @@ def apply(mode: str | None = None) -> str:
         if setter(dev, (flags & ~SCHED_MASK) | MODES[mode]) != 0:
             failed.append(dev.value)
     if failed:
-        return f"{mode} requested; refused by the driver on device(s) {failed}"
+        raise CudaWaitRefused(f"{mode} requested; refused by the driver on device(s) {failed}")
     return mode
 
 

@@ -20,6 +20,7 @@ import torch
 
 from fuzzattn.contract.case import AttentionCase
 from fuzzattn.contract.dtypes import reads_tf32
+from fuzzattn.engine.judge_device import judging
 from fuzzattn.engine.oracle import (_attend, same_precision_reference, truncate_to_tf32,
                                    visible_keys)
 
@@ -114,7 +115,7 @@ def oracle_gradients(q, k, v, dout, case: AttentionCase, *, deferred: bool = Fal
             if ref.out.requires_grad else (None, None, None)
     grads = [torch.zeros_like(leaf) if g is None else g.detach() for g, leaf in zip(grads, leaves)]
     q64, k64, v64 = (leaf.detach() for leaf in leaves)
-    with torch.inference_mode():       # the rest needs no autograd (judge._judging)
+    with judging():                    # the rest needs no autograd
         mask = _mask(case, q.device)
         p = _probabilities(q64, k64, case, ref.lse.detach(), mask)
         terms = term_magnitudes(q64, k64, v64, ref.out.detach(), dout64, p, case)

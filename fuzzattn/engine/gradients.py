@@ -34,7 +34,7 @@ from fuzzattn.engine import execute
 from fuzzattn.engine.grad_oracle import NAMES, GradReference, oracle_gradients, same_precision_gradients
 from fuzzattn.engine.inputs import (Inputs, as_bits, changed_flags, materialize, materialize_dout,
                                      moved_with, place, place_flat)
-from fuzzattn.engine.judge_device import moved, moved_together
+from fuzzattn.engine.judge_device import judging, moved, moved_together
 from fuzzattn.engine.transfer import read_back, same_device
 from fuzzattn.engine.poison import prime_allocator, uninitialized_memory_is_nan
 from fuzzattn.engine.tolerance import grad_allowance, grad_bound
@@ -276,10 +276,9 @@ def judge_gradients(impl: Implementation, case: AttentionCase, device, forward=N
     away = not same_device(references, here)
     ref = oracle_gradients(*fresh.tensors(), dout, case, deferred=away)
     # What needs no autograd (the explicit same-precision backward, the allowances, the
-    # comparisons) runs in inference mode, as the forward's references and checks do
-    # (judge._judging); the implementation's runs, the oracle's autograd and the attribution's
-    # re-runs do not.
-    with torch.inference_mode():
+    # comparisons) runs as the forward's references and checks do (judge_device.judging); the
+    # implementation's runs, the oracle's autograd and the attribution's re-runs do not.
+    with judging():
         spr = same_precision_gradients(*fresh.tensors(), dout, case, impl.caps.fp32_matmul)
         if away:
             ref, spr = moved_together([ref, spr], here)
@@ -293,7 +292,7 @@ def judge_gradients(impl: Implementation, case: AttentionCase, device, forward=N
         verdicts.append(Verdict(impl=impl.name, case=case, check=check, passed=False,
                                 where=f"{broken[0]} at {locate(rows)} ({ROW_KIND[broken[0]]})",
                                 heatmap=heatmap(rows), detail=f"{', '.join(broken)}: {detail}"))
-    with torch.inference_mode():
+    with judging():
         empty = _empty_rows(impl, case, first, ref)
         if empty is not None:
             verdicts.append(empty)

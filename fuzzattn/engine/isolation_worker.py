@@ -123,7 +123,10 @@ def worker_main(conn, spec: str, fields: dict | None, device: str, threads: int 
         from fuzzattn.engine.judge import judge
         from fuzzattn.engine import cuda_waits
         from fuzzattn.engine.triton_backend import ensure_backend
-        cuda_waits.apply()             # how this worker waits for the GPU, as in the supervisor
+        try:
+            cuda_waits.apply()         # how this worker waits for the GPU, as in the supervisor
+        except cuda_waits.CudaWaitRefused:
+            pass                       # the supervisor, set up the same way, has said so
         ensure_backend()               # the interpreter and its bf16 repairs, as in the supervisor
         if threads:
             torch.set_num_threads(threads)     # the supervisor's setting (the CLI pins 1 on CPU)

@@ -24,8 +24,8 @@ from fuzzattn.engine import execute, runs
 from fuzzattn.engine.error_statistics import out_rms_bound
 from fuzzattn.engine.gradients import judge_gradients
 from fuzzattn.engine.inputs import Inputs, check_budget, inputs_sha256, materialize
-from fuzzattn.engine.judge_device import (check_device, judge_device, moved, moved_together,
-                                          rebuilt, tensors_in)
+from fuzzattn.engine.judge_device import (check_device, judge_device, judging, moved,
+                                          moved_together, rebuilt, tensors_in)
 from fuzzattn.engine.oracle import Reference, oracle, same_precision_reference
 from fuzzattn.engine.runs import same_bits
 from fuzzattn.engine.tolerance import all_finite, lse_bound, out_bound
@@ -252,16 +252,6 @@ def _runs_together(references: torch.device, device) -> bool:
     return not same_device(references, device)
 
 
-def _judging():
-    """The references and the checks need no autograd, and run in inference mode, where every
-    torch operation skips autograd's dispatch and version counting (measured on the CPU: ~250
-    small operations a judged sdpa case). Never the implementation's own runs: a kernel that
-    keeps tensors across calls (a cached mask, a workspace) would keep inference tensors, and its
-    next autograd call would fail on them ("Inference tensors cannot be saved for backward"), a
-    crash of the harness's making (tests/test_gradients.py pins it)."""
-    return torch.inference_mode()
-
-
 def _references(impl: Implementation, case: AttentionCase, pristine: Inputs,
                 references: torch.device, deferred: bool) -> list[Reference]:
     """The float64 oracle and the same-precision reference of `case`, computed on `references`.
@@ -282,7 +272,7 @@ def _read_back_with_references(impl: Implementation, case: AttentionCase, device
     there were three. Returns (second run, references on `here`); (None, None) when the first
     run's read-back failed (its crash), or when the device refused more work after it faulted."""
     try:
-        with _judging():
+        with judging():
             computed = _references(impl, case, pristine, references, deferred=True)
         second = runs.launch(impl, case, device, adversarial=False, inputs=pristine.copy(),
                              pristine=pristine, here=here, side_effects=False)
@@ -314,21 +304,21 @@ def _judge_runs(impl: Implementation, case: AttentionCase, device, first: runs.R
     references = here if references is None else references
     if computed is None:
         away = not same_device(references, here)
-        with _judging():
+        with judging():
             computed = _references(impl, case, pristine, references, deferred=away)
             if away:
                 computed = moved_together(computed, here)
     ref, spr = computed
     first = _on(first, here)
 
-    with _judging():
+    with judging():
         nonfinite = _nonfinite_rows(first, ref)
         nonfinite = nonfinite if nonfinite is not None and bool(nonfinite.any()) else None
     if nonfinite is not None:
         check, detail = _attribute_nonfinite(impl, case, device, ref)
         verdicts.append(Verdict(impl=impl.name, case=case, check=check, passed=False,
                                 where=locate(nonfinite), heatmap=heatmap(nonfinite), detail=detail))
-    with _judging():
+    with judging():
         verdicts += _value_verdicts(impl, case, first, ref, spr)
 
     if second is None:
@@ -340,7 +330,7 @@ def _judge_runs(impl: Implementation, case: AttentionCase, device, first: runs.R
         verdicts.append(dataclasses.replace(failure, detail="second run: " + failure.detail))
         return verdicts
     second_here = _on(second, here)
-    with _judging():
+    with judging():
         same_out, same_lse = same_bits([(first.out, second_here.out),
                                         (first.lse, second_here.lse)])
         if all(v.passed for v in verdicts) and not (same_out and same_lse):

@@ -90,6 +90,17 @@ def check_device(case: AttentionCase, device) -> torch.device:
     return torch.device("cpu") if elements <= host_check_elements() else references
 
 
+def judging():
+    """How a judgement's own arithmetic runs: the references and the checks need no autograd,
+    and run in inference mode, where every torch operation skips autograd's dispatch and version
+    counting (measured on the CPU: ~250 small operations a judged sdpa case). Never the
+    implementation's own runs: a kernel that keeps tensors across calls (a cached mask, a
+    workspace) would keep inference tensors, and its next autograd call would fail on them
+    ("Inference tensors cannot be saved for backward"), a crash of the harness's making
+    (tests/test_gradients.py pins it)."""
+    return torch.inference_mode()
+
+
 def moved_together(references: list, device: torch.device) -> list:
     """`references` (oracle.Reference, grad_oracle.GradReference: dataclasses holding tensors,
     dicts and dataclasses of tensors) with every tensor on `device`, those elsewhere read back in
