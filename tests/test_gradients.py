@@ -65,7 +65,11 @@ def _naive(q, k, v, causal, scale):
 
 
 @pytest.mark.parametrize("c", [case(), case(heads=4, kv_heads=2, causal="top_left", seq_q=6),
-                               case(seq_q=7, seq_k=3, causal="bottom_right", heads=2, kv_heads=1)],
+                               case(seq_q=7, seq_k=3, causal="bottom_right", heads=2, kv_heads=1),
+                               case(seq_q=9, seq_k=4, causal="top_left", scale=-0.7),
+                               case(heads=6, kv_heads=2, values="large", seq_k=11),
+                               case(values="dominant_key", causal="bottom_right", seq_q=3),
+                               case(seq_q=4, seq_k=6, generator="counter", values="zero_query_rows")],
                          ids=str)
 def test_gradient_oracle_matches_textbook_autograd_gqa_summed_and_empty_rows_zero(c):
     inputs = materialize(c)

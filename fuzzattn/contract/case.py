@@ -48,6 +48,10 @@ VALUE_PROFILES = ("normal", "large", "near_constant", "dominant_key", "zero_quer
 # Sane ranges, checked before anything is allocated: a value outside them is a typo or an
 # attack on the harness, never a case worth running. Sizes are also checked against a memory
 # budget by the engine (fuzzattn.engine.inputs.check_budget) before materialising.
+# Where the case's values come from (engine/value_sources.py): the CPU torch.Generator, or a
+# counter-based generator giving the same bits on any device, so large inputs are born there.
+GENERATORS = ("torch_cpu", "counter")
+
 MAX_SIZE = {"batch": 4096, "heads": 4096, "kv_heads": 4096, "seq_q": 1 << 20, "seq_k": 1 << 20,
             "head_dim": 4096}
 MAX_DATA_SEED = 2**63 - 1       # torch.Generator.manual_seed takes 64-bit seeds
@@ -76,6 +80,8 @@ class AttentionCase:
     # (name, value) pairs: drawn from its declared configuration space, recorded and replayed
     # like the sizes. Empty for implementations that declare none.
     config: tuple[tuple[str, Any], ...] = ()
+    # engine/value_sources.py: "torch_cpu" for every case saved before the field existed.
+    generator: str = "torch_cpu"
 
     def __post_init__(self):
         if isinstance(self.layout, list):
@@ -113,6 +119,8 @@ class AttentionCase:
                 raise CaseError(f"layout[{tensor}]={layout!r} is not one of {LAYOUTS}")
             if tensor == "q" and layout in KV_ONLY_LAYOUTS:
                 raise CaseError(f"layout[q]={layout!r} only applies to k and v")
+        if self.generator not in GENERATORS:
+            raise CaseError(f"generator={self.generator!r} is not one of {GENERATORS}")
         if self.values not in VALUE_PROFILES:
             raise CaseError(f"values={self.values!r} is not one of {VALUE_PROFILES}")
         for pair in self.config:
@@ -154,6 +162,8 @@ class AttentionCase:
             d["config"] = dict(self.config)
         else:
             del d["config"]       # configless cases keep the same key and file as before configs
+        if self.generator == "torch_cpu":
+            del d["generator"]    # so do cases of the CPU generator, as before the field existed
         return d
 
     @classmethod
@@ -173,7 +183,7 @@ class AttentionCase:
             raise CaseError(f"case.{missing[0]} is missing")
         expected = {"batch": int, "heads": int, "kv_heads": int, "seq_q": int, "seq_k": int,
                     "head_dim": int, "data_seed": int, "dtype": str, "causal": str, "values": str,
-                    "layout": list, "config": dict}
+                    "layout": list, "config": dict, "generator": str}
         for name, kind in expected.items():
             if name in data and (not isinstance(data[name], kind) or isinstance(data[name], bool)):
                 raise CaseError(f"case.{name}={data[name]!r} should be of type {kind.__name__}")
@@ -197,6 +207,7 @@ class AttentionCase:
         causal = "" if self.causal == "none" else f" causal={self.causal}"
         values = "" if self.values == "normal" else f" values={self.values}"
         config = "" if not self.config else " config=" + ",".join(f"{k}:{v}" for k, v in self.config)
+        generator = "" if self.generator == "torch_cpu" else f" generator={self.generator}"
         return (f"B={self.batch} {heads} Nq={self.seq_q} Nk={self.seq_k} D={self.head_dim} "
                 f"{BY_NAME[self.dtype].short}{causal}{scale}{layout}{values}{config} "
-                f"data_seed={self.data_seed}")
+                f"data_seed={self.data_seed}{generator}")

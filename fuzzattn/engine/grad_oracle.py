@@ -1,9 +1,12 @@
 """Reference gradients: the float64 oracle's (autograd) and a same-precision reference's.
 
-Both take the materialised (already rounded) q, k, v and dO. The oracle is autograd, in float64,
-of the forward oracle (`oracle.oracle`): dQ, dK, dV of sum(out * dO), with k and v expanded to
-the query heads inside the graph, so dK and dV come out summed over each GQA group, and rows with
-no visible key (out forced to 0) contributing nothing. It shares no code with any implementation.
+Both take the materialised (already rounded) q, k, v and dO. The oracle is the float64 forward
+oracle (`oracle.oracle`) differentiated by hand: with P = exp(scale q k^T - lse) (0 where masked
+and on rows with no visible key), dV = P^T dO, dS = P (dO V^T - rowsum(dO * O)), dQ = scale dS K,
+dK = scale dS^T Q, each of dK and dV summed over its GQA group. (Autograd of the forward oracle
+gives the same values to float64 rounding; by hand, P and dO V^T serve the term magnitudes the
+gradient rule needs too, and no graph is built. tests/test_gradients.py checks it against a
+textbook autograd.) It shares no code with any implementation.
 
 The same-precision reference is what a careful FlashAttention-2 backward computes at the input
 precision (and what the kernels' precision contract is): fp32 scores, P = exp(S - lse) from the
@@ -72,7 +75,7 @@ class Terms:
     delta: torch.Tensor       # the part through Delta = dO . O: P |dO|.|O| times |k| or |q|
 
 
-def term_magnitudes(q, k, v, out, dout, p, case: AttentionCase) -> dict[str, Terms]:
+def term_magnitudes(q, k, v, out, dout, p, case: AttentionCase, dp=None, delta=None) -> dict[str, Terms]:
     """Per gradient entry, in p's dtype:
 
         dV_j = sum_i P_ij dO_i                      actual = magnitude = sum_i P_ij |dO_i|
@@ -84,13 +87,17 @@ def term_magnitudes(q, k, v, out, dout, p, case: AttentionCase) -> dict[str, Ter
     products forming dP and Delta add; delta keeps only P_ij |dO_i|.|O_i|. GQA: dK, dV summed
     over the group. Rounding an operand (P, dS, O) moves an entry by about u of `actual` (of
     `delta` for O); summing in another order by up to n u32 of `magnitude`, which can far exceed
-    the entry itself, since its terms cancel (sum_j dS_ij = 0 for every row)."""
+    the entry itself, since its terms cancel (sum_j dS_ij = 0 for every row). `dp` (dO V^T) and
+    `delta` (rowsum(dO * O)): already computed by the caller, in p's dtype."""
     dt = p.dtype
     q, k, v, out, dout = (t.to(dt) for t in (q, k, v, out, dout))
     k, v = _expand(k, case.heads), _expand(v, case.heads)
-    dp = dout @ v.transpose(-1, -2)
+    if dp is None:
+        dp = dout @ v.transpose(-1, -2)
+    if delta is None:
+        delta = (dout * out).sum(dim=-1, keepdim=True)
     delta_abs = (dout * out).abs().sum(dim=-1, keepdim=True)
-    ds = p * (dp - (dout * out).sum(dim=-1, keepdim=True)).abs()
+    ds = p * (dp - delta).abs()
     ds_mag = p * (dout.abs() @ v.abs().transpose(-1, -2) + delta_abs)
     ds_delta = p * delta_abs
     scale = abs(case.softmax_scale)
@@ -103,24 +110,26 @@ def term_magnitudes(q, k, v, out, dout, p, case: AttentionCase) -> dict[str, Ter
 
 
 def oracle_gradients(q, k, v, dout, case: AttentionCase, *, deferred: bool = False) -> GradReference:
-    """float64 autograd of the forward oracle on the rounded inputs: the ground truth.
-    `deferred` as in oracle.oracle (the score magnitude left a 0-d tensor)."""
-    leaves = [t.detach().to(torch.float64).requires_grad_() for t in (q, k, v)]
-    dout64 = dout.detach().to(torch.float64)
-    with torch.enable_grad():
-        # The score magnitude is the gradient rule's; the output's (sum_j p |v_j| / l) is only
-        # the forward's: one float64 matmul fewer, outside what autograd differentiates.
-        ref = _attend(*leaves, case, torch.float64, None, deferred=deferred, out_magnitude=False)
-        grads = torch.autograd.grad(ref.out, leaves, dout64, allow_unused=True) \
-            if ref.out.requires_grad else (None, None, None)
-    grads = [torch.zeros_like(leaf) if g is None else g.detach() for g, leaf in zip(grads, leaves)]
-    q64, k64, v64 = (leaf.detach() for leaf in leaves)
-    with judging():                    # the rest needs no autograd
+    """float64 gradients of the forward oracle on the rounded inputs (module docstring): the
+    ground truth. `deferred` as in oracle.oracle (the score magnitude left a 0-d tensor)."""
+    with judging():                    # explicit float64 arithmetic: no autograd anywhere
+        q64, k64, v64, dout64 = (t.detach().to(torch.float64) for t in (q, k, v, dout))
+        # The score magnitude is the gradient rule's; the output's is only the forward's.
+        ref = _attend(q64, k64, v64, case, torch.float64, None, deferred=deferred,
+                      out_magnitude=False)
         mask = _mask(case, q.device)
-        p = _probabilities(q64, k64, case, ref.lse.detach(), mask)
-        terms = term_magnitudes(q64, k64, v64, ref.out.detach(), dout64, p, case)
-        return GradReference(dict(zip(NAMES, grads)), ~mask.any(dim=-1), ~mask.any(dim=0),
-                             ref.score_magnitude, terms)
+        p = _probabilities(q64, k64, case, ref.lse, mask)
+        ke, ve = _expand(k64, case.heads), _expand(v64, case.heads)
+        dp = dout64 @ ve.transpose(-1, -2)
+        delta = (dout64 * ref.out).sum(dim=-1, keepdim=True)
+        ds = p * (dp - delta)
+        scale = case.softmax_scale
+        grads = {"dq": scale * (ds @ ke),
+                 "dk": _group_sum(scale * (ds.transpose(-1, -2) @ q64), case.kv_heads),
+                 "dv": _group_sum(p.transpose(-1, -2) @ dout64, case.kv_heads)}
+        terms = term_magnitudes(q64, k64, v64, ref.out, dout64, p, case, dp=dp, delta=delta)
+        return GradReference(grads, ~mask.any(dim=-1), ~mask.any(dim=0), ref.score_magnitude,
+                             terms)
 
 
 def same_precision_gradients(q, k, v, dout, case: AttentionCase,

@@ -32,8 +32,8 @@ from fuzzattn.contract.dtypes import BY_NAME
 from fuzzattn.contract.implementation import Implementation
 from fuzzattn.engine import execute
 from fuzzattn.engine.grad_oracle import NAMES, GradReference, oracle_gradients, same_precision_gradients
-from fuzzattn.engine.inputs import (Inputs, as_bits, changed_flags, materialize, materialize_dout,
-                                     moved_with, place, place_flat)
+from fuzzattn.engine.inputs import (Inputs, as_bits, born_on_device, changed_flags, materialize,
+                                     materialize_dout, moved_with, place, place_flat)
 from fuzzattn.engine.judge_device import judging, moved, moved_together
 from fuzzattn.engine.transfer import read_back, same_device
 from fuzzattn.engine.poison import prime_allocator, uninitialized_memory_is_nan
@@ -74,17 +74,25 @@ def _run(impl: Implementation, case: AttentionCase, device, forward, *, adversar
     instead of materialised again; other padding is always materialised anew.
     `side_effects=False`: the gradients only (the determinism rerun: the first run's input
     mutation check covers the backward), no snapshot of the storages and no flags."""
-    # Built on the CPU and moved in one transfer: q, k, v, dO and the forward's out and lse.
-    if source is not None and math.isnan(pad_value):
-        host = source.copy() if torch.device(device).type == "cpu" else source
+    if born_on_device(case, device):
+        # A counter case: q, k, v (copied from `source`, then on the device) and dO computed on
+        # the device, nothing moved but an explicit backward's out and lse.
+        place_on = device
+        inputs = (source.copy() if source is not None and math.isnan(pad_value)
+                  else materialize(case, device, pad_value=pad_value))
     else:
-        host = materialize(case, "cpu", pad_value=pad_value)
-    extra = {"dout": materialize_dout(case, "cpu", pad_value)}
+        # Built on the CPU and moved in one transfer: q, k, v, dO and the forward's out and lse.
+        place_on = "cpu"
+        if source is not None and math.isnan(pad_value):
+            inputs = source.copy() if torch.device(device).type == "cpu" else source
+        else:
+            inputs = materialize(case, "cpu", pad_value=pad_value)
+    extra = {"dout": materialize_dout(case, place_on, pad_value)}
     if forward is not None:
-        extra["out"] = place(forward[0], case.layout[0], forward[0].dtype, "cpu", pad_value)
+        extra["out"] = place(forward[0], case.layout[0], forward[0].dtype, place_on, pad_value)
         if forward[1] is not None:
-            extra["lse"] = place_flat(forward[1].to("cpu"), "cpu", pad_value)
-    inputs, extra_storages, views = moved_with(host, extra, device)
+            extra["lse"] = place_flat(forward[1].to(place_on), place_on, pad_value)
+    inputs, extra_storages, views = moved_with(inputs, extra, device)
     storages = {**inputs.storages, **extra_storages}
     dout, out, lse = views["dout"], views.get("out"), views.get("lse")
     snapshot = {name: s.clone() for name, s in storages.items()} if side_effects else None
@@ -257,7 +265,10 @@ def judge_gradients(impl: Implementation, case: AttentionCase, device, forward=N
     here = torch.device(judge_on if judge_on is not None else device)
     source = None
     if pristine is not None:
-        source = pristine if pristine.q.device.type == "cpu" else pristine.host
+        # The runs copy the pristine inputs where they were made: on the device for a counter
+        # case, else on the host (a GPU case's CPU storages, moved with dO in one transfer).
+        on_host = pristine.q.device.type == "cpu" or born_on_device(case, device)
+        source = pristine if on_host else pristine.host
     first = _run(impl, case, device, forward, adversarial=True, here=here, source=source)
     if first.failure is not None:
         return [first.failure]

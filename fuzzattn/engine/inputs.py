@@ -1,8 +1,11 @@
 """Materialise an AttentionCase into q, k, v: deterministic values inside guarded storage.
 
-Values come from a CPU `torch.Generator(case.data_seed)` and are rounded to the case's dtype on the
-CPU; the whole storage (guards included) is then moved to the device in one piece and the views
-are rebuilt there with `as_strided`, so every machine sees the same bits at the same offsets.
+Values come from the source the case's `generator` names (engine/value_sources.py). From the CPU
+`torch.Generator(case.data_seed)` (torch_cpu) they are rounded to the case's dtype on the CPU; the
+storages (guards included) are then moved to the device in one piece and the views rebuilt there
+with `as_strided`, so every machine sees the same bits at the same offsets. From the counter
+generator they are computed where the case runs, directly into the same packed storages: the
+same bits on every device, with no host copy and no transfer.
 
 Every tensor lives inside a larger storage whose unused elements hold `pad_value` (NaN by
 default, after xformers): a kernel that reads past a sequence end, past D, or outside the tensor
@@ -19,7 +22,8 @@ import torch
 
 from fuzzattn.contract.case import AttentionCase
 from fuzzattn.contract.dtypes import BY_NAME, torch_dtype
-from fuzzattn.engine.transfer import packed_buffer_to, same_device
+from fuzzattn.engine.transfer import FILL, packed_buffer_to, same_device, storage_offsets
+from fuzzattn.engine.value_sources import source
 
 # The most memory one judged case may take, checked before anything is allocated: inputs in
 # their padded storage (sliced layouts double the rows), outputs, and the float64 oracle's
@@ -79,13 +83,17 @@ class Inputs:
         return self.q, self.k, self.v
 
     def on(self, device: torch.device) -> "Inputs":
-        """These inputs on `device`: themselves, their host copy, or moved there."""
+        """These inputs on `device`: themselves, their host copy, or moved there. Inputs born
+        on the device (a counter case) are read back once and keep that copy as their host."""
         device = torch.device(device)
         if same_device(self.q.device, device):
             return self
         if self.host is not None and device.type == "cpu":
             return self.host
-        return _moved(self, device)
+        moved = _moved(self, device)
+        if device.type == "cpu":
+            self.host = moved
+        return moved
 
     def snapshot(self) -> dict[str, torch.Tensor]:
         return {name: buf.clone() for name, buf in self.storages.items()}
@@ -137,16 +145,19 @@ def as_bits(t: torch.Tensor) -> torch.Tensor:
     return t.view(torch.int16 if t.element_size() == 2 else torch.int32)
 
 
-def logical_values(case: AttentionCase) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """float32 q, k, v of the case's logical shapes, before rounding and layout."""
-    g = torch.Generator().manual_seed(case.data_seed)
-    q = torch.randn(case.shape("q"), generator=g)
-    k = torch.randn(case.shape("k"), generator=g)
-    v = torch.randn(case.shape("v"), generator=g)
+def logical_values(case: AttentionCase, device="cpu") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """float32 q, k, v of the case's logical shapes, before rounding and layout: on the CPU from
+    a torch_cpu case, on `device` from a counter case (the same bits either way)."""
+    g = source(case.generator, case.data_seed, device)
+    q = g.normal(case.shape("q"))
+    k = g.normal(case.shape("k"))
+    v = g.normal(case.shape("v"))
     return _apply_profile(case, q, k, v, g)
 
 
 def _apply_profile(case, q, k, v, g):
+    """The value profile's changes to standard normal q, k, v; `g` draws what they choose at
+    random (value_sources: the same calls, in the same order, for either source)."""
     profile = case.values
     if profile == "normal":
         pass
@@ -161,10 +172,11 @@ def _apply_profile(case, q, k, v, g):
         # above the others, so each row's softmax is close to one-hot on that key (when visible).
         q = q.abs() + 0.5
         if case.seq_k:
-            j = torch.randint(case.seq_k, (case.batch, case.kv_heads), generator=g)
-            k[torch.arange(case.batch)[:, None], torch.arange(case.kv_heads)[None, :], j] = 4.0
+            j = g.integers(0, case.seq_k, (case.batch, case.kv_heads))
+            k[torch.arange(case.batch, device=k.device)[:, None],
+              torch.arange(case.kv_heads, device=k.device)[None, :], j] = 4.0
     elif profile == "zero_query_rows":
-        rows = torch.rand(case.batch, case.heads, case.seq_q, generator=g) < 0.5
+        rows = g.coin((case.batch, case.heads, case.seq_q))
         q = q.masked_fill(rows[..., None], 0.0)
     elif profile == "below_sentinel":
         # q = 1024 everywhere, key j = -1024 * m_j (m_j in 1..32): every score is a multiple of
@@ -173,15 +185,25 @@ def _apply_profile(case, q, k, v, g):
         # split over ties) on its smallest visible m_j and rounding cannot move the answer. A
         # kernel that masks with a finite sentinel such as -1e6 gives masked keys the larger score.
         q = torch.full_like(q, 1024.0)
-        m = torch.randint(1, 33, (case.batch, case.kv_heads, case.seq_k, 1), generator=g).float()
+        m = g.integers(1, 33, (case.batch, case.kv_heads, case.seq_k, 1)).float()
         k = (-1024.0 * m).expand_as(k).clone()
     else:  # guarded by AttentionCase validation
         raise AssertionError(profile)
     return q, k, v
 
 
-def _storage_and_view(logical: torch.Tensor, layout: str, dtype: torch.dtype, pad_value: float):
-    """Place `logical` (B, H, N, D) into a padded CPU storage; return (storage, view)."""
+def _storage_numel(shape, layout: str) -> int:
+    """Elements of the padded storage `_storage_and_view` places a (B, H, N, D) tensor in."""
+    B, H, N, D = shape
+    b, h = (1 if layout == "broadcast_batch" else B), (1 if layout == "broadcast_heads" else H)
+    inner = {"sliced": (b, h, 2 * N + 1, D + 3), "last_dim_strided": (b, h, N, 2 * D)}
+    return math.prod(inner.get(layout, (b, h, N, D))) + 2 * guard_elements(D)
+
+
+def _storage_and_view(logical: torch.Tensor, layout: str, dtype: torch.dtype, pad_value: float,
+                      storage: torch.Tensor | None = None):
+    """Place `logical` (B, H, N, D) into a padded storage on its device (or into `storage`, of
+    `_storage_numel` elements of `dtype`); return (storage, view)."""
     B, H, N, D = logical.shape
     if layout == "broadcast_batch":
         base_shape, expand = (1, H, N, D), True
@@ -202,7 +224,10 @@ def _storage_and_view(logical: torch.Tensor, layout: str, dtype: torch.dtype, pa
         inner = base_shape
     numel = math.prod(inner)
     guard = guard_elements(D)
-    storage = torch.full((guard + numel + guard,), pad_value, dtype=dtype)
+    if storage is None:
+        storage = torch.full((guard + numel + guard,), pad_value, dtype=dtype, device=logical.device)
+    else:
+        storage.fill_(pad_value)
     block = storage[guard:guard + numel].view(inner)
     if layout == "sliced":
         view = block[:, :, 1:2 * n:2, :d]
@@ -223,12 +248,35 @@ def materialize(case: AttentionCase, device: str | torch.device = "cpu",
     """Deterministic inputs for `case` on `device`, bit-identical on every machine; on an
     accelerator they keep their CPU storages as `host`."""
     dtype = torch_dtype(case.dtype)
+    device = torch.device(device)
+    if born_on_device(case, device):
+        return _born_on(case, device, dtype, pad_value)
     storages, views = {}, {}
     for name, logical, layout in zip("qkv", logical_values(case), case.layout):
         storages[name], views[name] = _storage_and_view(logical, layout, dtype, pad_value)
     host = Inputs(views["q"], views["k"], views["v"], storages)
-    device = torch.device(device)
     return host if device.type == "cpu" else _moved(host, device)
+
+
+def born_on_device(case: AttentionCase, device) -> bool:
+    """Whether `case`'s values are computed on `device` itself (a counter case off the CPU)."""
+    return case.generator == "counter" and torch.device(device).type != "cpu"
+
+
+def _born_on(case: AttentionCase, device: torch.device, dtype: torch.dtype,
+             pad_value: float) -> Inputs:
+    """A counter case's inputs computed on `device`, in the packed storages `_moved` would have
+    given (each on a 512-byte boundary, 0xFF between), without a host copy."""
+    logical = logical_values(case, device)
+    item = torch.tensor([], dtype=dtype).element_size()
+    numels = [_storage_numel(t.shape, layout) for t, layout in zip(logical, case.layout)]
+    offsets, size = storage_offsets([n * item for n in numels])
+    packed = torch.full((size,), FILL, dtype=torch.uint8, device=device)
+    storages, views = {}, {}
+    for name, t, layout, offset, numel in zip("qkv", logical, case.layout, offsets, numels):
+        storage = packed[offset:offset + numel * item].view(dtype)
+        storages[name], views[name] = _storage_and_view(t, layout, dtype, pad_value, storage)
+    return Inputs(views["q"], views["k"], views["v"], storages, packed=packed)
 
 
 def _moved(inputs: Inputs, device: torch.device) -> Inputs:
@@ -245,9 +293,11 @@ def _moved(inputs: Inputs, device: torch.device) -> Inputs:
 def moved_with(host: Inputs, extra: dict, device) -> tuple[Inputs, dict, dict]:
     """`host` (CPU inputs) and `extra` ({name: (storage, view)} on the CPU: dO, a forward's out
     and lse) on `device`, every storage in one transfer (a wait for a time-sliced GPU each),
-    viewed there as on the CPU. Returns (inputs, {name: storage}, {name: view}) of the extras."""
+    viewed there as on the CPU. Returns (inputs, {name: storage}, {name: view}) of the extras.
+    Inputs and extras already on `device` (the CPU's, a counter case's) are returned as they are."""
     device = torch.device(device)
-    if device.type == "cpu":
+    if all(same_device(t.device, device)
+           for t in [*host.storages.values(), *(s for s, _ in extra.values())]):
         return host, {n: s for n, (s, _) in extra.items()}, {n: v for n, (_, v) in extra.items()}
     names = list(host.storages) + list(extra)
     storages = list(host.storages.values()) + [s for s, _ in extra.values()]
@@ -304,9 +354,13 @@ DOUT_SEED_MIX = 0x1E3779B97F4A7C15
 
 def materialize_dout(case: AttentionCase, device: str | torch.device = "cpu",
                      pad_value: float = float("nan")) -> tuple[torch.Tensor, torch.Tensor]:
-    """(storage, view): the case's upstream gradient dO, standard normal values rounded to the
-    case's dtype, in q's layout (so a transposed or sliced q comes with a dO of the same form)
-    inside NaN-guarded storage, bit-identical on every machine."""
+    """(storage, view): the case's upstream gradient dO, unit-variance values from the case's
+    generator (a stream of its own) rounded to the case's dtype, in q's layout (so a transposed
+    or sliced q comes with a dO of the same form) inside NaN-guarded storage, bit-identical on
+    every machine. A counter case's dO is computed on `device` itself."""
+    if case.generator != "torch_cpu":
+        logical = source(case.generator, case.data_seed ^ DOUT_SEED_MIX, device).normal(case.shape("q"))
+        return _storage_and_view(logical, case.layout[0], torch_dtype(case.dtype), pad_value)
     logical = _dout_values(case.data_seed, tuple(case.shape("q")))
     return place(logical, case.layout[0], torch_dtype(case.dtype), device, pad_value)
 
@@ -316,8 +370,7 @@ def _dout_values(data_seed: int, shape: tuple[int, ...]) -> torch.Tensor:
     """dO's standard normal values, kept for the next call: a gradient judgement asks for the
     same dO two to four times (each backward run, the oracles), and the CPU's randn of a large
     case costs milliseconds each time. Never handed out: `place` copies it into new storage."""
-    g = torch.Generator().manual_seed(data_seed ^ DOUT_SEED_MIX)
-    return torch.randn(shape, generator=g)
+    return source("torch_cpu", data_seed ^ DOUT_SEED_MIX).normal(shape)
 
 
 def inputs_sha256(inputs: Inputs) -> str:

@@ -29,13 +29,19 @@ def same_device(a: torch.device, b: torch.device) -> bool:
     return a.index == b.index
 
 
+def storage_offsets(sizes) -> tuple[list[int], int]:
+    """Byte offset of each of `sizes` (bytes) in a packed buffer, each on an ALIGN boundary,
+    and the buffer's size."""
+    offsets, end = [], 0
+    for size in sizes:
+        offsets.append(end)
+        end += -(-size // ALIGN) * ALIGN
+    return offsets, end
+
+
 def _layout(tensors) -> tuple[list[int], int]:
     """Byte offset of each tensor in the packed buffer, and the buffer's size."""
-    offsets, end = [], 0
-    for t in tensors:
-        offsets.append(end)
-        end += -(-t.numel() * t.element_size() // ALIGN) * ALIGN
-    return offsets, end
+    return storage_offsets([t.numel() * t.element_size() for t in tensors])
 
 
 def unpacked(buffer: torch.Tensor, like, offsets) -> list[torch.Tensor]:

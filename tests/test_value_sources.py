@@ -1,0 +1,199 @@
+"""Where a case's values come from (fuzzattn/engine/value_sources.py): the counter generator is
+SplitMix64 bit for bit, its values have the moments they claim, counter cases materialise the
+same bits on every device (the GPU test), and CPU-generator cases keep the bits every saved
+file pins."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, seed, settings
+
+from fuzzattn import AttentionCase
+from fuzzattn.contract.case import CaseError
+from fuzzattn.contract.profiles import PROFILES
+from fuzzattn.engine.inputs import as_bits, inputs_sha256, materialize, materialize_dout
+from fuzzattn.engine.value_sources import CounterSource, CpuSource, mix_int, source
+from strategies import attention_cases
+
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device: CPU and GPU bits")
+M64 = (1 << 64) - 1
+
+
+def _splitmix64(seed: int, n: int) -> list[int]:
+    """SplitMix64 in plain Python integers (Steele, Lea, Flood 2014), written out again here so
+    the torch version, with its masked arithmetic shifts and wrapping int64 products, is checked
+    against the definition rather than against itself."""
+    state = mix_int(seed)
+    out = []
+    for i in range(n):
+        z = (state + i * 0x9E3779B97F4A7C15) & M64
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & M64
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & M64
+        out.append(z ^ (z >> 31))
+    return out
+
+
+@pytest.mark.parametrize("seed_value", [0, 1, 12345, 2**31 - 1, 2**63 - 1])
+def test_the_counter_stream_is_splitmix64_bit_for_bit(seed_value):
+    got = [x & M64 for x in CounterSource(seed_value).bits(64).tolist()]
+    assert got == _splitmix64(seed_value, 64)
+
+
+def test_successive_draws_continue_the_stream():
+    whole = CounterSource(7).bits(30)
+    parts = CounterSource(7)
+    assert torch.equal(torch.cat([parts.bits(10), parts.bits(20)]), whole)
+
+
+def test_normal_values_are_irwin_hall_of_the_four_16_bit_fields():
+    g = CounterSource(3)
+    values = g.normal((5,))
+    for value, word in zip(values.tolist(), _splitmix64(3, 5)):
+        fields = sum((word >> s) & 0xFFFF for s in (0, 16, 32, 48))
+        assert value == pytest.approx((fields - 131070) / math.sqrt((2**32 - 1) / 3), rel=1e-7)
+
+
+def test_normal_values_have_mean_zero_unit_variance_and_bounded_tails():
+    x = CounterSource(11).normal((400_000,)).double()
+    assert x.dtype == torch.float64 and abs(float(x.mean())) < 0.01
+    assert abs(float(x.std()) - 1.0) < 0.01
+    assert float(x.abs().max()) <= math.sqrt(12.0) + 1e-6        # Irwin-Hall n=4: at most sqrt(12)
+    assert float(x.abs().max()) > 3.0                              # the tails are reached
+
+
+def test_integers_and_coins_cover_their_range_evenly():
+    g = CounterSource(5)
+    ints = g.integers(1, 33, (64_000,))
+    assert int(ints.min()) == 1 and int(ints.max()) == 32
+    counts = torch.bincount(ints - 1, minlength=32).double()
+    assert float((counts / 2000 - 1).abs().max()) < 0.1
+    coins = g.coin((64_000,))
+    assert coins.dtype == torch.bool and abs(float(coins.double().mean()) - 0.5) < 0.01
+
+
+def test_the_cpu_source_draws_what_the_cpu_generator_always_drew():
+    g = torch.Generator().manual_seed(9)
+    want = [torch.randn((2, 3), generator=g), torch.randint(0, 5, (4,), generator=g),
+            torch.rand((6,), generator=g) < 0.5]
+    s = CpuSource(9)
+    got = [s.normal((2, 3)), s.integers(0, 5, (4,)), s.coin((6,))]
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+
+
+def test_an_unknown_generator_is_one_line_naming_it():
+    with pytest.raises(ValueError, match="generator='philox'"):
+        source("philox", 0)
+    with pytest.raises(CaseError, match="generator='philox' is not one of"):
+        AttentionCase(1, 1, 1, 2, 2, 8, generator="philox")
+
+
+def test_cpu_generator_cases_keep_their_key_and_file_form():
+    case = AttentionCase(1, 2, 1, 5, 7, 16, data_seed=3)
+    assert "generator" not in case.to_dict() and "generator" not in str(case)
+    counter = case.replace(generator="counter")
+    assert counter.to_dict()["generator"] == "counter" and "generator=counter" in str(counter)
+    assert counter.key() != case.key()
+    assert AttentionCase.from_dict(counter.to_dict()) == counter
+    assert AttentionCase.from_dict(case.to_dict()) == case
+
+
+# sha256 prefixes of counter cases' inputs, one per value profile: a change to the generator or
+# to how a profile uses it changes these, and every saved counter case with them.
+PINNED = {
+    "normal": "76e6fe58a769",
+    "large": "196800d8f737",
+    "near_constant": "9a965b44dbbf",
+    "dominant_key": "5f8dd9178d4b",
+    "zero_query_rows": "f07c5bbdb3a3",
+    "below_sentinel": "3d8a2dc579a2",
+}
+
+
+def _counter_case(values: str, dtype: str = "bfloat16") -> AttentionCase:
+    return AttentionCase(2, 4, 2, 17, 33, 24, dtype=dtype, values=values, data_seed=5,
+                         generator="counter", layout=("sliced", "transposed", "broadcast_heads"))
+
+
+@pytest.mark.parametrize("values", sorted(PINNED))
+def test_counter_cases_materialise_pinned_bits(values):
+    case = _counter_case(values)
+    assert inputs_sha256(materialize(case)).startswith(PINNED[values])
+    assert inputs_sha256(materialize(case)) != inputs_sha256(materialize(case.replace(generator="torch_cpu")))
+
+
+def test_counter_inputs_keep_the_guards_and_layouts_of_cpu_generator_inputs():
+    case = _counter_case("normal")
+    a, b = materialize(case), materialize(case.replace(generator="torch_cpu"))
+    for name in "qkv":
+        ta, tb = getattr(a, name), getattr(b, name)
+        assert ta.shape == tb.shape and ta.stride() == tb.stride()
+        assert ta.storage_offset() == tb.storage_offset()
+        assert a.storages[name].shape == b.storages[name].shape
+        assert torch.isnan(a.storages[name].float()).sum() == torch.isnan(b.storages[name].float()).sum()
+
+
+def test_the_gpu_profile_draws_counter_values_for_large_cases_only():
+    drawn = []
+
+    @seed(0)
+    @settings(max_examples=150, database=None, deadline=None)
+    @given(attention_cases(dtype="float32", profile=PROFILES["gpu"]))
+    def draw(case):
+        drawn.append(case)
+
+    draw()
+    bound = PROFILES["gpu"].device_values_macs
+    kinds = set()
+    for case in drawn:
+        macs = case.batch * case.heads * case.seq_q * max(case.seq_k, 1) * case.head_dim
+        assert case.generator == ("counter" if macs > bound else "torch_cpu"), case
+        kinds.add(case.generator)
+    assert kinds == {"counter", "torch_cpu"}          # both kinds were drawn
+
+
+def test_the_cpu_profiles_never_draw_counter_values():
+    assert PROFILES["ci"].device_values_macs is None and PROFILES["dev"].device_values_macs is None
+
+
+@CUDA
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+@pytest.mark.parametrize("values", sorted(PINNED))
+def test_counter_cases_are_born_on_the_gpu_with_the_cpu_bits(values, dtype):
+    case = _counter_case(values, dtype)
+    on_gpu, on_cpu = materialize(case, "cuda"), materialize(case, "cpu")
+    assert on_gpu.host is None and on_gpu.packed is not None and on_gpu.q.is_cuda
+    for name in "qkv":
+        assert torch.equal(as_bits(on_gpu.storages[name]).cpu(), as_bits(on_cpu.storages[name]))
+    assert inputs_sha256(on_gpu) == inputs_sha256(on_cpu)
+    assert on_gpu.host is not None                      # read back once, then kept
+    (gs, gv), (cs, cv) = materialize_dout(case, "cuda"), materialize_dout(case, "cpu")
+    assert gs.is_cuda and torch.equal(as_bits(gs).cpu(), as_bits(cs))
+    assert gv.stride() == cv.stride()
+
+
+@CUDA
+@pytest.mark.parametrize("case", [
+    # references on the device, checks on the host (engine/judge_device.py)
+    AttentionCase(2, 4, 2, 300, 280, 64, causal="bottom_right", data_seed=3, generator="counter"),
+    # small: references and checks on the host, from the inputs read back once
+    AttentionCase(1, 2, 1, 9, 13, 16, values="dominant_key", data_seed=4, generator="counter"),
+], ids=str)
+def test_a_counter_case_is_judged_on_the_gpu_from_values_computed_there(case, monkeypatch):
+    from fuzzattn.engine import value_sources
+    from fuzzattn.engine.judge import judge
+    from fuzzattn.engine.registry import implementations
+
+    devices = []
+    original = value_sources.CounterSource.__init__
+
+    def spy(self, seed_value, device="cpu"):
+        original(self, seed_value, device)
+        devices.append(self.device.type)
+
+    monkeypatch.setattr(value_sources.CounterSource, "__init__", spy)
+    judged = judge(implementations()["sdpa"], case, "cuda")
+    assert judged.passed, judged.describe()
+    assert any(v.check == "grad_dq" for v in judged.verdicts)          # the gradients were judged
+    assert devices and set(devices) == {"cuda"}                          # never generated on the CPU
