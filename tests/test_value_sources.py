@@ -4,6 +4,7 @@ same bits on every device (the GPU test), and CPU-generator cases keep the bits 
 file pins."""
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -134,23 +135,47 @@ def test_counter_inputs_keep_the_guards_and_layouts_of_cpu_generator_inputs():
         assert torch.isnan(a.storages[name].float()).sum() == torch.isnan(b.storages[name].float()).sum()
 
 
-def test_the_gpu_profile_draws_counter_values_for_large_cases_only():
+def _drawn(profile, count=150) -> list[AttentionCase]:
     drawn = []
 
     @seed(0)
-    @settings(max_examples=150, database=None, deadline=None)
-    @given(attention_cases(dtype="float32", profile=PROFILES["gpu"]))
+    @settings(max_examples=count, database=None, deadline=None)
+    @given(attention_cases(dtype="float32", profile=profile))
     def draw(case):
         drawn.append(case)
 
     draw()
-    bound = PROFILES["gpu"].device_values_macs
+    return drawn
+
+
+def test_a_profile_gives_counter_values_to_cases_above_its_bound():
+    profile = dataclasses.replace(PROFILES["gpu"], device_values_macs=2**21)
     kinds = set()
-    for case in drawn:
+    for case in _drawn(profile):
         macs = case.batch * case.heads * case.seq_q * max(case.seq_k, 1) * case.head_dim
-        assert case.generator == ("counter" if macs > bound else "torch_cpu"), case
+        assert case.generator == ("counter" if macs > 2**21 else "torch_cpu"), case
         kinds.add(case.generator)
     assert kinds == {"counter", "torch_cpu"}          # both kinds were drawn
+
+
+def test_the_gpu_profiles_give_every_case_counter_values():
+    assert PROFILES["gpu"].device_values_macs == 0 == PROFILES["nightly"].device_values_macs
+    assert {case.generator for case in _drawn(PROFILES["gpu"], 40)} == {"counter"}
+
+
+def test_a_host_copy_read_back_with_other_results_is_adopted_with_the_same_views():
+    from fuzzattn.engine.inputs import _born_on
+    case = _counter_case("dominant_key", "float16")
+    inputs = _born_on(case, torch.device("cpu"), torch.float16, float("nan"))
+    assert inputs.host is None
+    inputs.keep_host_copy(inputs.packed.clone())
+    host = inputs.host          # (on a GPU, what inputs.on("cpu") then returns)
+    assert host.packed.data_ptr() != inputs.packed.data_ptr()
+    for name in "qkv":
+        a, b = getattr(inputs, name), getattr(host, name)
+        assert a.shape == b.shape and a.stride() == b.stride()
+        assert torch.equal(as_bits(inputs.storages[name]), as_bits(host.storages[name]))
+    assert inputs_sha256(host) == inputs_sha256(materialize(case))
 
 
 def test_the_cpu_profiles_never_draw_counter_values():
@@ -177,7 +202,8 @@ def test_counter_cases_are_born_on_the_gpu_with_the_cpu_bits(values, dtype):
 @pytest.mark.parametrize("case", [
     # references on the device, checks on the host (engine/judge_device.py)
     AttentionCase(2, 4, 2, 300, 280, 64, causal="bottom_right", data_seed=3, generator="counter"),
-    # small: references and checks on the host, from the inputs read back once
+    # small: references and checks on the host, from the inputs (and dO) read back with the
+    # runs' outputs
     AttentionCase(1, 2, 1, 9, 13, 16, values="dominant_key", data_seed=4, generator="counter"),
 ], ids=str)
 def test_a_counter_case_is_judged_on_the_gpu_from_values_computed_there(case, monkeypatch):

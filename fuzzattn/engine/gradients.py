@@ -50,6 +50,9 @@ class _GradRun:
     side_effects: list[Verdict] = dataclasses.field(default_factory=list)
     inputs: Inputs | None = None            # q, k, v it ran on (their host copy: the oracle's)
     delivered: tuple | None = None          # (device, grads): the gradients where they are judged
+    # dO as it was before the call (its snapshot, never handed to the implementation), read back
+    # with the gradients: the host oracle's, for inputs born on the device (a counter case).
+    dout_here: torch.Tensor | None = None
 
     @property
     def grads(self) -> dict[str, torch.Tensor]:
@@ -69,9 +72,10 @@ def _run(impl: Implementation, case: AttentionCase, device, forward, *, adversar
          source: Inputs | None = None, side_effects: bool = True) -> _GradRun:
     """One gradient call on fresh copies of q, k, v, dO (and of the forward's out and lse for an
     explicit backward); the gradients are also delivered to `here` (default: `device`), in the
-    same transfer as the input-mutation check's verdicts. `source`: CPU inputs of this case with
-    NaN padding that no implementation is ever handed (the judgement's pristine ones), copied
-    instead of materialised again; other padding is always materialised anew.
+    same transfer as the input-mutation check's verdicts. `source`: inputs of this case with NaN
+    padding that no implementation is ever handed (the judgement's pristine ones: on the host,
+    or on the device for a counter case), copied instead of materialised again; other padding
+    is always materialised anew.
     `side_effects=False`: the gradients only (the determinism rerun: the first run's input
     mutation check covers the backward), no snapshot of the storages and no flags."""
     if born_on_device(case, device):
@@ -112,15 +116,25 @@ def _run(impl: Implementation, case: AttentionCase, device, forward, *, adversar
         return run
     names = list(storages)
     here = torch.device(here or device)
+    # A counter case judged elsewhere than it runs: its dO exists only on the device; the
+    # oracle's copy comes back with the gradients, in the same transfer.
+    dout_back = ([snapshot["dout"]] if side_effects and born_on_device(case, device)
+                 and not same_device(device, here) else [])
     try:
         flags = changed_flags(storages, snapshot) if side_effects else None
-        flags, *grads = read_back([flags, *call.grads], here)
+        flags, *grads = read_back([flags, *call.grads, *dout_back], here)
+        if dout_back:
+            stored, grads = grads[-1], grads[:-1]
+            offset = dout.storage_offset() - storages["dout"].storage_offset()
+            run_dout = stored.as_strided(dout.shape, dout.stride(), stored.storage_offset() + offset)
         flags = flags.tolist() if side_effects else None
     except Exception as exc:           # an asynchronous fault of the backward, surfacing here
         run.failure = Verdict(check="grad_crash", passed=False,
                               detail=f"backward raised: {execute.one_line(exc)}", **verdict)
         return run
     run.delivered = (here, tuple(grads))
+    if dout_back:
+        run.dout_here = run_dout
     if not side_effects:
         return run
     changed = [name for name, flag in zip(names, flags) if flag]
@@ -283,7 +297,10 @@ def judge_gradients(impl: Implementation, case: AttentionCase, device, forward=N
     else:
         host = first.inputs.host
         fresh = host if host is not None and references.type == "cpu" else materialize(case, references)
-    _, dout = materialize_dout(case, references)
+    if first.dout_here is not None and same_device(first.dout_here.device, references):
+        dout = first.dout_here
+    else:
+        _, dout = materialize_dout(case, references)
     away = not same_device(references, here)
     ref = oracle_gradients(*fresh.tensors(), dout, case, deferred=away)
     # What needs no autograd (the explicit same-precision backward, the allowances, the

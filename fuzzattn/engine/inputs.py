@@ -95,6 +95,13 @@ class Inputs:
             self.host = moved
         return moved
 
+    def keep_host_copy(self, packed_on_host: torch.Tensor) -> None:
+        """Adopt `packed_on_host`, a host copy of this device's packed buffer read back with
+        other results (judge.py), as this case's host inputs: no transfer of their own."""
+        storages = {name: _same_place(buf, self.packed, packed_on_host)
+                    for name, buf in self.storages.items()}
+        self.host = _viewed(self, storages, host=None, packed=packed_on_host)
+
     def snapshot(self) -> dict[str, torch.Tensor]:
         return {name: buf.clone() for name, buf in self.storages.items()}
 
@@ -149,9 +156,15 @@ def logical_values(case: AttentionCase, device="cpu") -> tuple[torch.Tensor, tor
     """float32 q, k, v of the case's logical shapes, before rounding and layout: on the CPU from
     a torch_cpu case, on `device` from a counter case (the same bits either way)."""
     g = source(case.generator, case.data_seed, device)
-    q = g.normal(case.shape("q"))
-    k = g.normal(case.shape("k"))
-    v = g.normal(case.shape("v"))
+    shapes = [case.shape(name) for name in "qkv"]
+    if case.generator == "counter":
+        # One draw for all three (the same stream positions, so the same bits, as three draws
+        # in a row): a third of the kernel launches.
+        q, k, v = (t.view(shape) for t, shape in zip(
+            g.normal((sum(math.prod(shape) for shape in shapes),)).split(
+                [math.prod(shape) for shape in shapes]), shapes))
+    else:
+        q, k, v = (g.normal(shape) for shape in shapes)
     return _apply_profile(case, q, k, v, g)
 
 

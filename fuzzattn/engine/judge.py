@@ -220,7 +220,13 @@ def judge(impl: Implementation, case: AttentionCase, device=None, *,
     if first.pending is not None and _runs_together(references, device):
         second = runs.launch(impl, case, device, adversarial=False, inputs=pristine.copy(),
                              pristine=pristine, here=here, side_effects=False)
-        runs.deliver(impl, case, [first, second])
+        # Inputs born on the device (a counter case) come to the host references with the runs'
+        # outputs, in the same transfer: the one wait a case judged on the host makes.
+        host_copy = [pristine.packed] if pristine.host is None and pristine.packed is not None \
+            and not same_device(pristine.packed.device, references) else []
+        back = runs.deliver(impl, case, [first, second], also=host_copy)
+        if host_copy and back is not None:
+            pristine.keep_host_copy(back[0])
     elif first.pending is not None and not same_device(references, here):
         second, computed = _read_back_with_references(impl, case, device, first, pristine,
                                                       references, here)
