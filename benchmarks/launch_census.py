@@ -11,8 +11,9 @@ counts them, so that a change to the judge is measured in what it removes rather
 Draws the cases first (the `gpu` profile's strategy for the implementation, Hypothesis seed 0),
 judges a few to warm up, then judges the rest under torch.profiler, gradients on one case in
 `--gradient-every` as in the scaling runs. Prints per case: CUDA kernels, memory copies and
-fills by direction, host-side launch and synchronisation calls, the GPU's busy time, and the
-kernels and runtime calls that occur most. GPU only (the profiler's CUDA activity).
+fills by direction, host-side launch and synchronisation calls, the GPU's busy time, the
+kernels and runtime calls that occur most, and the kernels that take the most GPU time. GPU only
+(the profiler's CUDA activity).
 """
 from __future__ import annotations
 
@@ -111,6 +112,7 @@ def census(impl, cases, device, gradient_every: int):
     finally:
         restore()
     kernels, copies, runtime = collections.Counter(), collections.Counter(), collections.Counter()
+    gpu_us = collections.Counter()      # GPU time by kernel (or copy) name
     by_phase: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
     busy_us = 0.0
     events = list(prof.events())
@@ -122,6 +124,7 @@ def census(impl, cases, device, gradient_every: int):
             continue        # a stage range (the profiler mirrors it on the GPU's timeline too)
         if event.device_type == torch.autograd.DeviceType.CUDA:
             busy_us += event.time_range.elapsed_us()
+            gpu_us[name] += event.time_range.elapsed_us()
             if "Memcpy" in name or "Memset" in name:
                 copies[name] += 1
             else:
@@ -132,7 +135,7 @@ def census(impl, cases, device, gradient_every: int):
                 "copies" if "Memcpy" in name or "Memset" in name else None
             if kind:
                 by_phase[_innermost(ranges, event.time_range.start)][kind] += 1
-    return kernels, copies, runtime, busy_us, by_phase
+    return kernels, copies, runtime, busy_us, by_phase, gpu_us
 
 
 def _innermost(ranges, t) -> str:
@@ -165,7 +168,8 @@ def main(argv=None) -> int:
     for case in cases[:args.warmup]:
         judge_once(impl, case, device, gradients=_gradients(case, args.gradient_every))
     measured = cases[args.warmup:]
-    kernels, copies, runtime, busy_us, by_phase = census(impl, measured, device, args.gradient_every)
+    kernels, copies, runtime, busy_us, by_phase, gpu_us = census(impl, measured, device,
+                                                                 args.gradient_every)
     n = len(measured)
     print(f"{impl.name} {args.dtype}: {n} cases, gradients on 1 in {args.gradient_every}")
     print(f"  per case: {sum(kernels.values()) / n:.1f} kernels, {sum(copies.values()) / n:.1f} "
@@ -182,6 +186,12 @@ def main(argv=None) -> int:
         print(f"  {title}, per case:")
         for name, count in counter.most_common(args.top):
             print(f"    {count / n:6.2f}  {name[:110]}")
+    # At 16 processes the GPU, time-sliced between them, is busy throughout (call 42): its time
+    # per case bounds the rate, so this says which kernels to make cheaper or fewer.
+    print("  GPU time per case, us, by kernel or copy:")
+    for name, us in gpu_us.most_common(args.top):
+        print(f"    {us / n:8.1f}  {kernels[name] / n if name in kernels else copies[name] / n:6.2f}x"
+              f"  {name[:110]}")
     return 0
 
 

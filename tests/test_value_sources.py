@@ -223,3 +223,16 @@ def test_a_counter_case_is_judged_on_the_gpu_from_values_computed_there(case, mo
     assert judged.passed, judged.describe()
     assert any(v.check == "grad_dq" for v in judged.verdicts)          # the gradients were judged
     assert devices and set(devices) == {"cuda"}                          # never generated on the CPU
+
+
+@pytest.mark.parametrize("seed_value,position,n", [(0, 0, 1), (5, 7, 1000), (12345, 3000, 5000),
+                                                    (2**63 - 1, 2**33, 2049)])
+def test_the_fused_kernel_gives_the_torch_versions_bits(seed_value, position, n):
+    """Compiled on a GPU, interpreted on the CPU: the same values either way as the torch ops."""
+    from fuzzattn.engine.value_sources import fused_normals
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    out = torch.empty(n, device=device)
+    fused_normals(out, position, mix_int(seed_value))
+    g = CounterSource(seed_value)
+    g.position = position
+    assert torch.equal(as_bits(out).cpu(), as_bits(g.normal((n,))))

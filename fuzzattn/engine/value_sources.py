@@ -20,11 +20,19 @@ int64 arithmetic that wraps on every torch device. Why the bits agree across dev
   one correctly rounded IEEE product, the same on every device;
 - rounding to bf16/fp16 afterwards is round-to-nearest-even on the CPU and on CUDA alike.
 tests/test_value_sources.py pins values on the CPU; its GPU test compares CPU and CUDA bits.
-On the CPU the counter costs ~20 ns a value against randn's ~4 (measured here), which is why small
-cases keep torch_cpu.
+On the CPU the counter costs ~20 ns a value against randn's ~4 (measured here), which is why the
+CPU profiles keep torch_cpu.
+
+On a CUDA device the normal values come from one Triton kernel (`_normals_kernel`) doing the same
+integer steps in uint64 registers: the torch version is ~27 elementwise kernels over int64
+tensors, 16-24 bytes of memory traffic per value each, ~5 ms of GPU time for the gpu profile's
+largest case, on a GPU that 16 fuzzers already keep busy (benchmarks/THROUGHPUT.md, call 42).
+The kernel writes 4 bytes per value. Same bits: the GPU test compares it with the CPU's torch
+version, and test_value_sources runs it under Triton's interpreter on the CPU as well.
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -36,7 +44,7 @@ MIX2 = 0x94D049BB133111EB
 _MASK64 = (1 << 64) - 1
 
 # Irwin-Hall of four 16-bit fields: centre and the float32 factor to unit variance.
-_CENTRE = 2 * 0xFFFF
+_CENTRE = 2 * 0xFFFF           # 131070
 _UNIT = float(np.float32(1.0 / math.sqrt(((1 << 32) - 1) / 3)))   # float32-exact Python float
 
 
@@ -83,7 +91,13 @@ class CounterSource:
 
     def normal(self, shape) -> torch.Tensor:
         """float32 values of mean 0 and variance 1 (Irwin-Hall, n = 4: module docstring)."""
-        h = self.bits(math.prod(shape))
+        n = math.prod(shape)
+        if self.device.type == "cuda" and n and not _interpreted():
+            out = torch.empty(n, dtype=torch.float32, device=self.device)
+            fused_normals(out, self.position, self.base)
+            self.position += n
+            return out.view(shape)
+        h = self.bits(n)
         total = h & 0xFFFF
         for shift in (16, 32, 48):
             total.add_((h >> shift) & 0xFFFF)
@@ -98,6 +112,51 @@ class CounterSource:
     def coin(self, shape) -> torch.Tensor:
         """bool values, each true with probability 1/2."""
         return ((self.bits(math.prod(shape)) >> 40) & 1).bool().view(shape)
+
+
+BLOCK = 1024
+
+
+def fused_normals(out: torch.Tensor, position: int, base: int) -> None:
+    """Fill `out` (float32, contiguous, 1-D) with the stream's normal values from counter
+    `position`: what CounterSource.normal computes, in one Triton kernel."""
+    n = out.numel()
+    _normals_kernel()[(triton_cdiv(n, BLOCK),)](
+        out, n, position, _signed(base), _signed(GOLDEN), _signed(MIX1), _signed(MIX2), _UNIT,
+        BLOCK=BLOCK)
+
+
+def triton_cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _interpreted() -> bool:
+    from fuzzattn.engine.triton_backend import is_interpreted
+    return is_interpreted()
+
+
+@functools.lru_cache(maxsize=1)
+def _normals_kernel():
+    """Decorated on first use, so that it honours the backend triton_backend chose."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def counter_normals(out_ptr, n, position, base, golden, mix1, mix2, unit, BLOCK: tl.constexpr):
+        offsets = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        # Integer arguments arrive as int32 or int64 by their value: widened with their sign,
+        # then read as uint64, whose products wrap and whose shifts are logical.
+        u64 = tl.uint64
+        x = (offsets + position).to(tl.int64).to(u64, bitcast=True)
+        x = x * golden.to(tl.int64).to(u64, bitcast=True) + base.to(tl.int64).to(u64, bitcast=True)
+        x = (x ^ (x >> 30)) * mix1.to(tl.int64).to(u64, bitcast=True)
+        x = (x ^ (x >> 27)) * mix2.to(tl.int64).to(u64, bitcast=True)
+        x = x ^ (x >> 31)
+        total = (x & 0xFFFF) + ((x >> 16) & 0xFFFF) + ((x >> 32) & 0xFFFF) + (x >> 48)
+        value = (total.to(tl.int64, bitcast=True) - 131070).to(tl.float32) * unit
+        tl.store(out_ptr + offsets, value, mask=offsets < n)
+
+    return counter_normals
 
 
 class CpuSource:
