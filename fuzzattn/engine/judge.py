@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 
 import torch
 
@@ -153,6 +154,7 @@ def _value_verdicts(impl, case, run: runs.Run, ref: Reference, spr: Reference, *
     out_rule = functools.partial(out_bound, out_magnitude=ref.out_magnitude,
                                  fp32_matmul=impl.caps.fp32_matmul)
     differences = None        # the max rule's float64 differences of out, for out_rms
+    err_finite = False        # and whether its worst error was finite
     for check, got, reference, truth, rule in (
             (check_out, run.out, spr.out, ref.out, out_rule),
             (check_lse, run.lse, spr.lse, ref.lse, lse_bound)):
@@ -160,7 +162,7 @@ def _value_verdicts(impl, case, run: runs.Run, ref: Reference, spr: Reference, *
             continue
         b = rule(got, reference, truth, ref.score_magnitude)
         if got is run.out:
-            differences = b.differences
+            differences, err_finite = b.differences, math.isfinite(b.error)
         bad = b.row_errors > b.allowed
         if not b.ok:
             bad = bad | torch.isnan(b.row_errors)
@@ -173,7 +175,7 @@ def _value_verdicts(impl, case, run: runs.Run, ref: Reference, spr: Reference, *
     # under the max rule in every element but add error to all of them.
     s = out_rms_bound(run.out, spr.out, ref.out, empty if has_empty else None,
                       ref.score_magnitude, ref.out_magnitude, fp32_matmul=impl.caps.fp32_matmul,
-                      differences=differences)
+                      differences=differences, err_finite=err_finite)
     bad = s.row_ratio > 1 if not s.ok else None
     out_results.append(Verdict(
         check=check_stat, passed=s.ok, error=s.statistic, allowed=s.allowed,
