@@ -236,3 +236,29 @@ def test_the_fused_kernel_gives_the_torch_versions_bits(seed_value, position, n)
     g = CounterSource(seed_value)
     g.position = position
     assert torch.equal(as_bits(out).cpu(), as_bits(g.normal((n,))))
+
+
+def test_the_fused_kernel_serves_only_after_agreeing_with_the_torch_ops(monkeypatch, capsys):
+    """Checked once per device and process: a kernel that fails to run or gives other bits
+    leaves the torch operations in charge, said in one line."""
+    from fuzzattn.engine import triton_backend
+    from fuzzattn.engine import value_sources as vs
+    monkeypatch.setattr(triton_backend, "is_interpreted", lambda: False)
+    here = torch.device("cpu")        # the interpreter's kernel stands in for a compiled one
+    try:
+        vs._fused_here.cache_clear()
+        assert vs._fused_here(here)
+        vs._fused_here.cache_clear()
+
+        def broken(out, position, base):
+            raise RuntimeError("no kernel image for this device")
+
+        monkeypatch.setattr(vs, "fused_normals", broken)
+        assert not vs._fused_here(here)
+        assert "failed (RuntimeError: no kernel image for this device)" in capsys.readouterr().err
+        vs._fused_here.cache_clear()
+        monkeypatch.setattr(vs, "fused_normals", lambda out, position, base: out.fill_(1.0))
+        assert not vs._fused_here(here)
+        assert "bits differ" in capsys.readouterr().err
+    finally:
+        vs._fused_here.cache_clear()

@@ -92,7 +92,7 @@ class CounterSource:
     def normal(self, shape) -> torch.Tensor:
         """float32 values of mean 0 and variance 1 (Irwin-Hall, n = 4: module docstring)."""
         n = math.prod(shape)
-        if self.device.type == "cuda" and n and not _interpreted():
+        if self.device.type == "cuda" and n and _fused_here(self.device):
             out = torch.empty(n, dtype=torch.float32, device=self.device)
             fused_normals(out, self.position, self.base)
             self.position += n
@@ -130,9 +130,31 @@ def triton_cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def _interpreted() -> bool:
+@functools.lru_cache(maxsize=None)
+def _fused_here(device: torch.device) -> bool:
+    """Whether the fused kernel serves `device` in this process: compiled Triton (not the
+    interpreter), and checked once against the torch version on 4,099 values of a stream that
+    crosses a 2^32 counter boundary. A kernel that fails to build or disagrees leaves the torch
+    version in charge (the same bits, more launches), said once on stderr."""
     from fuzzattn.engine.triton_backend import is_interpreted
-    return is_interpreted()
+    if is_interpreted():
+        return False
+    import sys
+    probe = CounterSource(0x5EED, "cpu")
+    probe.position = 2**32 - 2048
+    try:
+        out = torch.empty(4099, dtype=torch.float32, device=device)
+        fused_normals(out, probe.position, probe.base)
+        same = torch.equal(out.cpu().view(torch.int32), probe.normal((4099,)).view(torch.int32))
+    except Exception as exc:               # no working Triton for this device
+        print(f"fuzzattn: counter values by torch operations on {device}: the fused kernel "
+              f"failed ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})",
+              file=sys.stderr)
+        return False
+    if not same:
+        print(f"fuzzattn: counter values by torch operations on {device}: the fused kernel's "
+              "bits differ from theirs", file=sys.stderr)
+    return same
 
 
 @functools.lru_cache(maxsize=1)
