@@ -244,7 +244,8 @@ def test_the_fused_kernel_serves_only_after_agreeing_with_the_torch_ops(monkeypa
     from fuzzattn.engine import triton_backend
     from fuzzattn.engine import value_sources as vs
     monkeypatch.setattr(triton_backend, "is_interpreted", lambda: False)
-    here = torch.device("cpu")        # the interpreter's kernel stands in for a compiled one
+    # On the CPU the interpreter's kernel stands in for a compiled one.
+    here = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
         vs._fused_here.cache_clear()
         assert vs._fused_here(here)
