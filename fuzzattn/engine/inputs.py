@@ -205,19 +205,11 @@ def _apply_profile(case, q, k, v, g):
     return q, k, v
 
 
-def _storage_numel(shape, layout: str) -> int:
-    """Elements of the padded storage `_storage_and_view` places a (B, H, N, D) tensor in."""
+def _layout_shapes(shape, layout: str):
+    """(base shape, storage block shape, expanded?) of a (B, H, N, D) tensor in `layout`: the
+    values stored (one batch or head element for a broadcast layout) and the block holding
+    them between the guards."""
     B, H, N, D = shape
-    b, h = (1 if layout == "broadcast_batch" else B), (1 if layout == "broadcast_heads" else H)
-    inner = {"sliced": (b, h, 2 * N + 1, D + 3), "last_dim_strided": (b, h, N, 2 * D)}
-    return math.prod(inner.get(layout, (b, h, N, D))) + 2 * guard_elements(D)
-
-
-def _storage_and_view(logical: torch.Tensor, layout: str, dtype: torch.dtype, pad_value: float,
-                      storage: torch.Tensor | None = None):
-    """Place `logical` (B, H, N, D) into a padded storage on its device (or into `storage`, of
-    `_storage_numel` elements of `dtype`); return (storage, view)."""
-    B, H, N, D = logical.shape
     if layout == "broadcast_batch":
         base_shape, expand = (1, H, N, D), True
     elif layout == "broadcast_heads":
@@ -235,6 +227,20 @@ def _storage_and_view(logical: torch.Tensor, layout: str, dtype: torch.dtype, pa
         inner = (b, n, h, d)
     else:
         inner = base_shape
+    return base_shape, inner, expand
+
+
+def _storage_numel(shape, layout: str) -> int:
+    """Elements of the padded storage `_storage_and_view` places a (B, H, N, D) tensor in."""
+    return math.prod(_layout_shapes(shape, layout)[1]) + 2 * guard_elements(shape[-1])
+
+
+def _storage_and_view(logical: torch.Tensor, layout: str, dtype: torch.dtype, pad_value: float,
+                      storage: torch.Tensor | None = None):
+    """Place `logical` (B, H, N, D) into a padded storage on its device (or into `storage`, of
+    `_storage_numel` elements of `dtype`); return (storage, view)."""
+    B, H, N, D = logical.shape
+    (b, h, n, d), inner, expand = _layout_shapes(logical.shape, layout)
     numel = math.prod(inner)
     guard = guard_elements(D)
     if storage is None:
@@ -258,8 +264,9 @@ def _storage_and_view(logical: torch.Tensor, layout: str, dtype: torch.dtype, pa
 
 def materialize(case: AttentionCase, device: str | torch.device = "cpu",
                 pad_value: float = float("nan")) -> Inputs:
-    """Deterministic inputs for `case` on `device`, bit-identical on every machine; on an
-    accelerator they keep their CPU storages as `host`."""
+    """Deterministic inputs for `case` on `device`, bit-identical on every machine. On an
+    accelerator a torch_cpu case's inputs keep the CPU storages they were moved from as `host`;
+    a counter case's are computed there (`host` None until they are read back)."""
     dtype = torch_dtype(case.dtype)
     device = torch.device(device)
     if born_on_device(case, device):
