@@ -92,21 +92,18 @@ def _cases(draw, caps: Capabilities, dtypes: tuple[str, ...], profile: Profile,
     data_seed = draw(parts.data_seed)
     case = AttentionCase(batch=batch, heads=kv_heads * group, kv_heads=kv_heads, seq_q=seq_q,
                          seq_k=seq_k, head_dim=head_dim, dtype=dtype, causal=causal, scale=scale,
-                         layout=layout, values=values, data_seed=data_seed,
-                         generator=_generator(profile, batch, kv_heads * group, seq_q, seq_k,
-                                              head_dim))
-    case = case.replace(config=draw(configs(caps, case, parts.palette)))
+                         layout=layout, values=values, data_seed=data_seed)
+    case = case.replace(config=draw(configs(caps, case, parts.palette)),
+                        generator=_generator(profile, case))
     _label(case)
     return case
 
 
-def _generator(profile: Profile, batch: int, heads: int, seq_q: int, seq_k: int,
-               head_dim: int) -> str:
+def _generator(profile: Profile, case: AttentionCase) -> str:
     """The case's value source, decided by its size (profiles.Profile.device_values_macs), not
     drawn: shrinking a size past the bound changes the values, as any size change does."""
-    macs = batch * heads * seq_q * max(seq_k, 1) * head_dim
     bound = profile.device_values_macs
-    return "counter" if bound is not None and macs > bound else "torch_cpu"
+    return "counter" if bound is not None and case.macs > bound else "torch_cpu"
 
 
 def _shapes(caps: Capabilities, profile: Profile) -> st.SearchStrategy[tuple[str, int, int]]:

@@ -45,13 +45,13 @@ KV_ONLY_LAYOUTS = ("broadcast_batch", "broadcast_heads")
 VALUE_PROFILES = ("normal", "large", "near_constant", "dominant_key", "zero_query_rows",
                   "below_sentinel")
 
+# Where the case's values come from (engine/value_sources.py): the CPU torch.Generator, or a
+# counter-based generator giving the same bits on any device, so inputs can be born there.
+GENERATORS = ("torch_cpu", "counter")
+
 # Sane ranges, checked before anything is allocated: a value outside them is a typo or an
 # attack on the harness, never a case worth running. Sizes are also checked against a memory
 # budget by the engine (fuzzattn.engine.inputs.check_budget) before materialising.
-# Where the case's values come from (engine/value_sources.py): the CPU torch.Generator, or a
-# counter-based generator giving the same bits on any device, so large inputs are born there.
-GENERATORS = ("torch_cpu", "counter")
-
 MAX_SIZE = {"batch": 4096, "heads": 4096, "kv_heads": 4096, "seq_q": 1 << 20, "seq_k": 1 << 20,
             "head_dim": 4096}
 MAX_DATA_SEED = 2**63 - 1       # torch.Generator.manual_seed takes 64-bit seeds
@@ -136,6 +136,12 @@ class AttentionCase:
     @property
     def is_causal(self) -> bool:
         return self.causal != "none"
+
+    @property
+    def macs(self) -> int:
+        """B * Hq * Nq * max(Nk, 1) * D: the multiply-adds of one attention matmul, the size by
+        which a case is judged on the host or the device, and given its generator."""
+        return self.batch * self.heads * self.seq_q * max(self.seq_k, 1) * self.head_dim
 
     @property
     def group_size(self) -> int:

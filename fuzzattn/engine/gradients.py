@@ -33,7 +33,7 @@ from fuzzattn.contract.implementation import Implementation
 from fuzzattn.engine import execute
 from fuzzattn.engine.grad_oracle import NAMES, GradReference, oracle_gradients, same_precision_gradients
 from fuzzattn.engine.inputs import (Inputs, as_bits, born_on_device, changed_flags, materialize,
-                                     materialize_dout, moved_with, place, place_flat)
+                                     materialize_dout, moved_with, place, place_flat, view_in)
 from fuzzattn.engine.judge_device import judging, moved, moved_together
 from fuzzattn.engine.transfer import read_back, same_device
 from fuzzattn.engine.poison import prime_allocator, uninitialized_memory_is_nan
@@ -69,7 +69,8 @@ def _prime(case: AttentionCase, device, byte: int) -> None:
 
 def _run(impl: Implementation, case: AttentionCase, device, forward, *, adversarial: bool,
          pad_value: float = float("nan"), poison: bool = True, here=None,
-         source: Inputs | None = None, side_effects: bool = True) -> _GradRun:
+         source: Inputs | None = None, side_effects: bool = True,
+         dout_for: torch.device | None = None) -> _GradRun:
     """One gradient call on fresh copies of q, k, v, dO (and of the forward's out and lse for an
     explicit backward); the gradients are also delivered to `here` (default: `device`), in the
     same transfer as the input-mutation check's verdicts. `source`: inputs of this case with NaN
@@ -77,7 +78,9 @@ def _run(impl: Implementation, case: AttentionCase, device, forward, *, adversar
     or on the device for a counter case), copied instead of materialised again; other padding
     is always materialised anew.
     `side_effects=False`: the gradients only (the determinism rerun: the first run's input
-    mutation check covers the backward), no snapshot of the storages and no flags."""
+    mutation check covers the backward), no snapshot of the storages and no flags.
+    `dout_for`: where the gradient oracle computes; when that is `here` and the case's dO exists
+    only on the device (a counter case), its snapshot comes back with the gradients (`dout_here`)."""
     if born_on_device(case, device):
         # A counter case: q, k, v (copied from `source`, then on the device) and dO computed on
         # the device, nothing moved but an explicit backward's out and lse.
@@ -116,17 +119,17 @@ def _run(impl: Implementation, case: AttentionCase, device, forward, *, adversar
         return run
     names = list(storages)
     here = torch.device(here or device)
-    # A counter case judged elsewhere than it runs: its dO exists only on the device; the
+    # A counter case whose oracle computes on the host: its dO exists only on the device; the
     # oracle's copy comes back with the gradients, in the same transfer.
-    dout_back = ([snapshot["dout"]] if side_effects and born_on_device(case, device)
-                 and not same_device(device, here) else [])
+    dout_back = ([snapshot["dout"]] if side_effects and dout_for is not None
+                 and born_on_device(case, device) and not same_device(device, here)
+                 and same_device(dout_for, here) else [])
     try:
         flags = changed_flags(storages, snapshot) if side_effects else None
         flags, *grads = read_back([flags, *call.grads, *dout_back], here)
         if dout_back:
             stored, grads = grads[-1], grads[:-1]
-            offset = dout.storage_offset() - storages["dout"].storage_offset()
-            run_dout = stored.as_strided(dout.shape, dout.stride(), stored.storage_offset() + offset)
+            run_dout = view_in(stored, storages["dout"], dout)
         flags = flags.tolist() if side_effects else None
     except Exception as exc:           # an asynchronous fault of the backward, surfacing here
         run.failure = Verdict(check="grad_crash", passed=False,
@@ -277,13 +280,16 @@ def judge_gradients(impl: Implementation, case: AttentionCase, device, forward=N
     forward = tuple(t.detach() if t is not None else None for t in forward) \
         if impl.backward_fn is not None and forward is not None else None
     here = torch.device(judge_on if judge_on is not None else device)
+    # Where the gradient oracle and the reference compute.
+    references = torch.device(references_on) if references_on is not None else here
     source = None
     if pristine is not None:
         # The runs copy the pristine inputs where they were made: on the device for a counter
         # case, else on the host (a GPU case's CPU storages, moved with dO in one transfer).
-        on_host = pristine.q.device.type == "cpu" or born_on_device(case, device)
-        source = pristine if on_host else pristine.host
-    first = _run(impl, case, device, forward, adversarial=True, here=here, source=source)
+        made_there = pristine.q.device.type == "cpu" or born_on_device(case, device)
+        source = pristine if made_there else pristine.host
+    first = _run(impl, case, device, forward, adversarial=True, here=here, source=source,
+                 dout_for=references)
     if first.failure is not None:
         return [first.failure]
     verdicts = list(first.side_effects)
@@ -291,13 +297,12 @@ def judge_gradients(impl: Implementation, case: AttentionCase, device, forward=N
 
     # The oracle's q, k, v: the first run's host copy when judging on the host (never handed to
     # the implementation), else materialised again.
-    references = torch.device(references_on) if references_on is not None else here
     if pristine is not None:
         fresh = pristine.on(references)
     else:
         host = first.inputs.host
         fresh = host if host is not None and references.type == "cpu" else materialize(case, references)
-    if first.dout_here is not None and same_device(first.dout_here.device, references):
+    if first.dout_here is not None:         # read back to `references` with the gradients
         dout = first.dout_here
     else:
         _, dout = materialize_dout(case, references)

@@ -160,9 +160,8 @@ def logical_values(case: AttentionCase, device="cpu") -> tuple[torch.Tensor, tor
     if case.generator == "counter":
         # One draw for all three (the same stream positions, so the same bits, as three draws
         # in a row): a third of the kernel launches.
-        q, k, v = (t.view(shape) for t, shape in zip(
-            g.normal((sum(math.prod(shape) for shape in shapes),)).split(
-                [math.prod(shape) for shape in shapes]), shapes))
+        sizes = [math.prod(shape) for shape in shapes]
+        q, k, v = (t.view(shape) for t, shape in zip(g.normal((sum(sizes),)).split(sizes), shapes))
     else:
         q, k, v = (g.normal(shape) for shape in shapes)
     return _apply_profile(case, q, k, v, g)
@@ -326,23 +325,22 @@ def moved_with(host: Inputs, extra: dict, device) -> tuple[Inputs, dict, dict]:
     _, moved = packed_buffer_to(storages, device)
     moved = dict(zip(names, moved))
     inputs = _viewed(host, {n: moved[n] for n in host.storages}, host=host, packed=None)
-    views = {}
-    for name, (storage, view) in extra.items():
-        there = moved[name]
-        offset = view.storage_offset() - storage.storage_offset()
-        views[name] = there.as_strided(view.shape, view.stride(), there.storage_offset() + offset)
+    views = {name: view_in(moved[name], storage, view) for name, (storage, view) in extra.items()}
     return inputs, {n: moved[n] for n in extra}, views
+
+
+def view_in(there: torch.Tensor, storage: torch.Tensor, view: torch.Tensor) -> torch.Tensor:
+    """`view` of `storage`, taken of `there` (a copy of `storage`, which may itself start inside
+    a larger allocation: transfer.packed_to): the same shape, strides and offset from its start."""
+    offset = view.storage_offset() - storage.storage_offset()
+    return there.as_strided(view.shape, view.stride(), there.storage_offset() + offset)
 
 
 def _viewed(inputs: Inputs, storages: dict[str, torch.Tensor], *, host: Inputs | None,
             packed: torch.Tensor | None = None) -> Inputs:
-    """Inputs over `storages` with `inputs`' views: shapes, strides, and offsets from the start of
-    each storage (a storage may itself start inside a larger allocation: transfer.packed_to)."""
-    views = {}
-    for name, t in zip("qkv", inputs.tensors()):
-        offset = t.storage_offset() - inputs.storages[name].storage_offset()
-        views[name] = storages[name].as_strided(t.shape, t.stride(),
-                                                storages[name].storage_offset() + offset)
+    """Inputs over `storages` (copies of `inputs`' own) with `inputs`' views."""
+    views = {name: view_in(storages[name], inputs.storages[name], t)
+             for name, t in zip("qkv", inputs.tensors())}
     return Inputs(views["q"], views["k"], views["v"], storages, host=host, packed=packed)
 
 

@@ -24,7 +24,8 @@ from fuzzattn.contract.implementation import Implementation
 from fuzzattn.engine import execute, runs
 from fuzzattn.engine.error_statistics import out_rms_bound
 from fuzzattn.engine.gradients import judge_gradients
-from fuzzattn.engine.inputs import Inputs, check_budget, inputs_sha256, materialize
+from fuzzattn.engine.inputs import (Inputs, born_on_device, check_budget, inputs_sha256,
+                                     materialize)
 from fuzzattn.engine.judge_device import (check_device, judge_device, judging, moved,
                                           moved_together, rebuilt, tensors_in)
 from fuzzattn.engine.oracle import Reference, oracle, same_precision_reference
@@ -222,10 +223,10 @@ def judge(impl: Implementation, case: AttentionCase, device=None, *,
     if first.pending is not None and _runs_together(references, device):
         second = runs.launch(impl, case, device, adversarial=False, inputs=pristine.copy(),
                              pristine=pristine, here=here, side_effects=False)
-        # Inputs born on the device (a counter case) come to the host references with the runs'
-        # outputs, in the same transfer: the one wait a case judged on the host makes.
-        host_copy = [pristine.packed] if pristine.host is None and pristine.packed is not None \
-            and not same_device(pristine.packed.device, references) else []
+        # Inputs born on the device (a counter case: no host copy yet) come to the host
+        # references with the runs' outputs, in the same transfer: the one wait such a case makes.
+        host_copy = [pristine.packed] if born_on_device(case, device) and pristine.host is None \
+            else []
         back = runs.deliver(impl, case, [first, second], also=host_copy)
         if host_copy and back is not None:
             pristine.keep_host_copy(back[0])

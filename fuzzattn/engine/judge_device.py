@@ -75,8 +75,7 @@ def judge_device(case: AttentionCase, device) -> torch.device:
     device = torch.device(device)
     if device.type == "cpu":
         return device
-    macs = case.batch * case.heads * case.seq_q * max(case.seq_k, 1) * case.head_dim
-    return torch.device("cpu") if macs <= host_judge_macs() else device
+    return torch.device("cpu") if case.macs <= host_judge_macs() else device
 
 
 def check_device(case: AttentionCase, device) -> torch.device:

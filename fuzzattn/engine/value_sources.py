@@ -4,10 +4,10 @@ torch_cpu  a CPU `torch.Generator(data_seed)`: `torch.randn` and friends. Every 
            the field existed, and every case of the CPU profiles. Values are born on the CPU and
            moved to the device; the same bits on every machine because the CPU computes them.
 counter    a counter-based generator in integer torch operations: value i of a stream is a hash
-           of (seed, i), so any device computes it, in parallel, to the same bits. Cases too
-           large to judge on the host take it (profiles.Profile.device_values_macs): their
-           inputs are born on the device, where the CPU's randn of a large case cost milliseconds
-           per case (~13% of a judged sdpa case's host time on the H200, benchmarks/THROUGHPUT.md).
+           of (seed, i), so any device computes it, in parallel, to the same bits. The GPU
+           profiles give it to their cases (profiles.Profile.device_values_macs): their inputs
+           are born on the device, where the CPU's randn of a large case cost milliseconds per
+           case (~13% of a judged sdpa case's host time on the H200, benchmarks/THROUGHPUT.md).
 
 The counter stream is SplitMix64 (Steele, Lea and Flood, "Fast splittable pseudorandom number
 generators", OOPSLA 2014): state_i = base + i * 0x9E3779B97F4A7C15, output = mix(state_i), in
@@ -120,14 +120,11 @@ BLOCK = 1024
 def fused_normals(out: torch.Tensor, position: int, base: int) -> None:
     """Fill `out` (float32, contiguous, 1-D) with the stream's normal values from counter
     `position`: what CounterSource.normal computes, in one Triton kernel."""
+    import triton
     n = out.numel()
-    _normals_kernel()[(triton_cdiv(n, BLOCK),)](
+    _normals_kernel()[(triton.cdiv(n, BLOCK),)](
         out, n, position, _signed(base), _signed(GOLDEN), _signed(MIX1), _signed(MIX2), _UNIT,
         BLOCK=BLOCK)
-
-
-def triton_cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 @functools.lru_cache(maxsize=None)
