@@ -36,7 +36,10 @@ from fuzzattn.engine.verdict import CHECKS, Verdict, heatmap, locate
 from fuzzattn.engine.versions import versions
 
 
+@functools.cache
 def default_device() -> str:
+    """Asked several times a judged case; torch.cuda.is_available() asks the driver each time
+    (~20 us on a machine without CUDA), and the answer does not change within a process."""
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 

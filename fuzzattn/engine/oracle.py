@@ -64,7 +64,10 @@ def _attend(q, k, v, case: AttentionCase, compute: torch.dtype, p_dtype: torch.d
     k, v = _expand_kv(k, case.heads), _expand_kv(v, case.heads)
     if matmul_round is not None:
         q, k, v = matmul_round(q), matmul_round(k), matmul_round(v)
-    scores = (q @ k.transpose(-1, -2)) * case.softmax_scale
+    # In place wherever a tensor is this function's own (fresh from a matmul, or no longer
+    # needed): on the host each new float64 tensor of a larger case is fresh pages to fault in,
+    # which cost as much as the arithmetic. The same operations, so the same bits.
+    scores = (q @ k.transpose(-1, -2)).mul_(case.softmax_scale)
     mask = visible_keys(case.seq_q, case.seq_k, case.causal, q.device)
     if mask is None and case.seq_k == 0:
         mask = torch.ones(case.seq_q, 0, dtype=torch.bool, device=q.device)   # every row empty
@@ -72,39 +75,37 @@ def _attend(q, k, v, case: AttentionCase, compute: torch.dtype, p_dtype: torch.d
     # skipped rather than done with an all-True mask (the same values, seven operations fewer).
     hidden = None if mask is None else ~mask
     if hidden is not None:
-        scores = scores.masked_fill(hidden, float("-inf"))
+        scores.masked_fill_(hidden, float("-inf"))
     empty = (torch.zeros(case.seq_q, dtype=torch.bool, device=q.device) if mask is None
              else ~mask.any(dim=-1))
     score_magnitude = math.nan
     if magnitudes:
-        terms = q.detach().abs() @ k.detach().abs().transpose(-1, -2)
+        terms = q.abs() @ k.abs().transpose(-1, -2)
         if hidden is not None:
-            terms = terms.masked_fill(hidden, 0.0)
+            terms.masked_fill_(hidden, 0.0)
         score_magnitude = terms.max() * abs(case.softmax_scale) if terms.numel() else 0.0
         if not deferred:
             score_magnitude = float(score_magnitude)
     # A safe row maximum: rows with no visible key get 0 so exp(-inf - 0) = 0, not NaN.
     row_max = scores.amax(dim=-1, keepdim=True) if case.seq_k else scores.sum(-1, keepdim=True)
     row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
-    # The output does not depend on the shift (it cancels); detached, autograd of this function
-    # (the gradient oracle) does not route float64 noise through the max's argmax.
-    row_max = row_max.detach()
-    p = torch.exp(scores - row_max)
+    # The output does not depend on the shift (it cancels).
+    p = scores.sub_(row_max).exp_()
     denom = p.sum(dim=-1, keepdim=True)
     if p_dtype is not None:     # the kernels' precision contract: P rounded before P @ V
         p = p.to(p_dtype).to(compute)
     if matmul_round is not None:
         p = matmul_round(p)
     safe_denom = torch.where(denom > 0, denom, torch.ones_like(denom))
-    out = (p @ v) / safe_denom
+    out = (p @ v).div_(safe_denom)
     lse = (row_max + torch.log(denom)).squeeze(-1)
     magnitude = None
     if magnitudes and out_magnitude:
-        magnitude = (p @ v.abs()) / safe_denom
+        magnitude = (p @ v.abs()).div_(safe_denom)
     if mask is not None:
-        out = out.masked_fill(empty[:, None], 0.0)
+        out.masked_fill_(empty[:, None], 0.0)
         if magnitude is not None:
-            magnitude = magnitude.masked_fill(empty[:, None], 0.0)
+            magnitude.masked_fill_(empty[:, None], 0.0)
     return Reference(out, lse, empty, score_magnitude, magnitude)
 
 

@@ -63,7 +63,16 @@ class GuardedBuffer:
 
 
 def prime_for_outputs(case: AttentionCase, device, byte: int) -> None:
-    """poison.prime_allocator with the sizes of this case's out and lse."""
+    """poison.prime_allocator with the sizes of this case's out and lse; off the CPU only.
+
+    CUDA's caching allocator hands freed blocks back for same-size requests, raw allocations
+    (library workspaces) included, which torch's NaN fill of empty tensors never sees. On the CPU
+    a forward run needs no priming: every tensor the kernel allocates is NaN-filled
+    (`uninitialized_memory_is_nan`) or zeroed (`UninitializedMemoryIsZero`, the attribution
+    re-runs) whatever malloc hands back, and malloc's reuse of a primed chunk was never
+    reliable. There the 16 fills cost ~1.4% of a ci case (py-spy, sdpa fp32) and bought nothing."""
+    if torch.device(device).type == "cpu":
+        return
     out_bytes = math.prod(case.shape("q")) * BY_NAME[case.dtype].itemsize
     prime_allocator((out_bytes, case.batch * case.heads * case.seq_q * 4), device, byte)
 
