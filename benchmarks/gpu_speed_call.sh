@@ -8,6 +8,8 @@
 #                                               rate), this tree and BEFORE alternately (AB_IMPL,
 #                                               AB_COUNTS: another implementation, other K)
 #   bash benchmarks/gpu_speed_call.sh mps       16 sdpa fp32 fuzzers under MPS, this tree and BEFORE
+#   bash benchmarks/gpu_speed_call.sh mpsfault  a real device fault beside an innocent judging
+#                                               process, without and under MPS (mps_fault_probe.py)
 #                                               (MPS_ROUNDS pairs, the order alternating)
 #   bash benchmarks/gpu_speed_call.sh triton    compiled triton_fa2 fp16, 16 processes: this tree
 #                                               warms its compile palettes (WARM s), then is timed
@@ -77,10 +79,15 @@ under_mps() {
 
 # 16 sdpa fp32 fuzzers once per value of an environment variable, each run labelled with it.
 sweep() {   # $1 = the variable, $2 = label prefix, $3 = first shard, $4... = its values
-    local var=$1 label=$2 base=$3 value
+    # A value given twice is run twice, each run in a folder of its own (_2, _3 ...): sharing one,
+    # the second run's summary counted the first's results too (call 47).
+    local var=$1 label=$2 base=$3 value run
+    local -A runs=()
     shift 3
     for value in "$@"; do
-        ( export "$var=$value"; scale_run 16 "${label}_$value" "$base" ) | tee -a "$OUT/scaling.txt"
+        run=$(( ${runs[$value]:-0} + 1 )); runs[$value]=$run
+        local name="${label}_$value"; (( run > 1 )) && name+="_$run"
+        ( export "$var=$value"; scale_run 16 "$name" "$base" ) | tee -a "$OUT/scaling.txt"
     done
 }
 
@@ -93,7 +100,7 @@ wait_suite() {   # the background suite's summary, once it ended
 }
 
 for MODE in "${MODES[@]}"; do
-[[ "$MODE" =~ ^(sdpa|ab|triton|ceiling|contention|mps|hostprofile|macs|stages|checks|rows|waits)$ ]] && wait_suite
+[[ "$MODE" =~ ^(sdpa|ab|triton|ceiling|contention|mps|hostprofile|macs|stages|checks|rows|waits|mpsfault)$ ]] && wait_suite
 if [[ "$MODE" == sdpa ]]; then
     step "the judge on the GPU: engine, checks, gradients, transfer, palette tests, this tree and BEFORE"
     TESTS="tests/test_engine.py tests/test_checks.py tests/test_gradients.py tests/test_judge_device.py
@@ -299,6 +306,26 @@ elif [[ "$MODE" == rows ]]; then
 elif [[ "$MODE" == checks ]]; then
     step "16 sdpa fp32 fuzzers, checks of larger cases on the host or the device (FUZZATTN_HOST_CHECK_ELEMENTS)"
     sweep FUZZATTN_HOST_CHECK_ELEMENTS checks 2100 ${CHECK_VALUES:-0 131072 524288}
+elif [[ "$MODE" == mpsfault ]]; then
+    # engine/shared_gpu.py on a real MPS server: a Triton kernel's illegal memory access in one
+    # process while another judges sdpa; then a process started after the fault.
+    step "a real device fault beside an innocent process: without MPS, then under MPS"
+    fault_pair() {   # $1 = label
+        timeout 90 python3 benchmarks/mps_fault_probe.py innocent --seconds 25 \
+            >"$OUT/mpsfault_$1_innocent.txt" 2>&1 &
+        local innocent=$!
+        sleep 8
+        timeout 90 python3 benchmarks/mps_fault_probe.py fault --fault-after 6 \
+            >"$OUT/mpsfault_$1_fault.txt" 2>&1
+        echo "$1: the faulting process exited $?"
+        wait "$innocent"; echo "$1: the innocent process exited $?"
+        timeout 90 python3 benchmarks/mps_fault_probe.py innocent --seconds 3 \
+            >"$OUT/mpsfault_$1_after.txt" 2>&1
+        echo "$1: a process started after both exited $?"
+        for f in "$OUT"/mpsfault_"$1"_*.txt; do echo "-- $f"; grep -v Warning "$f" | tail -n 4; done
+    }
+    fault_pair plain
+    under_mps fault_pair mps
 elif [[ "$MODE" == mps ]]; then
     # The host-bound ceiling: under MPS the 16 processes share one scheduling context, so
     # waiting for the GPU costs little (contention above) and what is left is each case's host work.

@@ -39,6 +39,7 @@ from pathlib import Path
 
 from fuzzattn.contract.case import AttentionCase
 from fuzzattn.contract.implementation import Implementation
+from fuzzattn.engine import shared_gpu
 from fuzzattn.engine.inputs import inputs_sha256, materialize
 from fuzzattn.engine.isolation_worker import (IsolationError, declared, is_device_fault, spec_of,
                                               where, worker_main)
@@ -279,6 +280,9 @@ class IsolatedJudge:
         if kind == "error":
             headline, text = payload
             if is_device_fault(text):
+                if shared_gpu.mps_active():
+                    self._replace()
+                    raise shared_gpu.SharedDeviceFault(shared_gpu.describe(case, headline))
                 # A fault surfacing in the harness's own code after the kernel returned (an
                 # asynchronous CUDA error) is still the kernel's fault.
                 self.stats.device_faults += 1
@@ -318,9 +322,14 @@ class IsolatedJudge:
             verdicts.append(Verdict(impl=self.name, case=judged.case, check="device_fault",
                                     passed=False, detail=f"after the call{note}"))
         elif not faulted:
+            shared_gpu.check_judged(judged)     # an MPS client told of another's fault
             return judged
         self.stats.device_faults += 1
         self._replace()
+        if shared_gpu.mps_active():
+            # Under MPS the fault may be another process's (engine/shared_gpu.py): no verdict.
+            fault = next(v for v in verdicts if v.check == "device_fault")
+            raise shared_gpu.SharedDeviceFault(shared_gpu.describe(judged.case, fault.detail))
         # A judgement that passed in the worker carries no sha256 or versions; a failure needs them.
         return dataclasses.replace(
             judged, verdicts=verdicts, versions=judged.versions or versions(),

@@ -121,7 +121,8 @@ def worker_main(conn, spec: str, fields: dict | None, device: str, threads: int 
     try:
         import torch
         from fuzzattn.engine.judge import judge
-        from fuzzattn.engine import cuda_waits
+        from fuzzattn.engine import cuda_waits, shared_gpu
+        shared_gpu.guarding = False    # the supervisor applies the MPS rule to what this reports
         from fuzzattn.engine.triton_backend import ensure_backend
         try:
             cuda_waits.apply()         # how this worker waits for the GPU, as in the supervisor

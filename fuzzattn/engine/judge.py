@@ -21,7 +21,7 @@ import torch
 
 from fuzzattn.contract.case import AttentionCase
 from fuzzattn.contract.implementation import Implementation
-from fuzzattn.engine import execute, runs
+from fuzzattn.engine import execute, runs, shared_gpu
 from fuzzattn.engine.error_statistics import out_rms_bound
 from fuzzattn.engine.gradients import judge_gradients
 from fuzzattn.engine.inputs import (Inputs, born_on_device, check_budget, inputs_sha256,
@@ -196,7 +196,23 @@ def judge(impl: Implementation, case: AttentionCase, device=None, *,
     With `expected_sha256` (a counterexample file's pin) the inputs are checked against it right
     after they are materialised, and nothing runs on inputs that drifted. An implementation
     declaring `backward` also gets the gradient checks (engine/gradients.py) once every forward
-    check passed, unless `gradients=False` (a forward-only test keeping its budget)."""
+    check passed, unless `gradients=False` (a forward-only test keeping its budget).
+
+    On a GPU shared through MPS a device fault raises shared_gpu.SharedDeviceFault instead of
+    becoming a verdict: it may be another process's (engine/shared_gpu.py)."""
+    if not shared_gpu.guarding:
+        return _judge(impl, case, device, expected_sha256=expected_sha256, gradients=gradients)
+    try:
+        judged = _judge(impl, case, device, expected_sha256=expected_sha256, gradients=gradients)
+    except Exception as exc:
+        shared_gpu.check_error(exc, case)
+        raise
+    shared_gpu.check_judged(judged)
+    return judged
+
+
+def _judge(impl: Implementation, case: AttentionCase, device, *, expected_sha256: str | None,
+           gradients: bool) -> JudgedCase:
     device = device or default_device()
     judged = JudgedCase(impl.name, case, [], cli_name=impl.cli_name)
     reason = skip_reason(impl, case)

@@ -1,0 +1,113 @@
+"""A device fault on a GPU shared through MPS ends the run with an error, never a verdict
+(fuzzattn/engine/shared_gpu.py). On the CPU, FUZZATTN_MPS=on stands in for an MPS server and
+tests/isolation_kernels.py's DEVICE_FAULT raises the error torch raises after an illegal memory
+access; benchmarks/mps_fault_probe.sh makes a real fault under a real MPS server on a GPU."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import strategies as st
+
+from fuzzattn import AttentionCase
+from fuzzattn.campaigns.campaign import fuzz
+from fuzzattn.engine import judge as judge_module
+from fuzzattn.engine import shared_gpu
+from fuzzattn.engine.isolation import IsolatedJudge
+from fuzzattn.engine.judge import judge
+from fuzzattn.engine.loader import load_implementation
+
+KERNELS = Path(__file__).with_name("isolation_kernels.py")
+THRESHOLD = 5           # DEVICE_FAULT faults from seq_q = 5 on
+SMALL = st.builds(AttentionCase, batch=st.just(1), heads=st.just(1), kv_heads=st.just(1),
+                  seq_q=st.integers(1, 12), seq_k=st.integers(1, 3), head_dim=st.just(16))
+
+
+def kernel(name: str):
+    return load_implementation(f"{KERNELS}:{name}", probe=False)
+
+
+def case(seq_q: int) -> AttentionCase:
+    return AttentionCase(batch=1, heads=1, kv_heads=1, seq_q=seq_q, seq_k=2, head_dim=16)
+
+
+@pytest.fixture
+def mps(monkeypatch):
+    monkeypatch.setenv(shared_gpu.ENV, "on")
+
+
+def test_the_setting_and_the_pipe_directory(monkeypatch, tmp_path):
+    monkeypatch.setenv(shared_gpu.ENV, "on")
+    assert shared_gpu.mps_active()
+    monkeypatch.setenv(shared_gpu.ENV, "off")
+    assert not shared_gpu.mps_active()
+    monkeypatch.setenv(shared_gpu.ENV, "maybe")
+    with pytest.raises(ValueError, match="FUZZATTN_MPS='maybe' is not one of auto, on, off"):
+        shared_gpu.mps_active()
+    # auto: a server is where a CUDA client would look for it, and only with CUDA
+    monkeypatch.setenv(shared_gpu.ENV, "auto")
+    monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", str(tmp_path))
+    assert not shared_gpu.mps_active()
+    (tmp_path / "control").touch()
+    assert shared_gpu.mps_active() == __import__("torch").cuda.is_available()
+
+
+def test_without_mps_a_device_fault_is_the_kernels_verdict(monkeypatch):
+    monkeypatch.setenv(shared_gpu.ENV, "off")
+    judged = judge(kernel("DEVICE_FAULT"), case(THRESHOLD), device="cpu")
+    assert [v.check for v in judged.failures] == ["crash"]
+    assert "illegal memory access" in judged.first_failure.detail
+
+
+def test_under_mps_a_device_fault_is_an_error_naming_the_case(mps):
+    impl = kernel("DEVICE_FAULT")
+    assert judge(impl, case(THRESHOLD - 1), device="cpu").passed       # no fault: judged as ever
+    with pytest.raises(shared_gpu.SharedDeviceFault) as raised:
+        judge(impl, case(THRESHOLD), device="cpu")
+    message = str(raised.value)
+    assert "shared through MPS" in message and "illegal memory access" in message
+    assert str(case(THRESHOLD)) in message
+    # A BaseException: nothing that catches Exception (Hypothesis, a kernel's wrapper) keeps it.
+    assert not isinstance(raised.value, Exception)
+
+
+def test_under_mps_a_fault_surfacing_in_the_harness_is_an_error_too(mps, monkeypatch):
+    def faulting(*args, **kwargs):
+        raise RuntimeError("CUDA error: the MPS client has been terminated by the server")
+    monkeypatch.setattr(judge_module, "_judge", faulting)
+    with pytest.raises(shared_gpu.SharedDeviceFault, match="terminated by the server"):
+        judge(kernel("CORRECT"), case(2), device="cpu")
+
+    def broken(*args, **kwargs):
+        raise KeyError("not a device fault")
+    monkeypatch.setattr(judge_module, "_judge", broken)
+    with pytest.raises(KeyError):                  # any other error stays what it was
+        judge(kernel("CORRECT"), case(2), device="cpu")
+
+
+def test_a_campaign_under_mps_stops_at_the_fault_and_writes_no_file(mps, tmp_path):
+    with pytest.raises(shared_gpu.SharedDeviceFault):
+        fuzz(kernel("DEVICE_FAULT"), SMALL, max_examples=40, hypothesis_seed_value=0,
+             regressions_dir=tmp_path, device="cpu")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_isolated_under_mps_the_supervisor_raises_and_the_next_worker_judges(mps):
+    with IsolatedJudge(kernel("DEVICE_FAULT"), timeout=60) as isolated:
+        assert isolated.judge(case(THRESHOLD - 1)).passed
+        with pytest.raises(shared_gpu.SharedDeviceFault, match="illegal memory access"):
+            isolated.judge(case(THRESHOLD))
+        assert isolated.judge(case(THRESHOLD - 1)).passed       # a fresh worker
+
+
+def test_cli_exit_status_3_and_one_line(mps, tmp_path, capsys):
+    """Isolated (--timeout), as a kernel that may fault is fuzzed: the probe, the campaign's
+    judgements in the worker and the supervisor's rule, end to end."""
+    from fuzzattn.cli import main
+    code = main(["fuzz", "--impl", f"{KERNELS}:DEVICE_FAULT", "--timeout", "60", "--seconds", "20",
+                 "--max-examples", "40", "--profile", "ci", "--regressions-dir", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert code == 3, err
+    (line,) = [line for line in err.splitlines() if line.startswith("fuzzattn: error:")]
+    assert "shared through MPS" in line and "illegal memory access" in line
+    assert list(tmp_path.iterdir()) == []
