@@ -60,10 +60,12 @@ def _expand(t: torch.Tensor, heads: int) -> torch.Tensor:
 
 def _probabilities(q, k, case: AttentionCase, lse: torch.Tensor, mask) -> torch.Tensor:
     """P = exp(scale q k^T - lse), masked, in q's (compute) dtype; 0 on rows with no key."""
-    s = (q @ _expand(k, case.heads).transpose(-1, -2)) * case.softmax_scale
-    s = s.masked_fill(~mask, float("-inf"))
+    # In place on this function's own temporaries (as oracle._attend: fresh float64 pages on the
+    # host cost as much as the arithmetic); the same operations, the same bits.
+    s = (q @ _expand(k, case.heads).transpose(-1, -2)).mul_(case.softmax_scale)
+    s.masked_fill_(~mask, float("-inf"))
     lse = torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse))
-    return torch.exp(s - lse[..., None])
+    return s.sub_(lse[..., None]).exp_()
 
 
 @dataclasses.dataclass
@@ -97,14 +99,15 @@ def term_magnitudes(q, k, v, out, dout, p, case: AttentionCase, dp=None, delta=N
     if delta is None:
         delta = (dout * out).sum(dim=-1, keepdim=True)
     delta_abs = (dout * out).abs().sum(dim=-1, keepdim=True)
-    ds = p * (dp - delta).abs()
-    ds_mag = p * (dout.abs() @ v.abs().transpose(-1, -2) + delta_abs)
+    # Products in place on fresh temporaries, factors in the order written (x * p == p * x).
+    ds = (dp - delta).abs_().mul_(p)
+    ds_mag = (dout.abs() @ v.abs().transpose(-1, -2)).add_(delta_abs).mul_(p)
     ds_delta = p * delta_abs
     scale = abs(case.softmax_scale)
     ka, qa = k.abs(), q.abs()
     dv = _group_sum(p.transpose(-1, -2) @ dout.abs(), case.kv_heads)
-    return {"dq": Terms(*(scale * (x @ ka) for x in (ds, ds_mag, ds_delta))),
-            "dk": Terms(*(_group_sum(scale * (x.transpose(-1, -2) @ qa), case.kv_heads)
+    return {"dq": Terms(*((x @ ka).mul_(scale) for x in (ds, ds_mag, ds_delta))),
+            "dk": Terms(*(_group_sum((x.transpose(-1, -2) @ qa).mul_(scale), case.kv_heads)
                           for x in (ds, ds_mag, ds_delta))),
             "dv": Terms(dv, dv, torch.zeros_like(dv))}
 
@@ -122,10 +125,10 @@ def oracle_gradients(q, k, v, dout, case: AttentionCase, *, deferred: bool = Fal
         ke, ve = _expand(k64, case.heads), _expand(v64, case.heads)
         dp = dout64 @ ve.transpose(-1, -2)
         delta = (dout64 * ref.out).sum(dim=-1, keepdim=True)
-        ds = p * (dp - delta)
+        ds = (dp - delta).mul_(p)
         scale = case.softmax_scale
-        grads = {"dq": scale * (ds @ ke),
-                 "dk": _group_sum(scale * (ds.transpose(-1, -2) @ q64), case.kv_heads),
+        grads = {"dq": (ds @ ke).mul_(scale),
+                 "dk": _group_sum((ds.transpose(-1, -2) @ q64).mul_(scale), case.kv_heads),
                  "dv": _group_sum(p.transpose(-1, -2) @ dout64, case.kv_heads)}
         terms = term_magnitudes(q64, k64, v64, ref.out, dout64, p, case, dp=dp, delta=delta)
         return GradReference(grads, ~mask.any(dim=-1), ~mask.any(dim=0), ref.score_magnitude,
