@@ -324,8 +324,26 @@ elif [[ "$MODE" == mpsfault ]]; then
         echo "$1: a process started after both exited $?"
         for f in "$OUT"/mpsfault_"$1"_*.txt; do echo "-- $f"; grep -v Warning "$f" | tail -n 4; done
     }
+    # The same through the command line, as users run it: sdpa in-process beside the faulting
+    # kernel fuzzed isolated (--timeout), each `fuzzattn fuzz` for up to 25 s.
+    cli_pair() {   # $1 = label
+        timeout 120 python3 -m fuzzattn.cli fuzz --impl sdpa --dtype float32 --seconds 25 \
+            --max-examples 100000 --regressions-dir "$OUT/cli_$1_regressions" \
+            >"$OUT/mpsfault_cli_$1_innocent.txt" 2>&1 &
+        local innocent=$!
+        sleep 10
+        timeout 120 python3 -m fuzzattn.cli fuzz --impl tests/isolation_kernels.py:TRITON_OOB \
+            --timeout 60 --seconds 25 --regressions-dir "$OUT/cli_$1_regressions" \
+            >"$OUT/mpsfault_cli_$1_fault.txt" 2>&1
+        echo "cli $1: fuzzattn fuzz of the faulting kernel (isolated) exited $?"
+        wait "$innocent"; echo "cli $1: fuzzattn fuzz of sdpa exited $?"
+        ls "$OUT/cli_$1_regressions" 2>/dev/null | sed "s/^/cli $1: file written: /"
+        for f in "$OUT"/mpsfault_cli_"$1"_*.txt; do echo "-- $f"; grep -v Warning "$f" | tail -n 6 | cut -c1-400; done
+    }
     fault_pair plain
     under_mps fault_pair mps
+    cli_pair plain
+    under_mps cli_pair mps
 elif [[ "$MODE" == mps ]]; then
     # The host-bound ceiling: under MPS the 16 processes share one scheduling context, so
     # waiting for the GPU costs little (contention above) and what is left is each case's host work.

@@ -164,6 +164,10 @@ class IsolatedJudge:
             self.stats.start_seconds += time.perf_counter() - start
         if kind == "error":
             self._discard()
+            if shared_gpu.is_fault(payload) and shared_gpu.mps_active():
+                # An MPS server refuses new clients until every client of a faulted GPU exited.
+                raise shared_gpu.SharedDeviceFault(shared_gpu.describe(
+                    f"starting a worker for {self.spec}", payload.splitlines()[0]))
             raise IsolationError(f"worker for {self.spec} could not start: {payload}")
         self.fields = payload
         self._ready = True
@@ -347,6 +351,9 @@ class IsolatedJudge:
             headline, text = payload
             if is_device_fault(text):
                 self._replace()
+                if shared_gpu.mps_active():
+                    raise shared_gpu.SharedDeviceFault(shared_gpu.describe(
+                        f"in the loader's probe call of {self.spec}", headline))
                 return None
             raise IsolationError(headline)
         return None

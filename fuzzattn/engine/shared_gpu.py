@@ -74,21 +74,25 @@ def mps_active() -> bool:
     return torch.cuda.is_available()
 
 
-def describe(case, fault: str) -> str:
-    return (f"a device fault while the GPU is shared through MPS ({fault}), judging {case}: under "
-            f"MPS one process's fault reaches every process on the GPU, so it cannot be pinned on "
-            f"this case's implementation and no verdict was recorded; judge again without MPS "
-            f"(or set {ENV}=off where no MPS server runs)")
+def describe(doing, fault: str) -> str:
+    """The error's one line: `doing` is what met the fault (a case: "judging" it)."""
+    doing = doing if isinstance(doing, str) else f"judging {doing}"
+    return (f"a device fault while the GPU is shared through MPS ({fault}), {doing}: under MPS "
+            f"one process's fault reaches every process on the GPU, so it cannot be pinned on "
+            f"the implementation judged here and no verdict was recorded; judge again without "
+            f"MPS (or set {ENV}=off where no MPS server runs)")
 
 
-def _is_fault(text: str) -> bool:
+def is_fault(text: str) -> bool:
+    """A device fault's text, or an MPS server's error (another client's fault reaching this one,
+    or the server refusing clients while it recovers from one)."""
     return is_device_fault(text) or bool(_MPS_ERROR.search(text or ""))
 
 
 def check_judged(judged) -> None:
     """Raise SharedDeviceFault when MPS is active and `judged` failed by a device fault."""
     faults = [v for v in judged.verdicts
-              if not v.passed and v.check in FAULT_CHECKS and _is_fault(v.detail)]
+              if not v.passed and v.check in FAULT_CHECKS and is_fault(v.detail)]
     if faults and mps_active():
         raise SharedDeviceFault(describe(judged.case, f"{faults[0].check}: {faults[0].detail}"))
 
@@ -97,5 +101,5 @@ def check_error(exc: BaseException, case) -> None:
     """Raise SharedDeviceFault (from `exc`) when MPS is active and `exc`, raised by the harness
     while judging `case`, is a device fault surfacing in its own code."""
     text = f"{type(exc).__name__}: {exc}"
-    if _is_fault(text) and mps_active():
+    if is_fault(text) and mps_active():
         raise SharedDeviceFault(describe(case, text.splitlines()[0])) from exc
