@@ -8,9 +8,9 @@ launches and synchronisations on the GPU. Measured on the H200 (benchmarks/gpu_p
 fuzzing process keeps the GPU about 10% busy, yet 16 concurrent ones scaled to only 2.2x one
 (59.8 -> 129 sdpa cases/s) with the GPU reported 99% busy: processes without MPS share the GPU
 by time-slicing between their contexts, and every tiny judging kernel and synchronisation costs
-a context switch. (MPS would let their kernels overlap, but a fatal fault in one MPS client is
-delivered to every client on that GPU, which would turn one kernel's device fault into false
-verdicts of other kernels: not for a fuzzer.)
+a context switch. (MPS lets their kernels overlap; a fatal fault in one MPS client is delivered
+to every client on that GPU, so under MPS a device fault ends the run instead of becoming a
+verdict: engine/shared_gpu.py.)
 
 HOST_JUDGE_MACS bounds the cases judged on the host by B * Hq * Nq * Nk * D, the multiply-adds
 of one attention matmul: 2^21 is about 0.1 ms per float64 matmul on one CPU core (30 GFLOP/s
