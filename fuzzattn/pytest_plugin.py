@@ -137,7 +137,8 @@ def pytest_configure(config):
     state.regressions_dir = regression_file.set_default_dir(regressions_dir(config))
     try:
         settings.choose_backend()
-    except settings.BackendError as exc:
+        settings.check_environment()
+    except (settings.BackendError, ValueError) as exc:
         raise pytest.UsageError(str(exc)) from None
     _pin_worker_gpu()
     if os.environ.get("PYTEST_XDIST_WORKER") and settings.wants_one_thread():

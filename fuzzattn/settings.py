@@ -112,6 +112,19 @@ def choose_backend() -> None:
         raise BackendError(f"cannot set up the Triton backend: {' '.join(str(exc).split())}") from None
 
 
+def check_environment() -> None:
+    """Settings read from the environment deep inside a run (FUZZATTN_PALETTE,
+    FUZZATTN_HOST_JUDGE_MACS, FUZZATTN_HOST_CHECK_ELEMENTS, FUZZATTN_MPS), checked up front by
+    the CLI and the pytest plugin: a bad value is a one-line usage error (ValueError naming it)
+    before anything runs, not an internal error halfway through (FUZZATTN_MPS is read only when a
+    device fault happens)."""
+    from fuzzattn.campaigns.compile_palette import palette_mode
+    from fuzzattn.engine.judge_device import host_check_elements, host_judge_macs
+    from fuzzattn.engine.shared_gpu import mode as mps_mode
+    for check in (palette_mode, host_judge_macs, host_check_elements, mps_mode):
+        check()
+
+
 def backend_description() -> str:
     from fuzzattn.engine.triton_backend import bf16_dot_status, is_interpreted
     ok, reason = bf16_dot_status()

@@ -475,6 +475,7 @@ def test_mutants_runs_an_outside_seeded_bug(capsys, broken):
     ("FUZZATTN_PALETTE", "sometimes", "FUZZATTN_PALETTE='sometimes' is not one of auto, off, on"),
     ("FUZZATTN_HOST_JUDGE_MACS", "many", "FUZZATTN_HOST_JUDGE_MACS='many' is not an integer"),
     ("FUZZATTN_HOST_CHECK_ELEMENTS", "-3", "FUZZATTN_HOST_CHECK_ELEMENTS='-3' must be >= 0"),
+    ("FUZZATTN_MPS", "maybe", "FUZZATTN_MPS='maybe' is not one of auto, on, off"),
 ])
 def test_a_bad_environment_setting_is_one_line_before_anything_runs(capsys, monkeypatch, name,
                                                                       value, message):

@@ -111,3 +111,12 @@ def test_cli_exit_status_3_and_one_line(mps, tmp_path, capsys):
     (line,) = [line for line in err.splitlines() if line.startswith("fuzzattn: error:")]
     assert "shared through MPS" in line and "illegal memory access" in line
     assert list(tmp_path.iterdir()) == []
+
+
+def test_pytest_with_a_bad_setting_is_a_usage_error_before_any_test(pytester, monkeypatch):
+    """The plugin checks the environment at configure time, as the CLI does (test_cli.py)."""
+    monkeypatch.setenv(shared_gpu.ENV, "maybe")
+    pytester.makepyfile("def test_never_runs():\n    assert False\n")
+    result = pytester.runpytest_subprocess("-p", "fuzzattn.pytest_plugin")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*FUZZATTN_MPS='maybe' is not one of auto, on, off*"])

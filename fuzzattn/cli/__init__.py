@@ -72,15 +72,12 @@ def _profile_restored():
 
 
 def _check_environment() -> None:
-    """Settings read from the environment deep inside a run, checked up front: a bad value is a
-    one-line usage error before anything runs, not an internal error halfway through."""
-    from fuzzattn.campaigns.compile_palette import palette_mode
-    from fuzzattn.engine.judge_device import host_check_elements, host_judge_macs
-    for check in (palette_mode, host_judge_macs, host_check_elements):
-        try:
-            check()
-        except ValueError as exc:
-            raise CLIError(str(exc)) from None
+    """fuzzattn.settings.check_environment, its ValueError a one-line usage error."""
+    from fuzzattn import settings
+    try:
+        settings.check_environment()
+    except ValueError as exc:
+        raise CLIError(str(exc)) from None
 
 
 def main(argv=None) -> int:
