@@ -167,10 +167,27 @@ def _max(t: torch.Tensor) -> float:
     return float(t.max()) if t.numel() else 0.0
 
 
-def bound(got: torch.Tensor, reference: torch.Tensor, oracle: torch.Tensor, *, k: float,
-          relative_noise: float, absolute_noise: float = 0.0) -> Bound:
-    """Judge `got` against `oracle` by the rule above; entries where the oracle is not finite
-    (lse of rows with no visible key) are excluded here and checked exactly by the caller."""
+@dataclasses.dataclass(frozen=True)
+class Differences:
+    """A bound's tensors before their maxima are read (`differences`, then `finish`): apart, so
+    that a judgement on an accelerator reads the maxima of several bounds in one transfer."""
+    err: torch.Tensor            # |got - oracle|, NaN as inf; 0 where the oracle is not finite
+    ref_err: torch.Tensor        # |reference - oracle|, the same entries left out
+    oracle_magnitude: torch.Tensor
+    rows: torch.Tensor           # err's worst per query row: (B, H, Nq), or err itself below 4-d
+    excluded: torch.Tensor | None
+
+    @property
+    def maximised(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """What `finish` needs the maxima of, in its order (the worst error read from the rows'
+        maxima, the same value: one pass over err fewer)."""
+        return self.rows, self.oracle_magnitude, self.ref_err
+
+
+def differences(got: torch.Tensor, reference: torch.Tensor, oracle: torch.Tensor) -> Differences:
+    """The first phase of `bound`: every tensor it compares, nothing read from a device. Entries
+    where the oracle is not finite (lse of rows with no visible key) are left out here and
+    checked exactly by the caller."""
     # In place on fresh tensors where it can be: on the host each new tensor of a large case is
     # fresh pages to fault in, which cost more than the arithmetic.
     oracle64 = oracle.to(torch.float64)
@@ -186,12 +203,26 @@ def bound(got: torch.Tensor, reference: torch.Tensor, oracle: torch.Tensor, *, k
     err.nan_to_num_(nan=float("inf"), posinf=float("inf"))
     # |oracle| in place only on the masked copy: unmasked, oracle64 may be the caller's tensor.
     oracle_magnitude = oracle64.abs() if excluded is None else oracle64.abs_()
-    # The worst error read from the rows' maxima (the same value): one pass over err fewer.
     rows = err.amax(dim=-1) if err.dim() == 4 else err
-    worst, magnitude, ref_worst = maxima(rows, oracle_magnitude, ref_err)
+    return Differences(err, ref_err, oracle_magnitude, rows, excluded)
+
+
+def finish(d: Differences, maximum: list[float], *, k: float, relative_noise: float,
+           absolute_noise: float = 0.0) -> Bound:
+    """The second phase of `bound`: the rule, given the maxima of `d.maximised`."""
+    worst, magnitude, ref_worst = maximum
     allowed = k * ref_worst + relative_noise * max(magnitude, FLOOR) + absolute_noise
-    differences = (err, ref_err, oracle_magnitude) if excluded is None else None
-    return Bound(worst, allowed, ref_worst, rows, differences)
+    whole = (d.err, d.ref_err, d.oracle_magnitude) if d.excluded is None else None
+    return Bound(worst, allowed, ref_worst, d.rows, whole)
+
+
+def bound(got: torch.Tensor, reference: torch.Tensor, oracle: torch.Tensor, *, k: float,
+          relative_noise: float, absolute_noise: float = 0.0) -> Bound:
+    """Judge `got` against `oracle` by the rule above; entries where the oracle is not finite
+    (lse of rows with no visible key) are excluded here and checked exactly by the caller."""
+    d = differences(got, reference, oracle)
+    return finish(d, maxima(*d.maximised), k=k, relative_noise=relative_noise,
+                  absolute_noise=absolute_noise)
 
 
 def all_finite(t: torch.Tensor) -> bool:
@@ -213,20 +244,40 @@ def maxima(*tensors: torch.Tensor) -> list[float]:
     return [next(read) if t.numel() else 0.0 for t in tensors]
 
 
+def out_noise(dtype: torch.dtype, score_magnitude: float, fp32_matmul: str = "ieee",
+              summed_max: float = 0.0) -> tuple[float, float]:
+    """out's (relative, absolute) noise terms; `summed_max` the largest out_magnitude (or
+    |oracle out|), read only for TF32 (`summed_for_tf32`)."""
+    relative = (EPS_ULPS * unit_roundoff(dtype) + NORM_ULPS * ULP32
+                + SCORE_ULPS * U32 * score_magnitude)
+    absolute = TF32_WEIGHT_ULPS * TF32_ROUNDOFF * summed_max if reads_tf32(dtype, fp32_matmul) else 0.0
+    return relative, absolute
+
+
+def summed_for_tf32(dtype: torch.dtype, oracle, out_magnitude, fp32_matmul: str) -> torch.Tensor | None:
+    """What out_noise's `summed_max` is the maximum of, for a TF32 implementation; else None."""
+    if not reads_tf32(dtype, fp32_matmul):
+        return None
+    summed = oracle.abs() if out_magnitude is None else out_magnitude
+    return summed.to(torch.float64).nan_to_num(0.0)
+
+
+def lse_noise(score_magnitude: float) -> tuple[float, float]:
+    """lse's (relative, absolute) noise terms."""
+    return EPS_LSE_ULPS * U32, SCORE_ULPS * U32 * score_magnitude
+
+
 def out_bound(got, reference, oracle, score_magnitude: float = 0.0, *,
               out_magnitude: torch.Tensor | None = None, fp32_matmul: str = "ieee") -> Bound:
-    relative = (EPS_ULPS * unit_roundoff(got.dtype) + NORM_ULPS * ULP32
-                + SCORE_ULPS * U32 * score_magnitude)
-    absolute = 0.0
-    if reads_tf32(got.dtype, fp32_matmul):
-        summed = oracle.abs() if out_magnitude is None else out_magnitude
-        absolute = TF32_WEIGHT_ULPS * TF32_ROUNDOFF * _max(summed.to(torch.float64).nan_to_num(0.0))
+    summed = summed_for_tf32(got.dtype, oracle, out_magnitude, fp32_matmul)
+    relative, absolute = out_noise(got.dtype, score_magnitude, fp32_matmul,
+                                   0.0 if summed is None else _max(summed))
     return bound(got, reference, oracle, k=K_OUT, relative_noise=relative, absolute_noise=absolute)
 
 
 def lse_bound(got, reference, oracle, score_magnitude: float = 0.0) -> Bound:
-    return bound(got, reference, oracle, k=K_LSE, relative_noise=EPS_LSE_ULPS * U32,
-                 absolute_noise=SCORE_ULPS * U32 * score_magnitude)
+    relative, absolute = lse_noise(score_magnitude)
+    return bound(got, reference, oracle, k=K_LSE, relative_noise=relative, absolute_noise=absolute)
 
 
 def grad_noise(dtype: torch.dtype, fp32_matmul: str, score_magnitude: float, terms: int) -> tuple[float, float, float]:
