@@ -205,3 +205,44 @@ def test_a_context_the_first_run_faulted_is_its_crash_and_a_harness_error_is_rai
     with pytest.raises(RuntimeError, match="illegal memory access"):
         judge_module._read_back_with_references(impl, case, "cpu", first, pristine, cpu, cpu)
     assert first.failure is None and first.delivered is not None
+
+
+@pytest.mark.parametrize("case", [
+    MIDDLE.replace(seq_q=40, seq_k=24),
+    MIDDLE.replace(seq_q=40, seq_k=24, causal="bottom_right", dtype="bfloat16"),   # empty rows
+    MIDDLE.replace(seq_q=9, seq_k=0),                                              # no key at all
+], ids=str)
+def test_value_checks_read_their_scalars_once_and_a_deferred_magnitude_judges_the_same(
+        monkeypatch, case):
+    """_value_verdicts reads every scalar of the max rules in one call of tolerance.maxima (one
+    wait on an accelerator: both bounds' maxima, the empty and non-finite rows, and the oracle's
+    score magnitude when it is still a 0-d tensor, as it is on a device). On the CPU the deferred
+    magnitude is a 0-d CPU tensor: the same verdicts, to the bit, as the float."""
+    impl = implementations()["sdpa"]
+    pristine, first = _launched(impl, case)
+    judge_module.runs.deliver(impl, case, [first])
+    spr = judge_module.same_precision_reference(*pristine.tensors(), case, magnitudes=False)
+    calls = []
+    real = judge_module.maxima
+
+    def counting(*tensors):
+        calls.append(len(tensors))
+        return real(*tensors)
+
+    monkeypatch.setattr(judge_module, "maxima", counting)
+    results = []
+    for deferred in (False, True):
+        ref = oracle(*pristine.tensors(), case, deferred=deferred)
+        assert isinstance(ref.score_magnitude, torch.Tensor) == (deferred and case.seq_k > 0)
+        # None on the host when out and lse are finite; rows with an lse of -inf (no key) are
+        # computed, and their any() is read with the rest
+        nonfinite = judge_module._nonfinite_rows(first, ref)
+        calls.clear()
+        verdicts, any_nonfinite = judge_module._value_verdicts(impl, case, first, ref, spr,
+                                                               nonfinite=nonfinite)
+        results.append([(v.check, v.passed, v.error, v.allowed) for v in verdicts])
+        assert not any_nonfinite
+        # one read: 3 maxima a bound (out, lse), the empty rows, the non-finite rows if computed,
+        # the magnitude if deferred (none without keys: then it is 0.0 at once)
+        assert calls == [7 + (nonfinite is not None) + (deferred and case.seq_k > 0)]
+    assert results[0] == results[1] and all(passed for _, passed, _, _ in results[0])
