@@ -5,6 +5,12 @@ changed no verdict: run it on two trees and compare the files (`cmp`).
     PYTHONPATH=/path/to/other/tree python benchmarks/verdict_digest.py OUT2   # from that tree
     python benchmarks/verdict_digest.py --compare OUT OUT2
 
+Judged: sdpa (float32, bfloat16), torch_tiled (float16) and two mutants chosen because they fail
+in different checks (phantom keys: values; a detached denominator: gradients), each on the same
+`--cases` drawn cases of the ci profile (Hypothesis seed 7), gradients on every case; `--also
+IMPL:DTYPE` adds more (a mutant's name, say). A line is the verdict's check, passed, error, allowed, where and
+detail, by repr: a last-digit change of a statistic shows.
+
 `--compare` is for a change that moves float64 arithmetic (the oracle computed another way):
 lines that differ only in their numbers pass, and the largest relative differences among them
 are printed for a look (an error is a difference of nearly equal numbers, so its own relative

@@ -287,7 +287,7 @@ def _born_on(case: AttentionCase, device: torch.device, dtype: torch.dtype,
     """A counter case's inputs computed on `device`, in the packed storages `_moved` would have
     given (each on a 512-byte boundary, 0xFF between), without a host copy."""
     logical = logical_values(case, device)
-    item = torch.tensor([], dtype=dtype).element_size()
+    item = BY_NAME[case.dtype].itemsize
     numels = [_storage_numel(t.shape, layout) for t, layout in zip(logical, case.layout)]
     offsets, size = storage_offsets([n * item for n in numels])
     packed = torch.full((size,), FILL, dtype=torch.uint8, device=device)

@@ -30,8 +30,8 @@ from fuzzattn.engine.judge_device import (check_device, judge_device, judging, m
                                           moved_together, rebuilt, tensors_in)
 from fuzzattn.engine.oracle import Reference, oracle, same_precision_reference
 from fuzzattn.engine.runs import same_bits
-from fuzzattn.engine.tolerance import (K_LSE, K_OUT, all_finite, differences, finish, lse_noise,
-                                       maxima, out_noise, summed_for_tf32)
+from fuzzattn.engine.tolerance import (all_finite, differences, lse_finish, maxima, out_finish,
+                                       summed_for_tf32)
 from fuzzattn.engine.transfer import same_device
 from fuzzattn.engine.verdict import CHECKS, Verdict, heatmap, locate
 from fuzzattn.engine.versions import versions
@@ -184,14 +184,10 @@ def _value_verdicts(impl, case, run: runs.Run, ref: Reference, spr: Reference, *
     err_finite = False        # and whether its worst error was finite
     for (check, got, d), maximum in zip(bounds, bound_maxima):
         if got is run.out:
-            k = K_OUT
-            relative, absolute = out_noise(got.dtype, score, fp32_matmul, scalars.get("summed", 0.0))
-        else:
-            k = K_LSE
-            relative, absolute = lse_noise(score)
-        b = finish(d, maximum, k=k, relative_noise=relative, absolute_noise=absolute)
-        if got is run.out:
+            b = out_finish(d, maximum, got.dtype, score, fp32_matmul, scalars.get("summed", 0.0))
             whole, err_finite = b.differences, math.isfinite(b.error)
+        else:
+            b = lse_finish(d, maximum, score)
         bad = b.row_errors > b.allowed
         if not b.ok:
             bad = bad | torch.isnan(b.row_errors)

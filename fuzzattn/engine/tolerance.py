@@ -244,40 +244,43 @@ def maxima(*tensors: torch.Tensor) -> list[float]:
     return [next(read) if t.numel() else 0.0 for t in tensors]
 
 
-def out_noise(dtype: torch.dtype, score_magnitude: float, fp32_matmul: str = "ieee",
-              summed_max: float = 0.0) -> tuple[float, float]:
-    """out's (relative, absolute) noise terms; `summed_max` the largest out_magnitude (or
-    |oracle out|), read only for TF32 (`summed_for_tf32`)."""
-    relative = (EPS_ULPS * unit_roundoff(dtype) + NORM_ULPS * ULP32
-                + SCORE_ULPS * U32 * score_magnitude)
-    absolute = TF32_WEIGHT_ULPS * TF32_ROUNDOFF * summed_max if reads_tf32(dtype, fp32_matmul) else 0.0
-    return relative, absolute
-
-
 def summed_for_tf32(dtype: torch.dtype, oracle, out_magnitude, fp32_matmul: str) -> torch.Tensor | None:
-    """What out_noise's `summed_max` is the maximum of, for a TF32 implementation; else None."""
+    """What out's TF32 term is the maximum of (out_magnitude, or |oracle out| without it), for a
+    TF32 implementation; else None (`out_finish`'s `summed_max` is then unused)."""
     if not reads_tf32(dtype, fp32_matmul):
         return None
     summed = oracle.abs() if out_magnitude is None else out_magnitude
     return summed.to(torch.float64).nan_to_num(0.0)
 
 
-def lse_noise(score_magnitude: float) -> tuple[float, float]:
-    """lse's (relative, absolute) noise terms."""
-    return EPS_LSE_ULPS * U32, SCORE_ULPS * U32 * score_magnitude
+def out_finish(d: Differences, maximum: list[float], dtype: torch.dtype, score_magnitude: float,
+               fp32_matmul: str = "ieee", summed_max: float = 0.0) -> Bound:
+    """The out rule on `d` (`differences`), given its maxima and the largest of
+    `summed_for_tf32` (read together by the caller: one wait on an accelerator)."""
+    relative = (EPS_ULPS * unit_roundoff(dtype) + NORM_ULPS * ULP32
+                + SCORE_ULPS * U32 * score_magnitude)
+    absolute = TF32_WEIGHT_ULPS * TF32_ROUNDOFF * summed_max if reads_tf32(dtype, fp32_matmul) else 0.0
+    return finish(d, maximum, k=K_OUT, relative_noise=relative, absolute_noise=absolute)
+
+
+def lse_finish(d: Differences, maximum: list[float], score_magnitude: float) -> Bound:
+    """The lse rule on `d`, given its maxima."""
+    return finish(d, maximum, k=K_LSE, relative_noise=EPS_LSE_ULPS * U32,
+                  absolute_noise=SCORE_ULPS * U32 * score_magnitude)
 
 
 def out_bound(got, reference, oracle, score_magnitude: float = 0.0, *,
               out_magnitude: torch.Tensor | None = None, fp32_matmul: str = "ieee") -> Bound:
+    d = differences(got, reference, oracle)
     summed = summed_for_tf32(got.dtype, oracle, out_magnitude, fp32_matmul)
-    relative, absolute = out_noise(got.dtype, score_magnitude, fp32_matmul,
-                                   0.0 if summed is None else _max(summed))
-    return bound(got, reference, oracle, k=K_OUT, relative_noise=relative, absolute_noise=absolute)
+    read = maxima(*d.maximised, *([] if summed is None else [summed]))
+    return out_finish(d, read[:3], got.dtype, score_magnitude, fp32_matmul,
+                      read[3] if summed is not None else 0.0)
 
 
 def lse_bound(got, reference, oracle, score_magnitude: float = 0.0) -> Bound:
-    relative, absolute = lse_noise(score_magnitude)
-    return bound(got, reference, oracle, k=K_LSE, relative_noise=relative, absolute_noise=absolute)
+    d = differences(got, reference, oracle)
+    return lse_finish(d, maxima(*d.maximised), score_magnitude)
 
 
 def grad_noise(dtype: torch.dtype, fp32_matmul: str, score_magnitude: float, terms: int) -> tuple[float, float, float]:

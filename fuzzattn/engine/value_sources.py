@@ -38,6 +38,8 @@ import math
 import numpy as np
 import torch
 
+from fuzzattn.contract.case import GENERATORS
+
 GOLDEN = 0x9E3779B97F4A7C15          # the SplitMix64 increment (2^64 / golden ratio, odd)
 MIX1 = 0xBF58476D1CE4E5B9
 MIX2 = 0x94D049BB133111EB
@@ -202,4 +204,4 @@ def source(generator: str, seed: int, device="cpu"):
         return CounterSource(seed, device)
     if generator == "torch_cpu":
         return CpuSource(seed)
-    raise ValueError(f"generator={generator!r} is not one of ('torch_cpu', 'counter')")
+    raise ValueError(f"generator={generator!r} is not one of {GENERATORS}")
