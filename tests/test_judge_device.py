@@ -234,15 +234,57 @@ def test_value_checks_read_their_scalars_once_and_a_deferred_magnitude_judges_th
     for deferred in (False, True):
         ref = oracle(*pristine.tensors(), case, deferred=deferred)
         assert isinstance(ref.score_magnitude, torch.Tensor) == (deferred and case.seq_k > 0)
-        # None on the host when out and lse are finite; rows with an lse of -inf (no key) are
-        # computed, and their any() is read with the rest
-        nonfinite = judge_module._nonfinite_rows(first, ref)
         calls.clear()
-        verdicts, any_nonfinite = judge_module._value_verdicts(impl, case, first, ref, spr,
-                                                               nonfinite=nonfinite)
+        verdicts, nonfinite = judge_module._value_verdicts(impl, case, first, ref, spr)
         results.append([(v.check, v.passed, v.error, v.allowed) for v in verdicts])
-        assert not any_nonfinite
-        # one read: 3 maxima a bound (out, lse), the empty rows, the non-finite rows if computed,
-        # the magnitude if deferred (none without keys: then it is 0.0 at once)
-        assert calls == [7 + (nonfinite is not None) + (deferred and case.seq_k > 0)]
+        assert nonfinite is None
+        # one read: 3 maxima a bound (out, lse), the empty rows, the NaN test of the lse entries
+        # the oracle leaves out (-inf: rows with no key), the magnitude if deferred (none
+        # without keys: then it is 0.0 at once)
+        left_out = not bool(torch.isfinite(ref.lse).all())
+        assert left_out == (case.causal == "bottom_right" or case.seq_k == 0)
+        assert calls == [7 + left_out + (deferred and case.seq_k > 0)]
     assert results[0] == results[1] and all(passed for _, passed, _, _ in results[0])
+
+
+@pytest.mark.parametrize("case", [
+    MIDDLE.replace(seq_q=12, seq_k=7, head_dim=8),
+    MIDDLE.replace(seq_q=12, seq_k=7, head_dim=8, causal="bottom_right", dtype="float16"),
+    MIDDLE.replace(seq_q=5, seq_k=0, head_dim=8),
+], ids=str)
+def test_nonfinite_rows_found_from_the_maxima_are_the_rows_a_pass_of_their_own_finds(case):
+    """_value_verdicts computes the non-finite rows only when the max rules' worst error is
+    infinite, or an lse the oracle leaves out (-inf: no key) is NaN; NaN and inf placed anywhere
+    in out or lse, one entry at a time and all at once, give exactly _nonfinite_rows' rows."""
+    impl = implementations()["sdpa"]
+    pristine, first = _launched(impl, case)
+    judge_module.runs.deliver(impl, case, [first])
+    ref = oracle(*pristine.tensors(), case)
+    spr = judge_module.same_precision_reference(*pristine.tensors(), case, magnitudes=False)
+    out, lse = first.delivered[1:]
+    generator = torch.Generator().manual_seed(0)
+    spoiled = [(None, None, None)]
+    for name, tensor in (("out", out), ("lse", lse)):
+        for value in (float("nan"), float("inf"), float("-inf")):
+            for _ in range(4):
+                spoiled.append((name, int(torch.randint(tensor.numel(), (1,), generator=generator)),
+                                value))
+    checked = 0
+    for name, index, value in spoiled:
+        got_out, got_lse = out.clone(), lse.clone()
+        if name is not None:
+            (got_out if name == "out" else got_lse).view(-1)[index] = value
+        run = judge_module.dataclasses.replace(
+            first, call=judge_module.dataclasses.replace(first.call, out=got_out, lse=got_lse),
+            delivered=None)
+        with torch.inference_mode():
+            _, found = judge_module._value_verdicts(impl, case, run, ref, spr)
+            expected = judge_module._nonfinite_rows(run, ref)
+        expected = None if expected is None or not bool(expected.any()) else expected
+        if expected is None:
+            assert found is None or not bool(found.any()), (name, index, value)
+        else:
+            checked += 1
+            assert found is not None and torch.equal(found, expected), (name, index, value)
+    # -inf in an lse of a row with no key is its convention, not a non-finite row
+    assert checked >= (12 if case.seq_k else 4)
