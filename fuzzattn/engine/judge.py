@@ -203,9 +203,7 @@ def _value_verdicts(impl, case, run: runs.Run, ref: Reference, spr: Reference, *
             whole, err_finite = b.differences, math.isfinite(b.error)
         else:
             b = lse_finish(d, maximum, score)
-        bad = b.row_errors > b.allowed
-        if not b.ok:
-            bad = bad | torch.isnan(b.row_errors)
+        bad = None if b.ok else (b.row_errors > b.allowed) | torch.isnan(b.row_errors)
         out_results.append(Verdict(
             check=check, passed=b.ok, error=b.error, allowed=b.allowed,
             where=locate(bad) if not b.ok else "", heatmap=heatmap(bad) if not b.ok else "",

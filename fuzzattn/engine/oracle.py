@@ -87,16 +87,17 @@ def _attend(q, k, v, case: AttentionCase, compute: torch.dtype, p_dtype: torch.d
         if not deferred:
             score_magnitude = float(score_magnitude)
     # A safe row maximum: rows with no visible key get 0 so exp(-inf - 0) = 0, not NaN.
+    # (Every non-finite maximum to 0 in place, one operation: a fresh tensor either way.)
     row_max = scores.amax(dim=-1, keepdim=True) if case.seq_k else scores.sum(-1, keepdim=True)
-    row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
+    row_max.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)
     # The output does not depend on the shift (it cancels).
     p = scores.sub_(row_max).exp_()
     denom = p.sum(dim=-1, keepdim=True)
-    if p_dtype is not None:     # the kernels' precision contract: P rounded before P @ V
+    if p_dtype not in (None, compute):   # the kernels' precision contract: P rounded before P @ V
         p = p.to(p_dtype).to(compute)
     if matmul_round is not None:
         p = matmul_round(p)
-    safe_denom = torch.where(denom > 0, denom, torch.ones_like(denom))
+    safe_denom = torch.where(denom > 0, denom, 1.0)
     out = (p @ v).div_(safe_denom)
     lse = (row_max + torch.log(denom)).squeeze(-1)
     magnitude = None
