@@ -194,8 +194,10 @@ def differences(got: torch.Tensor, reference: torch.Tensor, oracle: torch.Tensor
     excluded = None if all_finite(oracle64) else ~torch.isfinite(oracle)
     if excluded is not None:
         oracle64 = oracle64.masked_fill(excluded, 0.0)
-    err = (got.to(torch.float64) - oracle64).abs_()
-    ref_err = (reference.to(torch.float64) - oracle64).abs_()
+    # (got - oracle64: torch promotes got to float64 inside the subtraction, exactly, as .to()
+    # would, without a float64 copy of it first.)
+    err = (got - oracle64).abs_()
+    ref_err = (reference - oracle64).abs_()
     if excluded is not None:
         err.masked_fill_(excluded, 0.0)
         ref_err.masked_fill_(excluded, 0.0)
