@@ -24,7 +24,7 @@ STAGES = {
     "implementation runs (launch)": ("runs.py", "launch"),
     "read-backs of runs": ("runs.py", "deliver"),
     "float64 oracle + reference": ("oracle.py", "_attend"),
-    "value checks": ("judge.py", "_value_verdicts"),
+    "value checks": ("value_checks.py", "value_verdicts"),
     "gradients": ("gradients.py", "judge_gradients"),
     "judge_once (all judging)": ("campaign.py", "judge_once"),
     "fuzz (everything)": ("campaign.py", "fuzz"),

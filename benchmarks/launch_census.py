@@ -69,8 +69,10 @@ PHASES = (
     ("fuzzattn.engine.execute", "call", "forward: the implementation"),
     ("fuzzattn.engine.judge", "oracle", "forward: float64 oracle"),
     ("fuzzattn.engine.judge", "same_precision_reference", "forward: same-precision reference"),
-    ("fuzzattn.engine.judge", "_nonfinite_rows", "forward: value checks"),
-    ("fuzzattn.engine.judge", "_value_verdicts", "forward: value checks"),
+    ("fuzzattn.engine.judge", "_nonfinite_rows", "forward: value checks"),   # trees before
+    ("fuzzattn.engine.judge", "_value_verdicts", "forward: value checks"),   # value_checks.py
+    ("fuzzattn.engine.value_checks", "nonfinite_rows", "forward: value checks"),
+    ("fuzzattn.engine.judge", "value_verdicts", "forward: value checks"),
     ("fuzzattn.engine.judge", "judge_gradients", "gradients: judging"),
     ("fuzzattn.engine.gradients", "_run", "gradients: run set-up and checks"),
     ("fuzzattn.engine.execute", "call_gradients", "gradients: the implementation"),

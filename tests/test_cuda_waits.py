@@ -104,6 +104,8 @@ def test_the_plugin_froze_the_long_lived_heap_once():
     assert frozen > 10_000                    # torch, hypothesis, the test modules
     heap.freeze_long_lived()              # a campaign starting later: no second freeze
     assert gc.get_freeze_count() == frozen
+    # and full passes over what came later are rarer than Python's default (one per 10)
+    assert gc.get_threshold()[2] >= heap.FULL_PASS_AFTER > 10
 
 
 def test_a_mode_the_driver_refuses_is_said_once_on_stderr(monkeypatch, capsys):

@@ -8,6 +8,7 @@ import torch
 
 from fuzzattn import AttentionCase
 from fuzzattn.engine import judge as judge_module
+from fuzzattn.engine import value_checks
 from fuzzattn.engine.grad_oracle import oracle_gradients
 from fuzzattn.engine.inputs import materialize, materialize_dout
 from fuzzattn.engine.judge_device import (CHECK_ENV, ENV, HOST_CHECK_ELEMENTS, HOST_JUDGE_MACS,
@@ -214,7 +215,7 @@ def test_a_context_the_first_run_faulted_is_its_crash_and_a_harness_error_is_rai
 ], ids=str)
 def test_value_checks_read_their_scalars_once_and_a_deferred_magnitude_judges_the_same(
         monkeypatch, case):
-    """_value_verdicts reads every scalar of the max rules in one call of tolerance.maxima (one
+    """value_verdicts reads every scalar of the max rules in one call of tolerance.maxima (one
     wait on an accelerator: both bounds' maxima, the empty and non-finite rows, and the oracle's
     score magnitude when it is still a 0-d tensor, as it is on a device). On the CPU the deferred
     magnitude is a 0-d CPU tensor: the same verdicts, to the bit, as the float."""
@@ -223,19 +224,19 @@ def test_value_checks_read_their_scalars_once_and_a_deferred_magnitude_judges_th
     judge_module.runs.deliver(impl, case, [first])
     spr = judge_module.same_precision_reference(*pristine.tensors(), case, magnitudes=False)
     calls = []
-    real = judge_module.maxima
+    real = value_checks.maxima
 
     def counting(*tensors):
         calls.append(len(tensors))
         return real(*tensors)
 
-    monkeypatch.setattr(judge_module, "maxima", counting)
+    monkeypatch.setattr(value_checks, "maxima", counting)
     results = []
     for deferred in (False, True):
         ref = oracle(*pristine.tensors(), case, deferred=deferred)
         assert isinstance(ref.score_magnitude, torch.Tensor) == (deferred and case.seq_k > 0)
         calls.clear()
-        verdicts, nonfinite = judge_module._value_verdicts(impl, case, first, ref, spr)
+        verdicts, nonfinite = value_checks.value_verdicts(impl, case, first, ref, spr)
         results.append([(v.check, v.passed, v.error, v.allowed) for v in verdicts])
         assert nonfinite is None
         # one read: 3 maxima a bound (out, lse), the empty rows, the NaN test of the lse entries
@@ -253,9 +254,9 @@ def test_value_checks_read_their_scalars_once_and_a_deferred_magnitude_judges_th
     MIDDLE.replace(seq_q=5, seq_k=0, head_dim=8),
 ], ids=str)
 def test_nonfinite_rows_found_from_the_maxima_are_the_rows_a_pass_of_their_own_finds(case):
-    """_value_verdicts computes the non-finite rows only when the max rules' worst error is
+    """value_verdicts computes the non-finite rows only when the max rules' worst error is
     infinite, or an lse the oracle leaves out (-inf: no key) is NaN; NaN and inf placed anywhere
-    in out or lse, one entry at a time and all at once, give exactly _nonfinite_rows' rows."""
+    in out or lse, one entry at a time, give exactly nonfinite_rows' rows."""
     impl = implementations()["sdpa"]
     pristine, first = _launched(impl, case)
     judge_module.runs.deliver(impl, case, [first])
@@ -278,8 +279,8 @@ def test_nonfinite_rows_found_from_the_maxima_are_the_rows_a_pass_of_their_own_f
             first, call=judge_module.dataclasses.replace(first.call, out=got_out, lse=got_lse),
             delivered=None)
         with torch.inference_mode():
-            _, found = judge_module._value_verdicts(impl, case, run, ref, spr)
-            expected = judge_module._nonfinite_rows(run, ref)
+            _, found = value_checks.value_verdicts(impl, case, run, ref, spr)
+            expected = value_checks.nonfinite_rows(run, ref)
         expected = None if expected is None or not bool(expected.any()) else expected
         if expected is None:
             assert found is None or not bool(found.any()), (name, index, value)

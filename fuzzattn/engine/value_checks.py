@@ -1,0 +1,150 @@
+"""The value checks of one run against the references: rows with no visible key, the max rule for
+out and lse, out_rms, and the rows holding NaN or inf where the oracle is finite (named by
+re-running with clean memory). The rules themselves, and their constants: tolerance.py and
+error_statistics.py; where the checks compute: judge_device.py.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+
+from fuzzattn.engine import runs
+from fuzzattn.engine.error_statistics import out_rms_bound
+from fuzzattn.engine.judge_device import moved
+from fuzzattn.engine.oracle import Reference
+from fuzzattn.engine.tolerance import (all_finite, differences, lse_finish, maxima, out_finish,
+                                       summed_for_tf32)
+from fuzzattn.engine.transfer import same_device
+from fuzzattn.engine.verdict import Verdict, heatmap, locate
+
+
+def run_on(run: runs.Run, device: torch.device) -> runs.Run:
+    """`run` with its out and lse on `device`, where the judgement computes (judge_device.py)."""
+    if run.out is None or same_device(run.out.device, device):
+        return run
+    if run.delivered is not None and same_device(run.delivered[0], device):
+        out, lse = run.delivered[1:]
+    else:
+        out, lse = moved(run.out, device), moved(run.lse, device)
+    return dataclasses.replace(run, call=dataclasses.replace(run.call, out=out, lse=lse))
+
+
+def nonfinite_rows(run: runs.Run, ref: Reference) -> torch.Tensor | None:
+    """(B, H, Nq) bool: rows with NaN/inf in out (or lse) where the oracle is finite; None when
+    there can be none. On the host that is asked first, of one float64 sum per tensor
+    (tolerance.all_finite: a float64 sum of float32 or narrower values cannot overflow), two
+    operations instead of ten in the common case. (On an accelerator the read would be one more
+    wait for the device: the rows are computed there and read with the rest.)"""
+    run = run_on(run, ref.out.device)
+    if all(t is None or all_finite(t) for t in (run.out, run.lse)):
+        return None
+    bad = (~torch.isfinite(run.out) & torch.isfinite(ref.out)).any(dim=-1)
+    if run.lse is not None:
+        bad |= torch.isnan(run.lse) | (torch.isinf(run.lse) & torch.isfinite(ref.lse))
+    return bad
+
+
+def attribute_nonfinite(impl, case, device, ref: Reference) -> tuple[str, str]:
+    """Re-run with clean output memory, then also with zero padding, to name the NaN's source.
+    Both re-runs zero every tensor the kernel allocates (and hand the allocator zeroed blocks,
+    or zeroed buffers) where the first run had NaN ones, so NaN left in freed memory by earlier
+    runs cannot masquerade as a kernel's read."""
+    def finite(run: runs.Run) -> bool:
+        if run.failure is not None or not run.call.answered:
+            return False
+        rows = nonfinite_rows(run, ref)
+        return rows is None or not bool(rows.any())
+
+    here = ref.out.device
+    if finite(runs.run(impl, case, device, adversarial=True, poison=False, here=here)):
+        return "unwritten_output", "NaN appears only when the output memory starts as NaN"
+    if finite(runs.run(impl, case, device, adversarial=True, poison=False, pad_value=0.0,
+                       here=here)):
+        return "out_of_bounds_read", "NaN appears only when the storage around the inputs holds NaN"
+    return "nonfinite", "NaN/inf with clean padding and clean output memory"
+
+
+def value_verdicts(impl, case, run: runs.Run, ref: Reference, spr: Reference, *,
+                    check_out="out", check_lse="lse", check_stat="out_rms",
+                    find_nonfinite: bool = True) -> tuple[list[Verdict], torch.Tensor | None]:
+    """The value checks of one run (empty rows, the max rule for out and lse, out_rms), and
+    (`find_nonfinite`) the rows holding NaN/inf where the oracle is finite (nonfinite_rows),
+    None when there are none.
+
+    Every scalar the max rules need is read in one transfer (tolerance.maxima): both bounds'
+    maxima, the oracle's score magnitude while it is a 0-d tensor (computed on the accelerator
+    the checks run on), the TF32 term's maximum, and whether any row is empty. On an
+    accelerator each read is a wait for the device (engine/runs.py); these were five.
+
+    Non-finite rows are found from those maxima rather than by a pass of their own: the max
+    rule's error |got - oracle| is infinite exactly where got holds NaN or inf and the oracle is
+    finite (NaN counts as inf there, and a difference of finite float32-range values cannot
+    overflow float64), which is what nonfinite_rows marks; the one thing it leaves out, an lse
+    of NaN where the oracle's is -inf (a row with no key), is one more maximum in the same read.
+    Only then are the rows computed: ~10 operations fewer on every case that has none."""
+    verdict = dict(impl=impl.name, case=case)
+    out_results = []
+    empty = ref.empty_rows
+    fp32_matmul = impl.caps.fp32_matmul
+    bounds = [(check_out, run.out, differences(run.out, spr.out, ref.out))]
+    if run.lse is not None:
+        bounds.append((check_lse, run.lse, differences(run.lse, spr.lse, ref.lse)))
+    extra = {"empty": empty}
+    if isinstance(ref.score_magnitude, torch.Tensor):
+        extra["score"] = ref.score_magnitude
+    summed = summed_for_tf32(run.out.dtype, ref.out, ref.out_magnitude, fp32_matmul)
+    if summed is not None:
+        extra["summed"] = summed
+    if find_nonfinite and run.lse is not None and bounds[-1][2].excluded is not None:
+        extra["nan_lse_left_out"] = torch.isnan(run.lse) & bounds[-1][2].excluded
+    read = iter(maxima(*(t for _, _, d in bounds for t in d.maximised), *extra.values()))
+    bound_maxima = [[next(read) for _ in range(3)] for _ in bounds]
+    scalars = dict(zip(extra, read))
+    nonfinite = None
+    if find_nonfinite and (any(worst == math.inf for worst, _, _ in bound_maxima)
+                           or scalars.get("nan_lse_left_out", 0.0) > 0):
+        nonfinite = nonfinite_rows(run, ref)
+    score = scalars.get("score", ref.score_magnitude)
+    has_empty = scalars["empty"] > 0
+    if has_empty:
+        # NaN != 0 as well: a NaN row is wrong without a test of its own.
+        wrong = run.out[:, :, empty].ne(0).any(dim=-1)
+        if run.lse is not None:
+            wrong |= run.lse[:, :, empty] != float("-inf")
+        failed = bool(wrong.any())
+        bad = None
+        if failed:
+            bad = torch.zeros_like(ref.lse, dtype=torch.bool)
+            bad[:, :, empty] = wrong
+        out_results.append(Verdict(
+            check="empty_rows", passed=not failed, where=locate(bad) if failed else "",
+            detail="rows with no visible key must be out=0, lse=-inf" if failed else "",
+            heatmap=heatmap(bad) if failed else "", **verdict))
+    whole = None              # the max rule's float64 differences of out, for out_rms
+    err_finite = False        # and whether its worst error was finite
+    for (check, got, d), maximum in zip(bounds, bound_maxima):
+        if got is run.out:
+            b = out_finish(d, maximum, got.dtype, score, fp32_matmul, scalars.get("summed", 0.0))
+            whole, err_finite = b.differences, math.isfinite(b.error)
+        else:
+            b = lse_finish(d, maximum, score)
+        bad = None if b.ok else (b.row_errors > b.allowed) | torch.isnan(b.row_errors)
+        out_results.append(Verdict(
+            check=check, passed=b.ok, error=b.error, allowed=b.allowed,
+            where=locate(bad) if not b.ok else "", heatmap=heatmap(bad) if not b.ok else "",
+            detail="" if b.ok else f"same-precision reference error {b.reference_error:.3g}",
+            **verdict))
+    # The error statistic over the whole output (error_statistics.py): precision bugs that stay
+    # under the max rule in every element but add error to all of them.
+    s = out_rms_bound(run.out, spr.out, ref.out, empty if has_empty else None,
+                      score, ref.out_magnitude, fp32_matmul=fp32_matmul,
+                      differences=whole, err_finite=err_finite)
+    bad = s.row_ratio > 1 if not s.ok else None
+    out_results.append(Verdict(
+        check=check_stat, passed=s.ok, error=s.statistic, allowed=s.allowed,
+        where=locate(bad) if not s.ok else "", heatmap=heatmap(bad) if not s.ok else "",
+        detail="" if s.ok else f"rms error over {s.elements} elements; same-precision reference "
+                               f"rms {s.reference_statistic:.3g}", **verdict))
+    return out_results, nonfinite
