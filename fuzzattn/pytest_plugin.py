@@ -23,7 +23,10 @@ the run goes on. A regression file recording hang/segfault/device_fault replays 
 whether or not isolation was asked for. Without isolation, a test after which the process's CUDA
 context is lost (a kernel faulted in-process) fails at teardown saying so, and its xdist worker
 exits so that xdist runs the rest in a fresh one (without xdist the run stops there): a CUDA
-fault is sticky, and every later test in that process would fail for a reason not its own.
+fault is sticky, and every later test in that process would fail for a reason not its own. On a
+GPU shared through MPS a test meeting a device fault stops the whole run (every xdist worker, exit
+status 2, the fault named): MPS delivers the fault to every process, and admits no new one until
+they all exited (engine/shared_gpu.py).
 """
 from __future__ import annotations
 
@@ -200,6 +203,8 @@ def cuda_context_lost() -> str | None:
 
 # (message, in an xdist worker): set only in the process that ran the test, not xdist's controller
 _lost_here: tuple[str, bool] | None = None
+# Why the session stops: a test met a device fault on a GPU shared through MPS
+_shared_fault: str | None = None
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -208,9 +213,20 @@ def pytest_runtest_makereport(item, call):
     test here can pass for a reason of its own: its teardown fails, saying so, and then
     (pytest_runtest_logreport) an xdist worker exits, so xdist starts a fresh worker for the
     rest, and a run without xdist stops. (Without this, one fault on the H200 failed every later
-    test of its worker: 110 of them.)"""
-    global _lost_here
+    test of its worker: 110 of them.) A test that met a device fault on a GPU shared through MPS
+    (shared_gpu.SharedDeviceFault) stops the whole session instead, every worker with it."""
+    global _lost_here, _shared_fault
     outcome = yield
+    if call.when == "call" and call.excinfo is not None:
+        from fuzzattn.engine.shared_gpu import SharedDeviceFault
+        if call.excinfo.errisinstance(SharedDeviceFault):
+            # Every later test would meet the same fault (MPS delivers it to every client, and
+            # refuses new ones until they all exited): the session stops after this test, and
+            # under xdist the controller stops every worker (engine/shared_gpu.py).
+            first_line = str(call.excinfo.value).strip().splitlines()[0][:300]
+            _shared_fault = f"fuzzattn: {item.nodeid}: {first_line}"
+            item.session.shouldstop = (f"{_shared_fault}; the run stops here: a device fault "
+                                       "on a GPU shared through MPS may be any process's")
     if call.when != "teardown":
         return
     lost = cuda_context_lost()
@@ -226,6 +242,8 @@ def pytest_runtest_logreport(report):
     if _lost_here is None or report.when != "teardown":
         return
     message, in_worker = _lost_here
+    if in_worker and _shared_fault is not None:
+        return      # the session is stopping (shouldstop): xdist stops every worker with it
     if in_worker:
         os._exit(3)
     pytest.exit(f"{message}; no later test could run in this process", returncode=3)

@@ -120,3 +120,42 @@ def test_pytest_with_a_bad_setting_is_a_usage_error_before_any_test(pytester, mo
     result = pytester.runpytest_subprocess("-p", "fuzzattn.pytest_plugin")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*FUZZATTN_MPS='maybe' is not one of auto, on, off*"])
+
+
+@pytest.mark.parametrize("workers", [[], ["-n", "2"]], ids=["one process", "xdist"])
+def test_pytest_stops_the_whole_run_at_the_first_shared_device_fault(pytester, monkeypatch,
+                                                                     workers):
+    """The plugin turns a test's SharedDeviceFault into the session's stop (session.shouldstop;
+    under xdist the controller stops every worker): every later test would meet the same fault,
+    and MPS refuses new clients until all of them exited. Forty slow tests follow the faulting
+    one; none runs after the fault without xdist, and under xdist the run ends far short of
+    them with the stop's reason."""
+    monkeypatch.setenv(shared_gpu.ENV, "on")
+    pytester.makepyfile(test_fault=f"""
+import time
+
+import pytest
+
+from fuzzattn import AttentionCase
+from fuzzattn.engine.judge import judge
+from fuzzattn.engine.loader import load_implementation
+
+KERNEL = load_implementation({str(KERNELS)!r} + ":DEVICE_FAULT", probe=False)
+
+
+def test_faults():
+    judge(KERNEL, AttentionCase(1, 1, 1, {THRESHOLD}, 2, 16), device="cpu")
+
+
+@pytest.mark.parametrize("i", range(40))
+def test_later(i):
+    time.sleep(0.2)
+""")
+    result = pytester.runpytest_subprocess("-p", "fuzzattn.pytest_plugin", "-p", "no:cacheprovider",
+                                           *workers)
+    outcomes = result.parseoutcomes()
+    assert outcomes.get("failed") == 1, result.stdout.str()[-3000:]
+    assert outcomes.get("passed", 0) < (1 if not workers else 20), outcomes
+    assert result.ret == pytest.ExitCode.INTERRUPTED
+    result.stdout.fnmatch_lines(["*Interrupted: fuzzattn: test_fault.py::test_faults: *shared "
+                                 "through MPS*the run stops here*"])
