@@ -11,6 +11,8 @@
 #   bash benchmarks/gpu_speed_call.sh mpsfault  a real device fault beside an innocent judging
 #                                               process, without and under MPS (mps_fault_probe.py)
 #                                               (MPS_ROUNDS pairs, the order alternating)
+#   bash benchmarks/gpu_speed_call.sh mpspytest the same fault inside `pytest -n 4` (mps_pytest_probe.py),
+#                                               without and under MPS: the plugin's stop of the session
 #   bash benchmarks/gpu_speed_call.sh triton    compiled triton_fa2 fp16, 16 processes: this tree
 #                                               warms its compile palettes (WARM s), then is timed
 #                                               on new cases of the same palettes; the BEFORE tree
@@ -344,6 +346,25 @@ elif [[ "$MODE" == mpsfault ]]; then
     under_mps fault_pair mps
     cli_pair plain
     under_mps cli_pair mps
+elif [[ "$MODE" == mpspytest ]]; then
+    # fuzzattn/pytest_plugin.py on a real MPS server: a test meeting a device fault stops the
+    # session, every xdist worker with it; without MPS that test fails with its crash verdict,
+    # its worker is replaced, and the sdpa tests pass (benchmarks/mps_pytest_probe.py).
+    step "pytest -n 4: a real device fault among sdpa tests, without MPS, then under MPS"
+    pytest_fault() {   # $1 = label
+        local start
+        start=$(date +%s)
+        timeout 150 python3 -m pytest -p no:cacheprovider -n 4 -rfE --tb=line \
+            benchmarks/mps_pytest_probe.py >"$OUT/mpspytest_$1.txt" 2>&1
+        echo "pytest $1: exited $? after $(( $(date +%s) - start )) s"
+        grep -E "Interrupted|passed|failed|FAILED|ERROR|crashed|replacing" "$OUT/mpspytest_$1.txt" \
+            | tail -n 12 | cut -c1-300
+        timeout 90 python3 benchmarks/mps_fault_probe.py innocent --seconds 3 \
+            >"$OUT/mpspytest_$1_after.txt" 2>&1
+        echo "pytest $1: a process started after it exited $?"
+    }
+    pytest_fault plain
+    under_mps pytest_fault mps
 elif [[ "$MODE" == mps ]]; then
     # The host-bound ceiling: under MPS the 16 processes share one scheduling context, so
     # waiting for the GPU costs little (contention above) and what is left is each case's host work.
