@@ -20,6 +20,7 @@ from fuzzattn import AttentionCase, Capabilities, Implementation
 from fuzzattn.campaigns.campaign import check_case
 from fuzzattn.contract import profiles
 from fuzzattn.contract.case import DTYPES
+from fuzzattn.engine import gradients as gradients_module
 from fuzzattn.engine.grad_oracle import oracle_gradients
 from fuzzattn.engine.inputs import as_bits, inputs_sha256, materialize, materialize_dout
 from fuzzattn.engine.judge import judge, skip_reason
@@ -340,3 +341,17 @@ def test_a_kernel_caching_tensors_across_calls_is_judged_as_it_runs():
         judged = judge(impl, AttentionCase(1, 2, 2, 9, 12, 16, causal=causal), "cpu")
         assert judged.passed, judged.describe()
         assert any(v.check == "grad_dq" for v in judged.verdicts)
+
+
+def test_an_unwritten_gradient_is_named_so_whatever_the_heap_hands_back(monkeypatch):
+    """The attribution's clean re-runs zero every tensor the backward allocates
+    (UninitializedMemoryIsZero), so a NaN block the heap hands back cannot make an unwritten dq
+    read as grad_nonfinite. Here every priming, the clean re-runs' included, hands the allocator
+    freed NaN blocks of the gradients' sizes: the heap a full suite run left once."""
+    real = gradients_module._prime
+    monkeypatch.setattr(gradients_module, "_prime",
+                        lambda case, device, byte: real(case, device, 0xFF))
+    fn, c = BAD["grad_unwritten"]
+    impl = Implementation("bad_grad_unwritten", sdpa_forward, CAPS, backward_fn=fn)
+    for _ in range(5):
+        assert judge(impl, c).first_failure.check == "grad_unwritten"

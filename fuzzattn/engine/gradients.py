@@ -36,7 +36,8 @@ from fuzzattn.engine.inputs import (Inputs, as_bits, born_on_device, changed_fla
                                      materialize_dout, moved_with, place, place_flat, view_in)
 from fuzzattn.engine.judge_device import judging, moved, moved_together
 from fuzzattn.engine.transfer import read_back, same_device
-from fuzzattn.engine.poison import prime_allocator, uninitialized_memory_is_nan
+from fuzzattn.engine.poison import (UninitializedMemoryIsZero, prime_allocator,
+                                    uninitialized_memory_is_nan)
 from fuzzattn.engine.tolerance import grad_allowance, grad_bound
 from fuzzattn.engine.verdict import Verdict, heatmap, locate
 
@@ -105,8 +106,16 @@ def _run(impl: Implementation, case: AttentionCase, device, forward, *, adversar
     snapshot = {name: s.clone() for name, s in storages.items()} if side_effects else None
     if adversarial:
         _prime(case, device, 0xFF if poison else 0x00)
-    poisoned = uninitialized_memory_is_nan() if adversarial and poison else contextlib.nullcontext()
-    with poisoned:
+    # The attribution's clean re-runs (poison=False) zero every tensor the backward allocates, as
+    # the forward's do (engine/runs.py): zeroed freed blocks alone depend on which block malloc
+    # hands back, and a NaN block freed by the poisoned run made an unwritten dq read as
+    # grad_nonfinite (seen once in a full suite run on the CPU, after the collector's full
+    # passes became rarer and changed when such blocks were freed).
+    if not adversarial:
+        memory = contextlib.nullcontext()
+    else:
+        memory = uninitialized_memory_is_nan() if poison else UninitializedMemoryIsZero()
+    with memory:
         # Not synchronised on its own (engine/runs.py): a device fault surfaces in the read-back.
         call = execute.call_gradients(impl, *inputs.tensors(), dout, case, out=out, lse=lse,
                                       synchronize=False)
