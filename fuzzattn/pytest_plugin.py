@@ -115,6 +115,8 @@ _STATE_KEY = pytest.StashKey[_State]()
 def pytest_configure(config):
     from fuzzattn import settings
     from fuzzattn.contract.profiles import PROFILES, ProfileError
+    global _lost_here, _shared_fault
+    _lost_here = _shared_fault = None       # a session's own (pytester runs one inside another)
     state = config.stash[_STATE_KEY] = _State()
     name = config.getoption("fuzzattn_profile") or os.environ.get("FUZZATTN_PROFILE")
     hyp = config.getoption("hypothesis_profile", default=None)
