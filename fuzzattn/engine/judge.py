@@ -236,7 +236,7 @@ def _judge_runs(impl: Implementation, case: AttentionCase, device, first: runs.R
         away = not same_device(references, here)
         with judging():
             # The oracle's score magnitude is left unread off the host: read back with the
-            # references (away), or with the value checks' other scalars (value_checks.value_verdicts).
+            # references (away), or with the value checks' other scalars (value_verdicts).
             computed = _references(impl, case, pristine, references,
                                    deferred=away or here.type != "cpu")
             if away:
