@@ -230,6 +230,18 @@ def test_undeclared_cases_are_outside_the_declaration(data):
     assert caps.why_not(case) is not None, (what, case)
 
 
+@pytest.mark.parametrize("strides", ["unit_last", "contiguous"])
+@settings(max_examples=150)
+@given(data=st.data())
+def test_an_undeclared_layout_shows_in_the_strides_an_implementation_sees(strides, data):
+    """An implementation sees strides, not layout names: a layout drawn outside the declaration
+    is one its tensors' strides show (not D = 1 strided, nor H = 1 or Nq = 1 transposed, which
+    torch's contiguity rule cannot tell from declared ones)."""
+    caps = Capabilities(strides=strides, head_dims=None, max_head_dim=4)
+    what, case = data.draw(undeclared_cases(caps).filter(lambda drawn: drawn[0] == "layout"))
+    assert not caps.accepts_strides(materialize(case).q), case
+
+
 @pytest.mark.parametrize("kwargs,message", [
     pytest.param(dict(min_len=5, max_len=3), "min_len=5 is larger than max_len=3", id="min>max"),
     pytest.param(dict(min_len=-1), "min_len=-1", id="min<0"),

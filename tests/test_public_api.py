@@ -150,6 +150,9 @@ PASSED_OVER = textwrap.dedent('''
     from fuzzattn.engine.judge import default_device
 
     def attention(q, k, v, *, causal, scale):
+        # Fresh memory: on CUDA, SDPA's flash kernel faults with "misaligned address" on the
+        # harness's unaligned storage offsets (kernels/sdpa.py works around it the same way).
+        q, k, v = (t.clone(memory_format=torch.contiguous_format) for t in (q, k, v))
         return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=bool(causal),
                                                                 scale=scale)
 
