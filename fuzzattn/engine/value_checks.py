@@ -35,8 +35,8 @@ def nonfinite_rows(run: runs.Run, ref: Reference) -> torch.Tensor | None:
     """(B, H, Nq) bool: rows with NaN/inf in out (or lse) where the oracle is finite; None when
     there can be none. On the host that is asked first, of one float64 sum per tensor
     (tolerance.all_finite: a float64 sum of float32 or narrower values cannot overflow), two
-    operations instead of ten in the common case. (On an accelerator the read would be one more
-    wait for the device: the rows are computed there and read with the rest.)"""
+    operations instead of ten when there are none. Asked by value_verdicts only once the max
+    rules' maxima showed a non-finite entry, and by the attribution's re-runs."""
     run = run_on(run, ref.out.device)
     if all(t is None or all_finite(t) for t in (run.out, run.lse)):
         return None
@@ -67,8 +67,8 @@ def attribute_nonfinite(impl, case, device, ref: Reference) -> tuple[str, str]:
 
 
 def value_verdicts(impl, case, run: runs.Run, ref: Reference, spr: Reference, *,
-                    check_out="out", check_lse="lse", check_stat="out_rms",
-                    find_nonfinite: bool = True) -> tuple[list[Verdict], torch.Tensor | None]:
+                   check_out="out", check_lse="lse", check_stat="out_rms",
+                   find_nonfinite: bool = True) -> tuple[list[Verdict], torch.Tensor | None]:
     """The value checks of one run (empty rows, the max rule for out and lse, out_rms), and
     (`find_nonfinite`) the rows holding NaN/inf where the oracle is finite (nonfinite_rows),
     None when there are none.
