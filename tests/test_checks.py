@@ -321,3 +321,37 @@ def test_a_second_run_is_judged_on_its_outputs_alone(monkeypatch):
     judged = judge(bad("mutates_k", _mutating), RAGGED, "cpu", gradients=False)
     mutated = [v for v in judged.verdicts if v.check == "inputs_mutated"]
     assert len(mutated) == 1 and not mutated[0].passed and "k" in mutated[0].detail
+
+
+@pytest.mark.parametrize("where", ["forward", "backward"])
+def test_a_crashing_kernels_memory_is_freed_without_the_collector(where):
+    """A crash keeps its message, not its traceback: the traceback's frames hold the inputs and
+    the kernel's temporaries (device memory on a GPU) in a reference cycle that only the
+    collector frees, and late (engine/heap.py makes its full passes rarer). With the collector
+    off, every tensor a crashing kernel made is gone once the judgement returns."""
+    import gc
+    import weakref
+    made = []
+
+    def blows_up(*args, **kwargs):
+        temporary = torch.ones(256, 256)
+        made.append(weakref.ref(temporary))
+        raise RuntimeError("the kernel blew up") from ValueError("its cause")
+
+    def backward(q, k, v, out, lse, dout, *, causal, scale):
+        return blows_up()
+
+    forward = sdpa_forward if where == "backward" else blows_up
+    impl = Implementation(f"crashes_in_{where}", forward,
+                          dataclasses.replace(ANY, backward=where == "backward"),
+                          backward_fn=backward if where == "backward" else None)
+    gc.collect()
+    gc.disable()
+    try:
+        for _ in range(3):
+            judged = judge(impl, RAGGED)
+            assert judged.first_failure.check == ("grad_crash" if where == "backward" else "crash")
+            assert "the kernel blew up" in judged.first_failure.detail
+        assert made and all(ref() is None for ref in made)
+    finally:
+        gc.enable()

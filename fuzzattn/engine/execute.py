@@ -167,6 +167,23 @@ def _compile_log(impl: Implementation, case: AttentionCase, exc: BaseException, 
     return path
 
 
+def _detached(exc: BaseException) -> BaseException:
+    """`exc` with no traceback on it or on the exceptions it chains. A traceback holds every frame
+    from this module down to the kernel's raise, and with them their locals (the inputs, the
+    kernel's temporaries: on a GPU, device memory) in a reference cycle with the Call keeping
+    the exception (this frame -> its Call -> the exception -> its traceback -> this frame), which
+    only the collector frees, and late: a crash verdict needs the message alone."""
+    pending, seen = [exc], set()
+    while pending:
+        e = pending.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        e.__traceback__ = None
+        pending += [e.__cause__, e.__context__]
+    return exc
+
+
 def call(impl: Implementation, q, k, v, case: AttentionCase, *, out=None, lse=None,
          synchronize: bool = True) -> Call:
     """Call `impl` the contract's way on (q, k, v); never raises for what the kernel does.
@@ -179,11 +196,12 @@ def call(impl: Implementation, q, k, v, case: AttentionCase, *, out=None, lse=No
             if synchronize and q.device.type == "cuda":
                 torch.cuda.synchronize(q.device)
         except ContractError as exc:
-            result = Call(CONTRACT, error=exc, summary=one_line(exc))
+            result = Call(CONTRACT, error=_detached(exc), summary=one_line(exc))
         except Exception as exc:       # a kernel that raises is a verdict, not a harness error
             declared = is_declared_refusal(impl, exc)
             status = REFUSED if declared or isinstance(exc, UnsupportedCaseError) else CRASH
-            result = Call(status, error=exc, summary=one_line(exc), declared_refusal=declared)
+            result = Call(status, error=_detached(exc), summary=one_line(exc),
+                          declared_refusal=declared)
         else:
             result = Call(OK, out=got_out, lse=got_lse)
         printed = output_text()
@@ -207,9 +225,10 @@ def call_gradients(impl: Implementation, q, k, v, dout, case: AttentionCase, *, 
         if synchronize and q.device.type == "cuda":
             torch.cuda.synchronize(q.device)
     except ContractError as exc:
-        return Call(CONTRACT, error=exc, summary=one_line(exc))
+        return Call(CONTRACT, error=_detached(exc), summary=one_line(exc))
     except Exception as exc:       # a backward that raises is a verdict, not a harness error
         declared = is_declared_refusal(impl, exc)
         status = REFUSED if declared or isinstance(exc, UnsupportedCaseError) else CRASH
-        return Call(status, error=exc, summary=one_line(exc), declared_refusal=declared)
+        return Call(status, error=_detached(exc), summary=one_line(exc),
+                    declared_refusal=declared)
     return Call(OK, grads=tuple(grads))

@@ -11,11 +11,13 @@ its test modules are imported (pytest_plugin.py).
 
 What is created since keeps growing for the whole campaign (Hypothesis's tree of the choices it
 made, the verdict memo), and a full pass walks it all: measured over 2,000 judged sdpa fp32 ci
-cases after the freeze, 5 full passes of ~40-50 ms each, 0.10-0.12 ms of a 2.9 ms case, where every
-younger pass together cost 0.06 ms. A judged case leaves little cyclic garbage behind (2.5%,
-~3,700, more objects tracked after those 2,000 cases without any full pass), so FULL_PASS_AFTER raises
-Python's default of a full pass per 10 generation-1 passes to one per 100: no full pass in those
-2,000 cases, GC time 0.16-0.18 -> 0.06 ms a case.
+cases after the freeze (benchmarks/gc_passes.py), 5 full passes of 40-52 ms each, 0.10-0.13 ms
+of a ~2.9 ms case, where every younger pass together cost 0.06 ms. A judged case leaves little
+cyclic garbage behind (~3,700 more objects tracked after those 2,000 cases without any full
+pass, 2.5%; a crashing kernel's traceback, which held its frames' tensors in a cycle, is dropped:
+execute._detached), so FULL_PASS_AFTER raises Python's default of a full pass per 10
+generation-1 passes to one per 100: no full pass in those 2,000 cases, GC time 0.16-0.20 -> 0.06
+ms a case.
 """
 from __future__ import annotations
 
