@@ -64,7 +64,7 @@ def _probabilities(q, k, case: AttentionCase, lse: torch.Tensor, mask) -> torch.
     # host cost as much as the arithmetic); the same operations, the same bits.
     s = (q @ _expand(k, case.heads).transpose(-1, -2)).mul_(case.softmax_scale)
     s.masked_fill_(~mask, float("-inf"))
-    lse = torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse))
+    lse = lse.nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)     # not in place: the caller's lse
     return s.sub_(lse[..., None]).exp_()
 
 

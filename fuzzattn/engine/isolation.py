@@ -283,10 +283,12 @@ class IsolatedJudge:
             return self._classify(judged, left_faulted=headline)
         if kind == "error":
             headline, text = payload
+            if shared_gpu.is_fault(text) and shared_gpu.mps_active():
+                # A fault, or an MPS server's own error (another client's fault reaching this one),
+                # as the worker's start and the probe call treat it: no verdict.
+                self._replace()
+                raise shared_gpu.SharedDeviceFault(shared_gpu.describe(case, headline))
             if is_device_fault(text):
-                if shared_gpu.mps_active():
-                    self._replace()
-                    raise shared_gpu.SharedDeviceFault(shared_gpu.describe(case, headline))
                 # A fault surfacing in the harness's own code after the kernel returned (an
                 # asynchronous CUDA error) is still the kernel's fault.
                 self.stats.device_faults += 1
@@ -349,11 +351,12 @@ class IsolatedJudge:
             return payload
         if kind == "error":
             headline, text = payload
+            if shared_gpu.is_fault(text) and shared_gpu.mps_active():
+                self._replace()
+                raise shared_gpu.SharedDeviceFault(shared_gpu.describe(
+                    f"in the loader's probe call of {self.spec}", headline))
             if is_device_fault(text):
                 self._replace()
-                if shared_gpu.mps_active():
-                    raise shared_gpu.SharedDeviceFault(shared_gpu.describe(
-                        f"in the loader's probe call of {self.spec}", headline))
                 return None
             raise IsolationError(headline)
         return None

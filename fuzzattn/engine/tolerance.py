@@ -163,10 +163,6 @@ class Bound:
         return self.error <= self.allowed
 
 
-def _max(t: torch.Tensor) -> float:
-    return float(t.max()) if t.numel() else 0.0
-
-
 @dataclasses.dataclass(frozen=True)
 class Differences:
     """A bound's tensors before their maxima are read (`differences`, then `finish`): apart, so
