@@ -231,7 +231,7 @@ def test_undeclared_cases_are_outside_the_declaration(data):
 
 
 @pytest.mark.parametrize("strides", ["unit_last", "contiguous"])
-@settings(max_examples=150)
+@settings(max_examples=40)
 @given(data=st.data())
 def test_an_undeclared_layout_shows_in_the_strides_an_implementation_sees(strides, data):
     """An implementation sees strides, not layout names: a layout drawn outside the declaration
