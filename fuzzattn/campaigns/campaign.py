@@ -179,6 +179,14 @@ def check_case(impl: Implementation, case: AttentionCase, *, save_to_file: bool 
     gradients=False judges the forward only (a declared backward has its own test)."""
     judged = judge_once(impl, case, device=device,
                         judge_fn=judge_fn or _run_judge(impl, device), gradients=gradients)
+    return _raise_unless_passed(impl, case, judged, save_to_file=save_to_file,
+                                regressions_dir=regressions_dir)
+
+
+def _raise_unless_passed(impl: Implementation, case: AttentionCase, judged: JudgedCase, *,
+                         save_to_file: bool, regressions_dir) -> JudgedCase:
+    """check_case's verdict on an already judged case: returns it when it passed, else raises
+    (a skip, a refusal, a Counterexample with its file written on the final run)."""
     if judged.skipped is not None:
         raise RuntimeError(f"{case} was drawn but cannot run: {judged.skipped}")
     if judged.refused is not None:
@@ -311,14 +319,15 @@ def _fuzz(impl, strategy, *, max_examples, seconds, hypothesis_seed_value, save_
                 # the key is a sha256 prefix: the same choice in every process and run
                 gradient_every == 1 or int(key, 16) % gradient_every == 0)
         gradients = with_gradients[key]
+        # One memo lookup a case: check_case's verdict on the judgement made here.
         judged = judge_once(impl, case, device=device, judge_fn=judge_fn, gradients=gradients)
         if judged.refused is not None:
             refused[judged.refused] += 1
             reject()
         state["judged"] += 1
         try:
-            check_case(impl, case, save_to_file=save_to_file, regressions_dir=regressions_dir,
-                       device=device, judge_fn=judge_fn, gradients=gradients)
+            _raise_unless_passed(impl, case, judged, save_to_file=save_to_file,
+                                 regressions_dir=regressions_dir)
         except Counterexample as found:
             if state["first"] is None:
                 state["first"] = state["judged"]

@@ -27,7 +27,7 @@ from fuzzattn.engine.inputs import (Inputs, born_on_device, check_budget, inputs
                                      materialize)
 from fuzzattn.engine.judge_device import (check_device, judge_device, judging, moved_together,
                                           rebuilt, tensors_in)
-from fuzzattn.engine.oracle import Reference, oracle, same_precision_reference
+from fuzzattn.engine.oracle import Reference, oracle, same_precision_reference, visibility
 from fuzzattn.engine.runs import same_bits
 from fuzzattn.engine.transfer import same_device
 from fuzzattn.engine.value_checks import attribute_nonfinite, run_on, value_verdicts
@@ -188,8 +188,10 @@ def _references(impl: Implementation, case: AttentionCase, pristine: Inputs,
     They only read their inputs, and no implementation run ever sees `pristine`. `deferred`:
     the oracle's score magnitude left unread (they are read back elsewhere)."""
     originals = pristine.on(references).tensors()
-    return [oracle(*originals, case, deferred=deferred),
-            same_precision_reference(*originals, case, impl.caps.fp32_matmul, magnitudes=False)]
+    seen = visibility(case, originals[0].device)        # one mask for both
+    return [oracle(*originals, case, deferred=deferred, seen=seen),
+            same_precision_reference(*originals, case, impl.caps.fp32_matmul, magnitudes=False,
+                                     seen=seen)]
 
 
 def _read_back_with_references(impl: Implementation, case: AttentionCase, device,

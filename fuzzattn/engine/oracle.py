@@ -57,9 +57,30 @@ class Reference:
                               # not cancel), which sets the rounding noise of that sum
 
 
+@dataclasses.dataclass(frozen=True)
+class Visibility:
+    """Which keys each query of a case cannot see, as both references mask them: computed once
+    for the pair (`visibility`), never written to."""
+    hidden: torch.Tensor | None   # (Nq, Nk) bool, True where key j is hidden from query i; None
+                                  # when every key is visible (and there is at least one)
+    empty: torch.Tensor           # (Nq,) bool: rows that see no key
+
+
+def visibility(case: AttentionCase, device) -> Visibility:
+    mask = visible_keys(case.seq_q, case.seq_k, case.causal, device)
+    if mask is None and case.seq_k == 0:
+        mask = torch.ones(case.seq_q, 0, dtype=torch.bool, device=device)   # every row empty
+    # Every key visible (mask None): nothing to mask, and no row is empty; the masking in
+    # _attend is skipped rather than done with an all-True mask (the same values, seven
+    # operations fewer).
+    if mask is None:
+        return Visibility(None, torch.zeros(case.seq_q, dtype=torch.bool, device=device))
+    return Visibility(~mask, ~mask.any(dim=-1))
+
+
 def _attend(q, k, v, case: AttentionCase, compute: torch.dtype, p_dtype: torch.dtype | None,
             matmul_round=None, magnitudes: bool = True, deferred: bool = False,
-            out_magnitude: bool = True) -> Reference:
+            out_magnitude: bool = True, seen: Visibility | None = None) -> Reference:
     q, k, v = (t.to(compute) for t in (q, k, v))
     k, v = _expand_kv(k, case.heads), _expand_kv(v, case.heads)
     if matmul_round is not None:
@@ -68,16 +89,10 @@ def _attend(q, k, v, case: AttentionCase, compute: torch.dtype, p_dtype: torch.d
     # needed): on the host each new float64 tensor of a larger case is fresh pages to fault in,
     # which cost as much as the arithmetic. The same operations, so the same bits.
     scores = (q @ k.transpose(-1, -2)).mul_(case.softmax_scale)
-    mask = visible_keys(case.seq_q, case.seq_k, case.causal, q.device)
-    if mask is None and case.seq_k == 0:
-        mask = torch.ones(case.seq_q, 0, dtype=torch.bool, device=q.device)   # every row empty
-    # Every key visible (mask None): nothing to mask, and no row is empty; the masking below is
-    # skipped rather than done with an all-True mask (the same values, seven operations fewer).
-    hidden = None if mask is None else ~mask
+    seen = seen or visibility(case, q.device)
+    hidden, empty = seen.hidden, seen.empty
     if hidden is not None:
         scores.masked_fill_(hidden, float("-inf"))
-    empty = (torch.zeros(case.seq_q, dtype=torch.bool, device=q.device) if mask is None
-             else ~mask.any(dim=-1))
     score_magnitude = math.nan
     if magnitudes:
         terms = q.abs() @ k.abs().transpose(-1, -2)
@@ -103,22 +118,25 @@ def _attend(q, k, v, case: AttentionCase, compute: torch.dtype, p_dtype: torch.d
     magnitude = None
     if magnitudes and out_magnitude:
         magnitude = (p @ v.abs()).div_(safe_denom)
-    if mask is not None:
+    if hidden is not None:
         out.masked_fill_(empty[:, None], 0.0)
         if magnitude is not None:
             magnitude.masked_fill_(empty[:, None], 0.0)
     return Reference(out, lse, empty, score_magnitude, magnitude)
 
 
-def oracle(q, k, v, case: AttentionCase, *, deferred: bool = False) -> Reference:
+def oracle(q, k, v, case: AttentionCase, *, deferred: bool = False,
+           seen: Visibility | None = None) -> Reference:
     """float64 attention on the rounded inputs: the ground truth. `deferred=True` leaves the
     score magnitude a 0-d tensor on the inputs' device, read back with the rest of the reference
-    (judge_device.moved_together) instead of waiting for the device on its own."""
-    return _attend(q, k, v, case, torch.float64, None, deferred=deferred)
+    (judge_device.moved_together) instead of waiting for the device on its own. `seen`: the
+    case's `visibility` on the inputs' device, when the caller shares it with the
+    same-precision reference (by default computed here)."""
+    return _attend(q, k, v, case, torch.float64, None, deferred=deferred, seen=seen)
 
 
 def same_precision_reference(q, k, v, case: AttentionCase, fp32_matmul: str = "ieee", *,
-                             magnitudes: bool = True) -> Reference:
+                             magnitudes: bool = True, seen: Visibility | None = None) -> Reference:
     """What a careful implementation at the input precision computes (FlashAttention's rule).
 
     Scores and softmax state in fp32 (bf16 x bf16 products are exact there), P rounded to the
@@ -129,5 +147,6 @@ def same_precision_reference(q, k, v, case: AttentionCase, fp32_matmul: str = "i
     """
     in_dtype = q.dtype
     tf32 = truncate_to_tf32 if reads_tf32(in_dtype, fp32_matmul) else None
-    ref = _attend(q, k, v, case, torch.float32, in_dtype, tf32, magnitudes=magnitudes)
+    ref = _attend(q, k, v, case, torch.float32, in_dtype, tf32, magnitudes=magnitudes,
+                  seen=seen)
     return dataclasses.replace(ref, out=ref.out.to(in_dtype))
