@@ -289,3 +289,80 @@ def test_nonfinite_rows_found_from_the_maxima_are_the_rows_a_pass_of_their_own_f
             assert found is not None and torch.equal(found, expected), (name, index, value)
     # -inf in an lse of a row with no key is its convention, not a non-finite row
     assert checked >= (12 if case.seq_k else 4)
+
+
+# A case checked on the accelerator is judged with one read (judge._judged_in_one_read). Forced
+# here on the CPU, it must give every verdict judging in steps gives: the mutants cover each
+# check it reads a scalar for (input mutation, canaries, NaN rows and their attribution, empty
+# rows, out, lse, out_rms, the second run's bits).
+ONE_READ_CASES = [
+    ("sdpa", MIDDLE.replace(seq_q=9, seq_k=11)),
+    ("sdpa", MIDDLE.replace(seq_q=13, seq_k=6, causal="bottom_right", dtype="bfloat16")),
+    ("torch_tiled", MIDDLE.replace(seq_q=5, seq_k=0, dtype="float16")),
+    ("mutant_scales_q_in_place", MIDDLE.replace(seq_q=7, seq_k=9)),               # inputs_mutated
+    ("mutant_lse_store_unmasked", MIDDLE.replace(seq_q=7, seq_k=9, head_dim=16)),  # canary
+    ("mutant_v_load_unmasked", MIDDLE.replace(seq_q=7, seq_k=9, head_dim=16)),     # NaN, attributed
+    ("mutant_empty_rows_nan", MIDDLE.replace(seq_q=12, seq_k=5, causal="bottom_right")),
+    ("mutant_empty_rows_mean_v", MIDDLE.replace(seq_q=12, seq_k=5, causal="bottom_right")),
+    ("mutant_acc_bf16", MIDDLE.replace(seq_q=40, seq_k=70, dtype="bfloat16")),     # out_rms
+    ("mutant_phantom_keys", MIDDLE.replace(seq_q=3, seq_k=5, head_dim=16)),        # out, lse
+    ("mutant_nondeterministic", MIDDLE.replace(seq_q=9, seq_k=11)),
+]
+
+
+def _judged(monkeypatch, impl, case, one_read: bool):
+    monkeypatch.setattr(judge_module, "_in_one_read", lambda here: one_read)
+    judged = judge_module.judge(impl, case, "cpu", gradients=False)
+    return [(v.check, v.passed, v.error, v.allowed, v.where, v.heatmap, v.detail)
+            for v in judged.verdicts]
+
+
+@pytest.mark.parametrize("name, case", ONE_READ_CASES, ids=lambda x: str(x))
+def test_one_read_gives_the_verdicts_of_judging_in_steps(monkeypatch, name, case):
+    from fuzzattn.engine.registry import mutants
+    impl = {**implementations(), **mutants()}[name]
+    reads = []
+    real = judge_module._read_together
+    monkeypatch.setattr(judge_module, "_read_together",
+                        lambda *a: reads.append(1) or real(*a))
+    stepwise = _judged(monkeypatch, impl, case, one_read=False)
+    assert reads == []
+    together = _judged(monkeypatch, impl, case, one_read=True)
+    assert reads == [1]
+    if name == "mutant_nondeterministic":       # fresh noise every call: its values differ
+        assert [v[:2] for v in together] == [v[:2] for v in stepwise]
+        assert ("nondeterministic", False) in [v[:2] for v in together]
+    else:
+        assert together == stepwise
+    expected = {"sdpa": None, "torch_tiled": None, "mutant_scales_q_in_place": "inputs_mutated",
+                "mutant_lse_store_unmasked": "out_of_bounds_write",
+                "mutant_v_load_unmasked": "out_of_bounds_read", "mutant_empty_rows_nan": "nonfinite",
+                "mutant_empty_rows_mean_v": "empty_rows", "mutant_acc_bf16": "out_rms",
+                "mutant_phantom_keys": "out", "mutant_nondeterministic": "nondeterministic"}[name]
+    failed = {check for check, passed, *_ in together if not passed}
+    assert (expected in failed) if expected else not failed, failed
+
+
+def test_one_read_names_a_faulted_context_the_first_runs_crash_and_raises_a_harness_error(
+        monkeypatch):
+    impl = implementations()["sdpa"]
+    case = MIDDLE.replace(seq_q=9, seq_k=11)
+    cpu = torch.device("cpu")
+    runs = judge_module.runs
+
+    def refused(*args, **kwargs):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    # A faulted context: the read fails, and so does the first run's own read-back.
+    pristine, first = _launched(impl, case)
+    monkeypatch.setattr(judge_module, "_read_together", refused)
+    monkeypatch.setattr(runs, "read_back", refused)
+    verdicts = judge_module._judged_in_one_read(impl, case, "cpu", first, pristine, cpu)
+    assert [v.check for v in verdicts] == ["crash"] and "illegal memory access" in verdicts[0].detail
+    # A healthy device: the harness's own error is raised, the first run read back unharmed.
+    monkeypatch.undo()
+    monkeypatch.setattr(judge_module, "oracle", refused)
+    pristine, first = _launched(impl, case)
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        judge_module._judged_in_one_read(impl, case, "cpu", first, pristine, cpu)
+    assert first.failure is None and first.delivered is not None

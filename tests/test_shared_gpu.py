@@ -10,7 +10,7 @@ import pytest
 from hypothesis import strategies as st
 
 from fuzzattn import AttentionCase
-from fuzzattn.campaigns.campaign import fuzz
+from fuzzattn.campaigns.campaign import forget_verdicts, fuzz
 from fuzzattn.engine import judge as judge_module
 from fuzzattn.engine import shared_gpu
 from fuzzattn.engine.isolation import IsolatedJudge
@@ -34,6 +34,9 @@ def case(seq_q: int) -> AttentionCase:
 @pytest.fixture
 def mps(monkeypatch):
     monkeypatch.setenv(shared_gpu.ENV, "on")
+    # Verdicts this worker remembers from judging the same kernel on the same cases without MPS
+    # (test_isolation.py's campaigns) would answer the campaign here without judging anything.
+    forget_verdicts()
 
 
 def test_the_setting_and_the_pipe_directory(monkeypatch, tmp_path):
