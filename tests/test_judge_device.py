@@ -310,9 +310,9 @@ ONE_READ_CASES = [
 ]
 
 
-def _judged(monkeypatch, impl, case, one_read: bool):
+def _judged(monkeypatch, impl, case, device, one_read: bool):
     monkeypatch.setattr(judge_module, "_in_one_read", lambda here: one_read)
-    judged = judge_module.judge(impl, case, "cpu", gradients=False)
+    judged = judge_module.judge(impl, case, device, gradients=False)
     return [(v.check, v.passed, v.error, v.allowed, v.where, v.heatmap, v.detail)
             for v in judged.verdicts]
 
@@ -321,19 +321,28 @@ def _judged(monkeypatch, impl, case, one_read: bool):
 def test_one_read_gives_the_verdicts_of_judging_in_steps(monkeypatch, name, case):
     from fuzzattn.engine.registry import mutants
     impl = {**implementations(), **mutants()}[name]
+    device = "cpu"
+    if torch.cuda.is_available():
+        # Where it runs for real: references and checks on the GPU, every case. (A compiled
+        # Triton kernel takes CUDA tensors only.)
+        monkeypatch.setenv(ENV, "0")
+        monkeypatch.setenv(CHECK_ENV, "0")
+        device = "cuda"
     reads = []
     real = judge_module._read_together
     monkeypatch.setattr(judge_module, "_read_together",
                         lambda *a: reads.append(1) or real(*a))
-    stepwise = _judged(monkeypatch, impl, case, one_read=False)
+    stepwise = _judged(monkeypatch, impl, case, device, one_read=False)
     assert reads == []
-    together = _judged(monkeypatch, impl, case, one_read=True)
+    together = _judged(monkeypatch, impl, case, device, one_read=True)
     assert reads == [1]
     if name == "mutant_nondeterministic":       # fresh noise every call: its values differ
         assert [v[:2] for v in together] == [v[:2] for v in stepwise]
         assert ("nondeterministic", False) in [v[:2] for v in together]
     else:
         assert together == stepwise
+    if device != "cpu":
+        return              # which check each mutant fails first was measured on the CPU
     expected = {"sdpa": None, "torch_tiled": None, "mutant_scales_q_in_place": "inputs_mutated",
                 "mutant_lse_store_unmasked": "out_of_bounds_write",
                 "mutant_v_load_unmasked": "out_of_bounds_read", "mutant_empty_rows_nan": "nonfinite",
