@@ -336,9 +336,12 @@ def test_one_read_gives_the_verdicts_of_judging_in_steps(monkeypatch, name, case
     assert reads == []
     together = _judged(monkeypatch, impl, case, device, one_read=True)
     assert reads == [1]
-    if name == "mutant_nondeterministic":       # fresh noise every call: its values differ
+    # Two mutants give other values on every call: fresh noise, and (on a GPU) lse stores past
+    # a head's rows that race with the next head's own (which rows end up wrong varies).
+    if name == "mutant_nondeterministic" or (name == "mutant_lse_store_unmasked"
+                                             and device != "cpu"):
         assert [v[:2] for v in together] == [v[:2] for v in stepwise]
-        assert ("nondeterministic", False) in [v[:2] for v in together]
+        assert any(not passed for _, passed, *_ in together)
     else:
         assert together == stepwise
     if device != "cpu":
