@@ -73,8 +73,6 @@ PHASES = (
     ("fuzzattn.engine.judge", "_value_verdicts", "forward: value checks"),   # value_checks.py
     ("fuzzattn.engine.value_checks", "nonfinite_rows", "forward: value checks"),
     ("fuzzattn.engine.judge", "value_verdicts", "forward: value checks"),
-    ("fuzzattn.engine.judge", "value_reads", "forward: value checks"),      # one read (judge.py)
-    ("fuzzattn.engine.judge", "_read_together", "forward runs: read-back and checks"),
     ("fuzzattn.engine.judge", "judge_gradients", "gradients: judging"),
     ("fuzzattn.engine.gradients", "_run", "gradients: run set-up and checks"),
     ("fuzzattn.engine.execute", "call_gradients", "gradients: the implementation"),

@@ -100,38 +100,9 @@ def out_rms_bound(got: torch.Tensor, reference: torch.Tensor, oracle: torch.Tens
     tensors (tolerance.Bound.differences), squared here instead of formed again: the same
     squares (|x|^2 is x^2 exactly; its NaN as inf is non-finite all the same). Masked in place.
     `err_finite`: with `differences`, the max rule's worst error was finite (so every entry of
-    that err is): the pass asking again is skipped.
-
-    In two phases (`out_rms_sums`, then `out_rms_finish`) for a caller that reads the sums
-    together with other scalars: one wait on an accelerator (engine/one_read.py)."""
-    sums = out_rms_sums(got, reference, oracle, empty_rows, out_magnitude,
-                        fp32_matmul=fp32_matmul, differences=differences, err_finite=err_finite)
-    return out_rms_finish(sums, torch.stack(sums.reads).tolist(), score_magnitude)
-
-
-@dataclasses.dataclass(frozen=True)
-class RmsSums:
-    """out_rms's first phase: `reads`, 0-d float64 tensors not yet read (sums of squares and
-    products, then whether any kept element is non-finite, then how many are kept, each only
-    where asked), and what the second phase needs beside their values."""
-    reads: list[torch.Tensor]
-    dtype: torch.dtype
-    tf32: bool
-    separate_summed: bool        # the sums of squares include sum s^2 and sum m s (s is not m)
-    flagged: bool                # a non-finite flag was read
-    counted: bool                # the kept elements were counted (else `numel` of them)
-    numel: int
-    err: torch.Tensor            # |got - oracle|, non-finite and dropped entries zeroed
-    ref_err: torch.Tensor
-    nonfinite: torch.Tensor | None
-
-
-def out_rms_sums(got: torch.Tensor, reference: torch.Tensor, oracle: torch.Tensor,
-                 empty_rows: torch.Tensor | None = None,
-                 out_magnitude: torch.Tensor | None = None, *, fp32_matmul: str = "ieee",
-                 differences: tuple | None = None, err_finite: bool = False) -> RmsSums:
-    """out_rms_bound's tensors up to the sums it reads, nothing read from a device."""
+    that err is): the pass asking again is skipped."""
     tf32 = reads_tf32(got.dtype, fp32_matmul)
+    k_rms = K_RMS_TF32 if tf32 else K_RMS
     oracle64 = oracle.to(torch.float64)
     # Rows with no visible key are left out: zeroed (in place, on fresh tensors: tolerance.bound
     # says why) and not counted. Without any (`empty_rows` None), nothing is masked.
@@ -171,21 +142,13 @@ def out_rms_sums(got: torch.Tensor, reference: torch.Tensor, oracle: torch.Tenso
     dots = [_dot(err), _dot(ref_err), _dot(m)] + ([] if s is m else [_dot(s), _dot(m, s)])
     flagged = [] if nonfinite is None else [nonfinite.any().to(torch.float64)]
     counted = [] if drop is None else [drop.logical_not().sum().to(torch.float64)]
-    return RmsSums(dots + flagged + counted, got.dtype, tf32, s is not m, bool(flagged),
-                   bool(counted), oracle64.numel(), err, ref_err, nonfinite)
-
-
-def out_rms_finish(parts: RmsSums, sums: list[float], score_magnitude: float = 0.0) -> StatBound:
-    """out_rms_bound's second phase, given the values of `parts.reads` (read back together: a
-    wait per read on a time-sliced GPU, engine/runs.py)."""
-    sums = list(sums)
-    k_rms = K_RMS_TF32 if parts.tf32 else K_RMS
-    tf32, err, ref_err, nonfinite = parts.tf32, parts.err, parts.ref_err, parts.nonfinite
-    n = int(sums.pop()) if parts.counted else parts.numel
-    any_nonfinite = bool(sums.pop()) if parts.flagged else False
+    # Every scalar in one read-back (a wait per read on a time-sliced GPU: engine/runs.py).
+    sums = torch.stack(dots + flagged + counted).tolist()
+    n = int(sums.pop()) if counted else oracle64.numel()
+    any_nonfinite = bool(sums.pop()) if flagged else False
     err_sq, ref_sq, mm, *rest = sums
-    ss, ms = rest if parts.separate_summed else (mm, mm)
-    u = unit_roundoff(parts.dtype)
+    ss, ms = rest if rest else (mm, mm)
+    u = unit_roundoff(got.dtype)
     err_rms, ref_rms, magnitude_rms, summed_rms = (_rms(sq, n) for sq in (err_sq, ref_sq, mm, ss))
     scale_rms = _rms(u * u * mm + 2 * u * U32 * ms + U32 * U32 * ss, n)
     moved_rms = _rms(ss + 2 * ms + mm, n)

@@ -23,15 +23,14 @@ from fuzzattn.contract.case import AttentionCase
 from fuzzattn.contract.implementation import Implementation
 from fuzzattn.engine import execute, runs, shared_gpu
 from fuzzattn.engine.gradients import judge_gradients
-from fuzzattn.engine.inputs import (Inputs, as_bits, born_on_device, check_budget,
-                                     inputs_sha256, materialize)
+from fuzzattn.engine.inputs import (Inputs, born_on_device, check_budget, inputs_sha256,
+                                     materialize)
 from fuzzattn.engine.judge_device import (check_device, judge_device, judging, moved_together,
                                           rebuilt, tensors_in)
 from fuzzattn.engine.oracle import Reference, oracle, same_precision_reference, visibility
 from fuzzattn.engine.runs import same_bits
 from fuzzattn.engine.transfer import same_device
-from fuzzattn.engine.value_checks import (attribute_nonfinite, run_on, value_reads,
-                                          value_verdicts)
+from fuzzattn.engine.value_checks import attribute_nonfinite, run_on, value_verdicts
 from fuzzattn.engine.verdict import CHECKS, Verdict, heatmap, locate
 from fuzzattn.engine.versions import versions
 
@@ -141,7 +140,7 @@ def _judge(impl: Implementation, case: AttentionCase, device, *, expected_sha256
     if first.call.declared_refusal:
         judged.refused = first.call.summary
         return judged
-    second, computed, verdicts = None, None, None
+    second, computed = None, None
     if first.pending is not None and _runs_together(references, device):
         second = runs.launch(impl, case, device, adversarial=False, inputs=pristine.copy(),
                              pristine=pristine, here=here, side_effects=False)
@@ -155,13 +154,10 @@ def _judge(impl: Implementation, case: AttentionCase, device, *, expected_sha256
     elif first.pending is not None and not same_device(references, here):
         second, computed = _read_back_with_references(impl, case, device, first, pristine,
                                                       references, here)
-    elif first.pending is not None and _in_one_read(here):
-        verdicts = _judged_in_one_read(impl, case, device, first, pristine, here)
     else:
         runs.deliver(impl, case, [first])
-    judged.verdicts = verdicts if verdicts is not None else _judge_runs(
-        impl, case, device, first, pristine, here, second, references=references,
-        computed=computed)
+    judged.verdicts = _judge_runs(impl, case, device, first, pristine, here, second,
+                                  references=references, computed=computed)
     if gradients and impl.caps.backward and all(v.passed for v in judged.verdicts):
         # The forward's outputs as read back (the same bits, already where the explicit
         # backward's inputs are built: no second read from the device).
@@ -184,13 +180,6 @@ def _runs_together(references: torch.device, device) -> bool:
     writes out of bounds into the first run's still-unread results can change which check
     fails, not turn a failure into a pass.)"""
     return not same_device(references, device)
-
-
-def _in_one_read(here: torch.device) -> bool:
-    """Whether a case checked on `here` (its runs' device too, by then) is judged with one read
-    (`_judged_in_one_read`): on an accelerator, where each read is a wait. On the host nothing
-    waits, and judging in steps skips work that the one read launches regardless."""
-    return here.type != "cpu"
 
 
 def _references(impl: Implementation, case: AttentionCase, pristine: Inputs,
@@ -259,123 +248,38 @@ def _judge_runs(impl: Implementation, case: AttentionCase, device, first: runs.R
 
     with judging():
         values, nonfinite = value_verdicts(impl, case, first, ref, spr)
-    verdicts += _attributed(impl, case, device, ref, values, nonfinite)
+    if nonfinite is not None and bool(nonfinite.any()):
+        check, detail = attribute_nonfinite(impl, case, device, ref)
+        verdicts.append(Verdict(impl=impl.name, case=case, check=check, passed=False,
+                                where=locate(nonfinite), heatmap=heatmap(nonfinite), detail=detail))
+    verdicts += values
 
     if second is None:
         second = runs.run(impl, case, device, adversarial=False, inputs=pristine.copy(),
                           pristine=pristine, here=here, side_effects=False)
     if second.failure is not None or not second.call.answered:
-        return verdicts + [_second_run_failed(impl, case, second)]
+        failure = second.failure or Verdict(impl=impl.name, case=case, check="crash", passed=False,
+                                            detail=second.call.summary)
+        verdicts.append(dataclasses.replace(failure, detail="second run: " + failure.detail))
+        return verdicts
     second_here = run_on(second, here)
     with judging():
-        same = same_bits([(first.out, second_here.out), (first.lse, second_here.lse)])
-    return verdicts + _second_run_verdicts(impl, case, verdicts, second_here, ref, spr, *same)
-
-
-def _attributed(impl, case, device, ref: Reference, values: list[Verdict],
-                nonfinite: torch.Tensor | None) -> list[Verdict]:
-    """`values` (value_verdicts'), after the verdict naming where NaN/inf came from when a row
-    holds one where the oracle is finite (attribute_nonfinite: clean re-runs)."""
-    if nonfinite is None or not bool(nonfinite.any()):
-        return values
-    check, detail = attribute_nonfinite(impl, case, device, ref)
-    return [Verdict(impl=impl.name, case=case, check=check, passed=False,
-                    where=locate(nonfinite), heatmap=heatmap(nonfinite), detail=detail)] + values
-
-
-def _second_run_failed(impl, case, second: runs.Run) -> Verdict:
-    failure = second.failure or Verdict(impl=impl.name, case=case, check="crash", passed=False,
-                                        detail=second.call.summary)
-    return dataclasses.replace(failure, detail="second run: " + failure.detail)
-
-
-def _second_run_verdicts(impl, case, verdicts: list[Verdict], second: runs.Run, ref: Reference,
-                         spr: Reference, same_out: bool, same_lse: bool) -> list[Verdict]:
-    """What the second run adds to the first's `verdicts`: its own value checks (`rerun`) when
-    its bits differ from the first's, and the determinism verdict when declared."""
-    added = []
-    if all(v.passed for v in verdicts) and not (same_out and same_lse):
-        # The rerun is judged on its own only when the first run passed, so one bug is one
-        # verdict, and only when its bits differ from the first run's (the same bits would
-        # get the same verdicts).
-        with judging():
-            rerun, _ = value_verdicts(impl, case, second, ref, spr, check_out="rerun",
-                                      check_lse="rerun", check_stat="rerun",
-                                      find_nonfinite=False)
-        added += [v for v in rerun if v.check == "rerun"]
+        same_out, same_lse = same_bits([(first.out, second_here.out),
+                                        (first.lse, second_here.lse)])
+        if all(v.passed for v in verdicts) and not (same_out and same_lse):
+            # The rerun is judged on its own only when the first run passed, so one bug is one
+            # verdict, and only when its bits differ from the first run's (the same bits would
+            # get the same verdicts).
+            rerun, _ = value_verdicts(impl, case, second_here, ref, spr, check_out="rerun",
+                                       check_lse="rerun", check_stat="rerun",
+                                       find_nonfinite=False)
+            verdicts += [v for v in rerun if v.check == "rerun"]
     if impl.caps.deterministic:
         differs = [n for n, same in (("out", same_out), ("lse", same_lse)) if not same]
-        added.append(Verdict(impl=impl.name, case=case, check="nondeterministic",
-                             passed=not differs,
-                             detail=f"{', '.join(differs)} differ bitwise between two runs" if differs else ""))
-    return added
-
-
-def _judged_in_one_read(impl: Implementation, case: AttentionCase, device, first: runs.Run,
-                        pristine: Inputs, here: torch.device) -> list[Verdict]:
-    """Every verdict of a case checked on the accelerator (judge_device.py: references and
-    checks where the implementation ran), with one wait for the device where judging in steps
-    (`_judge_runs`) made four or five: the first run's flags, the max rules' maxima, the empty
-    rows' check, out_rms's sums, the determinism compare (each ~2 ms with 16 fuzzers
-    time-slicing the GPU: engine/runs.py). In the judgement's order, the references on fresh
-    copies after the first run and the second run on fresh copies after them, everything is
-    launched, and every scalar the verdicts need comes back in one read: the first run's flags,
-    value_checks.value_reads (the same verdicts as value_verdicts), and whether the runs' bits
-    agree. A device fault surfacing in that read, or in a launch after the first run, is the
-    first run's crash (as in `_read_back_with_references`); a launch failing on a healthy
-    device is the harness's own error, raised."""
-    try:
-        with judging():
-            ref, spr = _references(impl, case, pristine, here, deferred=True)
-        second = runs.launch(impl, case, device, adversarial=False, inputs=pristine.copy(),
-                             pristine=pristine, here=here, side_effects=False)
-        answered = second.failure is None and second.call.answered
-        with judging():
-            values = value_reads(impl, case, first, ref, spr)
-            pairs = [(first.out, second.out), (first.lse, second.lse)] if answered else []
-            # (same_bits' answers: True where either is None, False where shapes or dtypes
-            # differ, else whether the bits are equal: one flag each, read with the rest)
-            compared = {i: (as_bits(a) != as_bits(b)).any() for i, (a, b) in enumerate(pairs)
-                        if a is not None and b is not None
-                        and a.shape == b.shape and a.dtype == b.dtype}
-            reads = [first.pending.flags, *values.reads, *compared.values()]
-            scalars = _read_together(reads, here)
-    except Exception:
-        # A fault of the first run's kernels makes every later launch and read in the context
-        # fail: its own read-back names it as the first run's crash. Anything else is raised.
-        runs.deliver(impl, case, [first])
-        if first.failure is None:
-            raise
-        return [first.failure]
-    flags = first.pending.flags.numel()
-    checked = len(values.reads)
-    runs.settle(impl, case, first, scalars[:flags])
-    if second.pending is not None:
-        runs.settle(impl, case, second, None)
-    found, nonfinite = values.finish(scalars[flags:flags + checked])
-    verdicts = list(first.side_effects) + _attributed(impl, case, device, ref, found, nonfinite)
-    if not answered:
-        return verdicts + [_second_run_failed(impl, case, second)]
-    differs = dict(zip(compared, scalars[flags + checked:]))
-    same_out, same_lse = (
-        True if a is None or b is None else i in differs and differs[i] == 0
-        for i, (a, b) in enumerate(pairs))
-    return verdicts + _second_run_verdicts(impl, case, verdicts, second, ref, spr,
-                                           same_out, same_lse)
-
-
-def _read_together(reads: list, device: torch.device) -> list[float]:
-    """The values of `reads` (tensors on `device`, each of one or more elements, and plain
-    floats), flattened in order, with one read of the device: one cast each, one concatenation."""
-    tensors = [t.reshape(-1).to(torch.float64) for t in reads if isinstance(t, torch.Tensor)]
-    read = iter(torch.cat(tensors).tolist() if tensors else ())
-    values = []
-    for t in reads:
-        if isinstance(t, torch.Tensor):
-            values += [next(read) for _ in range(t.numel())]
-        else:
-            values.append(float(t))
-    return values
+        verdicts.append(Verdict(impl=impl.name, case=case, check="nondeterministic",
+                                passed=not differs,
+                                detail=f"{', '.join(differs)} differ bitwise between two runs" if differs else ""))
+    return verdicts
 
 
 def refusal_not_applicable(impl: Implementation) -> str | None:

@@ -208,40 +208,30 @@ def deliver(impl: Implementation, case: AttentionCase, runs: list[Run], also=())
         for r in pending:
             r.pending = None
         return None
-    for i, (r, flags) in enumerate(zip(pending, flag_lists)):
-        settle(impl, case, r, flags, here, back[3 * i + 1], back[3 * i + 2])
-    return back[len(tensors):]
-
-
-def settle(impl: Implementation, case: AttentionCase, r: Run, flags: list | None,
-           here: torch.device | None = None, out=None, lse=None) -> None:
-    """`r`, launched, now read: its outputs delivered to `here` (`out` and `lse` there; default:
-    where the run left them, already on `here`), and its side-effect verdicts from `flags`,
-    its pending flags' values as read (None for a run launched with side_effects=False)."""
-    p, r.pending = r.pending, None
-    if here is None:
-        here, out, lse = p.here, r.call.out, r.call.lse
-    r.delivered = (here, out, lse)
-    if flags is None:           # launched with side_effects=False
-        return
     verdict = dict(impl=impl.name, case=case)
-    if p.per_storage:
-        changed = [name for name, flag in zip(r.inputs.storages, flags) if flag]
-    elif flags[0]:
-        per_storage = changed_flags(r.inputs.storages, p.before).tolist()
-        changed = [name for name, flag in zip(r.inputs.storages, per_storage) if flag]
-        changed = changed or ["the bytes between the input storages"]
-    else:
-        changed = []
-    r.side_effects.append(Verdict(
-        check="inputs_mutated", passed=not changed,
-        detail=f"storage of {', '.join(changed)} changed" if changed else "", **verdict))
-    if p.guarded:
-        broken = [name for name, flag in zip(("out", "lse"), flags[p.inputs_flags:]) if flag]
+    for i, (r, flags) in enumerate(zip(pending, flag_lists)):
+        p, r.pending = r.pending, None
+        r.delivered = (here, back[3 * i + 1], back[3 * i + 2])
+        if flags is None:           # launched with side_effects=False
+            continue
+        if p.per_storage:
+            changed = [name for name, flag in zip(r.inputs.storages, flags) if flag]
+        elif flags[0]:
+            per_storage = changed_flags(r.inputs.storages, p.before).tolist()
+            changed = [name for name, flag in zip(r.inputs.storages, per_storage) if flag]
+            changed = changed or ["the bytes between the input storages"]
+        else:
+            changed = []
         r.side_effects.append(Verdict(
-            check="out_of_bounds_write", passed=not broken,
-            detail=(f"canary next to the {', '.join(broken)} buffer overwritten"
-                    if broken else ""), **verdict))
+            check="inputs_mutated", passed=not changed,
+            detail=f"storage of {', '.join(changed)} changed" if changed else "", **verdict))
+        if p.guarded:
+            broken = [name for name, flag in zip(("out", "lse"), flags[p.inputs_flags:]) if flag]
+            r.side_effects.append(Verdict(
+                check="out_of_bounds_write", passed=not broken,
+                detail=(f"canary next to the {', '.join(broken)} buffer overwritten"
+                        if broken else ""), **verdict))
+    return back[len(tensors):]
 
 
 def run(impl: Implementation, case: AttentionCase, device, **kw) -> Run:

@@ -179,12 +179,6 @@ class Differences:
         maxima, the same value: one pass over err fewer)."""
         return self.rows, self.oracle_magnitude, self.ref_err
 
-    @property
-    def whole(self) -> tuple | None:
-        """(err, ref_err, |oracle|) for the error statistic of the same tensors (Bound.differences);
-        None when entries were excluded."""
-        return (self.err, self.ref_err, self.oracle_magnitude) if self.excluded is None else None
-
 
 def differences(got: torch.Tensor, reference: torch.Tensor, oracle: torch.Tensor) -> Differences:
     """The first phase of `bound`: every tensor it compares, nothing read from a device. Entries
@@ -216,7 +210,8 @@ def finish(d: Differences, maximum: list[float], *, k: float, relative_noise: fl
     """The second phase of `bound`: the rule, given the maxima of `d.maximised`."""
     worst, magnitude, ref_worst = maximum
     allowed = k * ref_worst + relative_noise * max(magnitude, FLOOR) + absolute_noise
-    return Bound(worst, allowed, ref_worst, d.rows, d.whole)
+    whole = (d.err, d.ref_err, d.oracle_magnitude) if d.excluded is None else None
+    return Bound(worst, allowed, ref_worst, d.rows, whole)
 
 
 def bound(got: torch.Tensor, reference: torch.Tensor, oracle: torch.Tensor, *, k: float,

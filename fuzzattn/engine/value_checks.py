@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Callable
 
 import torch
 
 from fuzzattn.engine import runs
-from fuzzattn.engine.error_statistics import out_rms_bound, out_rms_finish, out_rms_sums
+from fuzzattn.engine.error_statistics import out_rms_bound
 from fuzzattn.engine.judge_device import moved
 from fuzzattn.engine.oracle import Reference
 from fuzzattn.engine.tolerance import (all_finite, differences, lse_finish, maxima, out_finish,
@@ -67,73 +66,6 @@ def attribute_nonfinite(impl, case, device, ref: Reference) -> tuple[str, str]:
     return "nonfinite", "NaN/inf with clean padding and clean output memory"
 
 
-def _launched_bounds(impl, run: runs.Run, ref: Reference, spr: Reference, check_out: str,
-                     check_lse: str, find_nonfinite: bool) -> tuple[list, dict]:
-    """The max rules' tensors (tolerance.differences) of out and lse, and the other tensors
-    whose maxima the value checks read with theirs, by name; nothing read."""
-    bounds = [(check_out, run.out, differences(run.out, spr.out, ref.out))]
-    if run.lse is not None:
-        bounds.append((check_lse, run.lse, differences(run.lse, spr.lse, ref.lse)))
-    extra = {"empty": ref.empty_rows}
-    if isinstance(ref.score_magnitude, torch.Tensor):
-        extra["score"] = ref.score_magnitude
-    summed = summed_for_tf32(run.out.dtype, ref.out, ref.out_magnitude, impl.caps.fp32_matmul)
-    if summed is not None:
-        extra["summed"] = summed
-    if find_nonfinite and run.lse is not None and bounds[-1][2].excluded is not None:
-        extra["nan_lse_left_out"] = torch.isnan(run.lse) & bounds[-1][2].excluded
-    return bounds, extra
-
-
-def _split(bounds: list, extra: dict, values) -> tuple[list[list[float]], dict[str, float]]:
-    """The maxima read for `_launched_bounds`' tensors, in their order: three a bound, then the
-    extra ones by name."""
-    read = iter(values)
-    bound_maxima = [[next(read) for _ in range(3)] for _ in bounds]
-    return bound_maxima, dict(zip(extra, read))
-
-
-def _has_nonfinite(bound_maxima, scalars) -> bool:
-    """Whether a max rule's worst error is infinite (NaN or inf where the oracle is finite) or
-    an lse the rule left out is NaN (value_verdicts' docstring)."""
-    return (any(worst == math.inf for worst, _, _ in bound_maxima)
-            or scalars.get("nan_lse_left_out", 0.0) > 0)
-
-
-def _empty_rows_verdict(verdict: dict, failed: bool, bad: torch.Tensor | None) -> Verdict:
-    return Verdict(check="empty_rows", passed=not failed, where=locate(bad) if failed else "",
-                   detail="rows with no visible key must be out=0, lse=-inf" if failed else "",
-                   heatmap=heatmap(bad) if failed else "", **verdict)
-
-
-def _bound_verdicts(run: runs.Run, bounds: list, bound_maxima, score: float, fp32_matmul: str,
-                    summed_max: float, verdict: dict) -> tuple[list[Verdict], bool]:
-    """The max rules' verdicts of out and lse, and whether out's worst error was finite."""
-    results, err_finite = [], False
-    for (check, got, d), maximum in zip(bounds, bound_maxima):
-        if got is run.out:
-            b = out_finish(d, maximum, got.dtype, score, fp32_matmul, summed_max)
-            err_finite = math.isfinite(b.error)
-        else:
-            b = lse_finish(d, maximum, score)
-        bad = None if b.ok else (b.row_errors > b.allowed) | torch.isnan(b.row_errors)
-        results.append(Verdict(
-            check=check, passed=b.ok, error=b.error, allowed=b.allowed,
-            where=locate(bad) if not b.ok else "", heatmap=heatmap(bad) if not b.ok else "",
-            detail="" if b.ok else f"same-precision reference error {b.reference_error:.3g}",
-            **verdict))
-    return results, err_finite
-
-
-def _statistic_verdict(check: str, s, verdict: dict) -> Verdict:
-    bad = s.row_ratio > 1 if not s.ok else None
-    return Verdict(
-        check=check, passed=s.ok, error=s.statistic, allowed=s.allowed,
-        where=locate(bad) if not s.ok else "", heatmap=heatmap(bad) if not s.ok else "",
-        detail="" if s.ok else f"rms error over {s.elements} elements; same-precision reference "
-                               f"rms {s.reference_statistic:.3g}", **verdict)
-
-
 def value_verdicts(impl, case, run: runs.Run, ref: Reference, spr: Reference, *,
                    check_out="out", check_lse="lse", check_stat="out_rms",
                    find_nonfinite: bool = True) -> tuple[list[Verdict], torch.Tensor | None]:
@@ -144,9 +76,7 @@ def value_verdicts(impl, case, run: runs.Run, ref: Reference, spr: Reference, *,
     Every scalar the max rules need is read in one transfer (tolerance.maxima): both bounds'
     maxima, the oracle's score magnitude while it is a 0-d tensor (computed on the accelerator
     the checks run on), the TF32 term's maximum, and whether any row is empty. On an
-    accelerator each read is a wait for the device (engine/runs.py); these were five. (A case
-    checked on the accelerator reads every scalar of its judgement at once instead:
-    `value_reads`.)
+    accelerator each read is a wait for the device (engine/runs.py); these were five.
 
     Non-finite rows are found from those maxima rather than by a pass of their own: the max
     rule's error |got - oracle| is infinite exactly where got holds NaN or inf and the oracle is
@@ -158,11 +88,23 @@ def value_verdicts(impl, case, run: runs.Run, ref: Reference, spr: Reference, *,
     out_results = []
     empty = ref.empty_rows
     fp32_matmul = impl.caps.fp32_matmul
-    bounds, extra = _launched_bounds(impl, run, ref, spr, check_out, check_lse, find_nonfinite)
-    bound_maxima, scalars = _split(bounds, extra, maxima(
-        *(t for _, _, d in bounds for t in d.maximised), *extra.values()))
+    bounds = [(check_out, run.out, differences(run.out, spr.out, ref.out))]
+    if run.lse is not None:
+        bounds.append((check_lse, run.lse, differences(run.lse, spr.lse, ref.lse)))
+    extra = {"empty": empty}
+    if isinstance(ref.score_magnitude, torch.Tensor):
+        extra["score"] = ref.score_magnitude
+    summed = summed_for_tf32(run.out.dtype, ref.out, ref.out_magnitude, fp32_matmul)
+    if summed is not None:
+        extra["summed"] = summed
+    if find_nonfinite and run.lse is not None and bounds[-1][2].excluded is not None:
+        extra["nan_lse_left_out"] = torch.isnan(run.lse) & bounds[-1][2].excluded
+    read = iter(maxima(*(t for _, _, d in bounds for t in d.maximised), *extra.values()))
+    bound_maxima = [[next(read) for _ in range(3)] for _ in bounds]
+    scalars = dict(zip(extra, read))
     nonfinite = None
-    if find_nonfinite and _has_nonfinite(bound_maxima, scalars):
+    if find_nonfinite and (any(worst == math.inf for worst, _, _ in bound_maxima)
+                           or scalars.get("nan_lse_left_out", 0.0) > 0):
         nonfinite = nonfinite_rows(run, ref)
     score = scalars.get("score", ref.score_magnitude)
     has_empty = scalars["empty"] > 0
@@ -176,66 +118,33 @@ def value_verdicts(impl, case, run: runs.Run, ref: Reference, spr: Reference, *,
         if failed:
             bad = torch.zeros_like(ref.lse, dtype=torch.bool)
             bad[:, :, empty] = wrong
-        out_results.append(_empty_rows_verdict(verdict, failed, bad))
-    bound_results, err_finite = _bound_verdicts(run, bounds, bound_maxima, score, fp32_matmul,
-                                                scalars.get("summed", 0.0), verdict)
-    out_results += bound_results
+        out_results.append(Verdict(
+            check="empty_rows", passed=not failed, where=locate(bad) if failed else "",
+            detail="rows with no visible key must be out=0, lse=-inf" if failed else "",
+            heatmap=heatmap(bad) if failed else "", **verdict))
+    whole = None              # the max rule's float64 differences of out, for out_rms
+    err_finite = False        # and whether its worst error was finite
+    for (check, got, d), maximum in zip(bounds, bound_maxima):
+        if got is run.out:
+            b = out_finish(d, maximum, got.dtype, score, fp32_matmul, scalars.get("summed", 0.0))
+            whole, err_finite = b.differences, math.isfinite(b.error)
+        else:
+            b = lse_finish(d, maximum, score)
+        bad = None if b.ok else (b.row_errors > b.allowed) | torch.isnan(b.row_errors)
+        out_results.append(Verdict(
+            check=check, passed=b.ok, error=b.error, allowed=b.allowed,
+            where=locate(bad) if not b.ok else "", heatmap=heatmap(bad) if not b.ok else "",
+            detail="" if b.ok else f"same-precision reference error {b.reference_error:.3g}",
+            **verdict))
     # The error statistic over the whole output (error_statistics.py): precision bugs that stay
     # under the max rule in every element but add error to all of them.
     s = out_rms_bound(run.out, spr.out, ref.out, empty if has_empty else None,
                       score, ref.out_magnitude, fp32_matmul=fp32_matmul,
-                      differences=bounds[0][2].whole, err_finite=err_finite)
-    out_results.append(_statistic_verdict(check_stat, s, verdict))
+                      differences=whole, err_finite=err_finite)
+    bad = s.row_ratio > 1 if not s.ok else None
+    out_results.append(Verdict(
+        check=check_stat, passed=s.ok, error=s.statistic, allowed=s.allowed,
+        where=locate(bad) if not s.ok else "", heatmap=heatmap(bad) if not s.ok else "",
+        detail="" if s.ok else f"rms error over {s.elements} elements; same-precision reference "
+                               f"rms {s.reference_statistic:.3g}", **verdict))
     return out_results, nonfinite
-
-
-@dataclasses.dataclass
-class ValueReads:
-    """value_verdicts in two phases, for a case checked on the accelerator (judge.py): `reads`,
-    0-d tensors launched and not read, and `finish(values)` (their values, in order) -> what
-    value_verdicts returns, the same verdicts."""
-    reads: list[torch.Tensor | float]
-    finish: Callable[[list[float]], tuple[list[Verdict], torch.Tensor | None]]
-
-
-def value_reads(impl, case, run: runs.Run, ref: Reference, spr: Reference) -> ValueReads:
-    """Every tensor of value_verdicts' checks launched before any is read, so that one read
-    (with the runs' flags: judge.py) serves them all: the max rules' maxima, and what
-    value_verdicts decides from them before launching more, launched regardless. The empty
-    rows' check runs over every row and is masked to the empty ones (indexing by the mask
-    would wait for its count); out_rms masks the empty rows (none: a no-op) and looks for
-    non-finite entries itself (finite: a no-op), so its sums are value_verdicts' to the bit."""
-    verdict = dict(impl=impl.name, case=case)
-    empty = ref.empty_rows
-    fp32_matmul = impl.caps.fp32_matmul
-    bounds, extra = _launched_bounds(impl, run, ref, spr, "out", "lse", True)
-    # The maxima first: out_rms masks the max rule's tensors in place, as in value_verdicts,
-    # where the maxima are read before it (in stream order here).
-    maximised = [t for _, _, d in bounds for t in d.maximised] + list(extra.values())
-    reads = [t.max().to(torch.float64) if t.numel() else 0.0 for t in maximised]
-    # NaN != 0 as well: a NaN row is wrong without a test of its own.
-    wrong = run.out.ne(0).any(dim=-1)
-    if run.lse is not None:
-        wrong |= run.lse != float("-inf")
-    wrong &= empty.to(wrong.device)
-    rms = out_rms_sums(run.out, spr.out, ref.out, empty, ref.out_magnitude,
-                       fp32_matmul=fp32_matmul, differences=bounds[0][2].whole)
-    reads += [wrong.any().to(torch.float64)] + rms.reads
-
-    def finish(values: list[float]):
-        values = list(values)
-        bound_maxima, scalars = _split(bounds, extra, values[:len(maximised)])
-        empty_wrong = values[len(maximised)] > 0
-        nonfinite = nonfinite_rows(run, ref) if _has_nonfinite(bound_maxima, scalars) else None
-        score = scalars.get("score", ref.score_magnitude)
-        results = []
-        if scalars["empty"] > 0:
-            results.append(_empty_rows_verdict(verdict, empty_wrong,
-                                               wrong if empty_wrong else None))
-        results += _bound_verdicts(run, bounds, bound_maxima, score, fp32_matmul,
-                                   scalars.get("summed", 0.0), verdict)[0]
-        s = out_rms_finish(rms, values[len(maximised) + 1:], score)
-        results.append(_statistic_verdict("out_rms", s, verdict))
-        return results, nonfinite
-
-    return ValueReads(reads, finish)
