@@ -25,6 +25,7 @@ from fuzzattn.engine.grad_oracle import oracle_gradients
 from fuzzattn.engine.inputs import as_bits, inputs_sha256, materialize, materialize_dout
 from fuzzattn.engine.judge import judge, skip_reason
 from fuzzattn.engine.loader import load_implementation
+from fuzzattn.engine.poison import prime_allocator
 from fuzzattn.engine.triton_backend import is_interpreted
 from fuzzattn.settings import implementations as all_implementations
 from kernels.sdpa import sdpa_forward
@@ -348,9 +349,8 @@ def test_an_unwritten_gradient_is_named_so_whatever_the_heap_hands_back(monkeypa
     (UninitializedMemoryIsZero), so a NaN block the heap hands back cannot make an unwritten dq
     read as grad_nonfinite. Here every priming, the clean re-runs' included, hands the allocator
     freed NaN blocks of the gradients' sizes: the heap a full suite run left once."""
-    real = gradients_module._prime
-    monkeypatch.setattr(gradients_module, "_prime",
-                        lambda case, device, byte: real(case, device, 0xFF))
+    monkeypatch.setattr(gradients_module, "_prime", lambda case, device, byte: prime_allocator(
+        gradients_module._gradient_bytes(case), device, 0xFF))
     fn, c = BAD["grad_unwritten"]
     impl = Implementation("bad_grad_unwritten", sdpa_forward, CAPS, backward_fn=fn)
     for _ in range(5):

@@ -38,7 +38,7 @@ from fuzzattn.engine.judge_device import judging, moved, moved_together
 from fuzzattn.engine.transfer import read_back, same_device
 from fuzzattn.engine.poison import (UninitializedMemoryIsZero, prime_allocator,
                                     uninitialized_memory_is_nan)
-from fuzzattn.engine.tolerance import grad_allowance, grad_bound
+from fuzzattn.engine.tolerance import all_finite, grad_allowance, grad_bound
 from fuzzattn.engine.verdict import Verdict, heatmap, locate
 
 ROW_KIND = {"dq": "query rows", "dk": "key rows", "dv": "key rows"}
@@ -60,12 +60,21 @@ class _GradRun:
         return dict(zip(NAMES, self.call.grads))
 
 
-def _prime(case: AttentionCase, device, byte: int) -> None:
-    """Freed blocks of the gradients' sizes (and of an fp32 per-row temporary such as Delta)."""
+def _gradient_bytes(case: AttentionCase) -> tuple[int, int, int]:
+    """The sizes of dq, of dk and dv, and of an fp32 per-row temporary such as Delta."""
     item = BY_NAME[case.dtype].itemsize
-    sizes = (math.prod(case.shape("q")) * item, math.prod(case.shape("k")) * item,
-             case.batch * case.heads * case.seq_q * 4)
-    prime_allocator(sizes, device, byte)
+    return (math.prod(case.shape("q")) * item, math.prod(case.shape("k")) * item,
+            case.batch * case.heads * case.seq_q * 4)
+
+
+def _prime(case: AttentionCase, device, byte: int) -> None:
+    """Freed blocks of the gradients' sizes; off the CPU only, for the reason the forward's
+    priming gives (runs.prime_for_outputs): there every tensor the backward allocates is
+    NaN-filled or zeroed whatever malloc hands back, and the 24 fills a run made (host_ops.py)
+    bought nothing."""
+    if torch.device(device).type == "cpu":
+        return
+    prime_allocator(_gradient_bytes(case), device, byte)
 
 
 def _run(impl: Implementation, case: AttentionCase, device, forward, *, adversarial: bool,
@@ -177,17 +186,26 @@ def _on(run: _GradRun, device: torch.device) -> _GradRun:
     return dataclasses.replace(run, call=call)
 
 
-def _nonfinite(run: _GradRun, ref: GradReference, vacuous=frozenset()) -> dict[str, torch.Tensor]:
+def _nonfinite(run: _GradRun, ref: GradReference,
+               vacuous=frozenset()) -> dict[str, torch.Tensor | None]:
     """Per gradient, rows with NaN/inf where the oracle's gradient rounded to the gradient's
-    dtype is finite (an exact value too large for the dtype correctly rounds to inf). Gradients
-    named in `vacuous` (the rule allows more than the dtype's range) have none."""
+    dtype is finite (an exact value too large for the dtype correctly rounds to inf); None where
+    there are none for certain: gradients named in `vacuous` (the rule allows more than the
+    dtype's range), and on the host a gradient one float64 sum finds finite
+    (tolerance.all_finite: two operations instead of ten, as the forward's check asks)."""
     run = _on(run, ref.grads["dq"].device)
     rows = {}
     for name, g in run.grads.items():
-        bad = (~torch.isfinite(g.to(torch.float64)) & ~_overflows(g, ref.grads[name])
-               & torch.isfinite(ref.grads[name])).any(dim=-1)
-        rows[name] = torch.zeros_like(bad) if name in vacuous else bad
+        if name in vacuous or all_finite(g):
+            rows[name] = None
+            continue
+        rows[name] = (~torch.isfinite(g.to(torch.float64)) & ~_overflows(g, ref.grads[name])
+                      & torch.isfinite(ref.grads[name])).any(dim=-1)
     return rows
+
+
+def _any_rows(rows: torch.Tensor | None) -> bool:
+    return rows is not None and bool(rows.any())
 
 
 def _allowances(impl, case, run: _GradRun, ref: GradReference) -> dict[str, float]:
@@ -212,7 +230,7 @@ def _vacuous(run: _GradRun, allowances: dict[str, float]) -> frozenset[str]:
 def _attribute(impl, case, device, forward, ref: GradReference,
                vacuous=frozenset()) -> tuple[str, str]:
     def finite(run: _GradRun) -> bool:
-        return run.failure is None and not any(bool(b.any()) for b in
+        return run.failure is None and not any(_any_rows(b) for b in
                                                _nonfinite(run, ref, vacuous).values())
 
     here = ref.grads["dq"].device
@@ -255,8 +273,9 @@ def _values(impl, case, run: _GradRun, ref: GradReference, spr: GradReference,
         if name in vacuous:
             continue
         got, reference = run.grads[name], spr.grads[name]
-        overflow = _overflows(got, ref.grads[name])
-        if bool(overflow.any()):
+        # (A gradient the host finds finite holds no infinity, rounded correctly or not.)
+        overflow = None if all_finite(got) else _overflows(got, ref.grads[name])
+        if overflow is not None and bool(overflow.any()):
             # The correctly rounded infinities are right; judge them as exact (in float64).
             exact = ref.grads[name]
             got = torch.where(overflow, exact, got.to(torch.float64))
@@ -327,7 +346,7 @@ def judge_gradients(impl: Implementation, case: AttentionCase, device, forward=N
         allowances = _allowances(impl, case, first, ref)
         vacuous = _vacuous(first, allowances)
         nonfinite = _nonfinite(first, ref, vacuous)
-    broken = [name for name, rows in nonfinite.items() if bool(rows.any())]
+    broken = [name for name, rows in nonfinite.items() if _any_rows(rows)]
     if broken:
         check, detail = _attribute(impl, case, device, forward, ref, vacuous)
         rows = nonfinite[broken[0]]
