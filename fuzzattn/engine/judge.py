@@ -42,6 +42,9 @@ def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+_ORDER = {check: i for i, check in enumerate(CHECKS)}     # failures are listed in CHECKS' order
+
+
 @dataclasses.dataclass
 class JudgedCase:
     """Every verdict of one implementation on one case, and what a counterexample file needs."""
@@ -56,8 +59,7 @@ class JudgedCase:
 
     @property
     def failures(self) -> list[Verdict]:
-        order = {c: i for i, c in enumerate(CHECKS)}
-        return sorted((v for v in self.verdicts if not v.passed), key=lambda v: order[v.check])
+        return sorted((v for v in self.verdicts if not v.passed), key=lambda v: _ORDER[v.check])
 
     @property
     def passed(self) -> bool:
