@@ -67,6 +67,8 @@ class Visibility:
 
 
 def visibility(case: AttentionCase, device) -> Visibility:
+    """`case`'s hidden keys and empty rows on `device` (visible_keys, with Nk = 0 as every row
+    empty)."""
     mask = visible_keys(case.seq_q, case.seq_k, case.causal, device)
     if mask is None and case.seq_k == 0:
         mask = torch.ones(case.seq_q, 0, dtype=torch.bool, device=device)   # every row empty
