@@ -11,7 +11,8 @@ from hypothesis import given, settings, strategies as st
 from fuzzattn.contract.case import LAYOUTS, AttentionCase, CaseError
 from fuzzattn.contract import Capabilities
 from fuzzattn.engine.inputs import guard_elements, inputs_sha256, materialize
-from fuzzattn.engine.oracle import oracle, same_precision_reference, truncate_to_tf32, visible_keys
+from fuzzattn.engine.oracle import (oracle, same_precision_reference, some_row_empty,
+                                   truncate_to_tf32, visibility, visible_keys)
 from fuzzattn.engine.tolerance import EPS_ULPS, K_OUT, NORM_ULPS, ULP32, maxima, out_bound
 from fuzzattn.engine.error_statistics import out_rms_bound
 from strategies import attention_cases, seq_lens, undeclared_cases
@@ -130,6 +131,19 @@ def test_rows_with_no_visible_key_are_zero_with_lse_minus_inf():
     assert ref.empty_rows.tolist() == [True] * 4 + [False] * 2
     assert (ref.out[:, :, :4] == 0).all() and (ref.lse[:, :, :4] == -math.inf).all()
     assert torch.isfinite(ref.out).all() and torch.isfinite(ref.lse[:, :, 4:]).all()
+
+
+@pytest.mark.parametrize("causal", ["none", "top_left", "bottom_right"])
+def test_whether_a_row_sees_no_key_is_known_from_the_lengths(causal):
+    """The value checks ask some_row_empty instead of reading the mask back (one read fewer
+    on an accelerator): it must say what the mask says, for every pair of lengths."""
+    for seq_q in range(0, 6):
+        for seq_k in range(0, 6):
+            case = BASE.replace(seq_q=seq_q, seq_k=seq_k, causal=causal)
+            seen = visibility(case, "cpu")
+            assert seen.some_empty == bool(seen.empty.any()) == \
+                some_row_empty(seq_q, seq_k, causal), (seq_q, seq_k)
+            assert oracle(*materialize(case).tensors(), case).some_empty == seen.some_empty
 
 
 def test_tf32_truncation_keeps_ten_mantissa_bits():

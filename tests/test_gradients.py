@@ -21,7 +21,8 @@ from fuzzattn.campaigns.campaign import check_case
 from fuzzattn.contract import profiles
 from fuzzattn.contract.case import DTYPES
 from fuzzattn.engine import gradients as gradients_module
-from fuzzattn.engine.grad_oracle import oracle_gradients
+from fuzzattn.engine.grad_oracle import oracle_gradients, same_precision_gradients
+from fuzzattn.engine.oracle import oracle, same_precision_reference
 from fuzzattn.engine.inputs import as_bits, inputs_sha256, materialize, materialize_dout
 from fuzzattn.engine.judge import judge, skip_reason
 from fuzzattn.engine.loader import load_implementation
@@ -85,6 +86,51 @@ def test_gradient_oracle_matches_textbook_autograd_gqa_summed_and_empty_rows_zer
         assert ref.grads[name].shape == e.shape
     if ref.empty_rows.any():
         assert (ref.grads["dq"][:, :, ref.empty_rows] == 0).all()
+
+
+@pytest.mark.parametrize("c", [case(seq_q=7, seq_k=3, causal="bottom_right", heads=2, kv_heads=1,
+                                    dtype="bfloat16"),
+                               case(heads=6, kv_heads=2, values="large", seq_k=11)], ids=str)
+def test_gradient_references_built_on_the_forward_references_are_the_same_bits(c):
+    """judge_gradients hands the gradient references the forward judgement's oracle and
+    same-precision reference of the same pristine inputs instead of computing them again: the
+    gradient references must not change by a bit."""
+    inputs = materialize(c)
+    _, dout = materialize_dout(c)
+    q, k, v = inputs.tensors()
+    fwd, fwd_spr = oracle(q, k, v, c), same_precision_reference(q, k, v, c, magnitudes=False)
+    pairs = [(oracle_gradients(q, k, v, dout, c), oracle_gradients(q, k, v, dout, c, forward=fwd)),
+             (same_precision_gradients(q, k, v, dout, c),
+              same_precision_gradients(q, k, v, dout, c, forward=fwd_spr))]
+    for fresh, built in pairs:
+        assert fresh.score_magnitude == built.score_magnitude or \
+            math.isnan(fresh.score_magnitude) and math.isnan(built.score_magnitude)  # reference's
+        for name in fresh.grads:
+            assert torch.equal(as_bits(fresh.grads[name]), as_bits(built.grads[name])), name
+        for name, terms in fresh.terms.items():
+            for part in ("actual", "magnitude", "delta"):
+                assert torch.equal(getattr(terms, part), getattr(built.terms[name], part))
+
+
+def test_a_judged_case_computes_each_forward_reference_once(monkeypatch):
+    """With gradients, the forward's oracle and same-precision reference serve the gradient
+    references too (on the host, where they are computed and judged): two forward attentions of
+    the references a judged case, where there were four."""
+    from fuzzattn.engine import oracle as oracle_module
+    calls = []
+    real = oracle_module._attend
+
+    def counting(*args, **kwargs):
+        calls.append(args[4])             # the compute dtype: float64 oracle, float32 reference
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(oracle_module, "_attend", counting)
+    monkeypatch.setattr("fuzzattn.engine.grad_oracle._attend", counting)
+    c = case(seq_q=7, seq_k=5, causal="top_left")
+    from fuzzattn.engine.registry import implementations
+    judged = judge(implementations()["sdpa"], c, "cpu")
+    assert judged.passed and any(v.check.startswith("grad_") for v in judged.verdicts)
+    assert sorted(map(str, calls)) == ["torch.float32", "torch.float64"]
 
 
 # -- the two ways to offer gradients ----------------------------------------------------------

@@ -176,8 +176,8 @@ def test_references_read_back_with_the_runs_give_the_same_verdicts():
                                                                    pristine, cpu, cpu)
         assert second is not None and second.delivered is not None and first.delivered is not None
         assert isinstance(computed[0].score_magnitude, float)      # read with the runs
-        verdicts = judge_module._judge_runs(impl, case, "cpu", first, pristine, cpu, second,
-                                            references=cpu, computed=computed)
+        verdicts, _ = judge_module._judge_runs(impl, case, "cpu", first, pristine, cpu, second,
+                                               references=cpu, computed=computed)
         usual = judge_module.judge(impl, case, "cpu", gradients=False).verdicts
         assert [(v.check, v.passed, v.error, v.allowed) for v in verdicts] == \
                [(v.check, v.passed, v.error, v.allowed) for v in usual]
@@ -216,9 +216,10 @@ def test_a_context_the_first_run_faulted_is_its_crash_and_a_harness_error_is_rai
 def test_value_checks_read_their_scalars_once_and_a_deferred_magnitude_judges_the_same(
         monkeypatch, case):
     """value_verdicts reads every scalar of the max rules in one call of tolerance.maxima (one
-    wait on an accelerator: both bounds' maxima, the empty and non-finite rows, and the oracle's
-    score magnitude when it is still a 0-d tensor, as it is on a device). On the CPU the deferred
-    magnitude is a 0-d CPU tensor: the same verdicts, to the bit, as the float."""
+    wait on an accelerator: both bounds' maxima, the non-finite rows, and the oracle's score
+    magnitude when it is still a 0-d tensor, as it is on a device; whether any row is empty is
+    known from the lengths). On the CPU the deferred magnitude is a 0-d CPU tensor: the same
+    verdicts, to the bit, as the float."""
     impl = implementations()["sdpa"]
     pristine, first = _launched(impl, case)
     judge_module.runs.deliver(impl, case, [first])
@@ -239,12 +240,12 @@ def test_value_checks_read_their_scalars_once_and_a_deferred_magnitude_judges_th
         verdicts, nonfinite = value_checks.value_verdicts(impl, case, first, ref, spr)
         results.append([(v.check, v.passed, v.error, v.allowed) for v in verdicts])
         assert nonfinite is None
-        # one read: 3 maxima a bound (out, lse), the empty rows, the NaN test of the lse entries
-        # the oracle leaves out (-inf: rows with no key), the magnitude if deferred (none
-        # without keys: then it is 0.0 at once)
+        # one read: 3 maxima a bound (out, lse), the NaN test of the lse entries the oracle
+        # leaves out (-inf: rows with no key), the magnitude if deferred (none without keys:
+        # then it is 0.0 at once)
         left_out = not bool(torch.isfinite(ref.lse).all())
-        assert left_out == (case.causal == "bottom_right" or case.seq_k == 0)
-        assert calls == [7 + left_out + (deferred and case.seq_k > 0)]
+        assert left_out == (case.causal == "bottom_right" or case.seq_k == 0) == ref.some_empty
+        assert calls == [6 + left_out + (deferred and case.seq_k > 0)]
     assert results[0] == results[1] and all(passed for _, passed, _, _ in results[0])
 
 

@@ -24,8 +24,8 @@ import torch
 from fuzzattn.contract.case import AttentionCase
 from fuzzattn.contract.dtypes import reads_tf32
 from fuzzattn.engine.judge_device import judging
-from fuzzattn.engine.oracle import (_attend, same_precision_reference, truncate_to_tf32,
-                                   visible_keys)
+from fuzzattn.engine.oracle import (Reference, _attend, same_precision_reference,
+                                   truncate_to_tf32, visible_keys)
 
 NAMES = ("dq", "dk", "dv")
 
@@ -112,14 +112,17 @@ def term_magnitudes(q, k, v, out, dout, p, case: AttentionCase, dp=None, delta=N
             "dv": Terms(dv, dv, torch.zeros_like(dv))}
 
 
-def oracle_gradients(q, k, v, dout, case: AttentionCase, *, deferred: bool = False) -> GradReference:
+def oracle_gradients(q, k, v, dout, case: AttentionCase, *, deferred: bool = False,
+                     forward: Reference | None = None) -> GradReference:
     """float64 gradients of the forward oracle on the rounded inputs (module docstring): the
-    ground truth. `deferred` as in oracle.oracle (the score magnitude left a 0-d tensor)."""
+    ground truth. `deferred` as in oracle.oracle (the score magnitude left a 0-d tensor).
+    `forward`: oracle.oracle of these same q, k, v, when the caller has it (the forward's
+    judgement): its out, lse and score magnitude are what would be computed here again."""
     with judging():                    # explicit float64 arithmetic: no autograd anywhere
         q64, k64, v64, dout64 = (t.detach().to(torch.float64) for t in (q, k, v, dout))
         # The score magnitude is the gradient rule's; the output's is only the forward's.
-        ref = _attend(q64, k64, v64, case, torch.float64, None, deferred=deferred,
-                      out_magnitude=False)
+        ref = forward or _attend(q64, k64, v64, case, torch.float64, None, deferred=deferred,
+                                 out_magnitude=False)
         mask = _mask(case, q.device)
         p = _probabilities(q64, k64, case, ref.lse, mask)
         ke, ve = _expand(k64, case.heads), _expand(v64, case.heads)
@@ -135,12 +138,13 @@ def oracle_gradients(q, k, v, dout, case: AttentionCase, *, deferred: bool = Fal
                              terms)
 
 
-def same_precision_gradients(q, k, v, dout, case: AttentionCase,
-                             fp32_matmul: str = "ieee") -> GradReference:
-    """FlashAttention-2's backward at the input precision (module docstring)."""
+def same_precision_gradients(q, k, v, dout, case: AttentionCase, fp32_matmul: str = "ieee", *,
+                             forward: Reference | None = None) -> GradReference:
+    """FlashAttention-2's backward at the input precision (module docstring). `forward`: the
+    same-precision reference of these q, k, v (magnitudes=False), when the caller has it."""
     in_dtype = q.dtype
     # Its out and lse only: the magnitudes the tolerance reads are the oracle's.
-    fwd = same_precision_reference(q, k, v, case, fp32_matmul, magnitudes=False)
+    fwd = forward or same_precision_reference(q, k, v, case, fp32_matmul, magnitudes=False)
     operand = truncate_to_tf32 if reads_tf32(in_dtype, fp32_matmul) else (lambda t: t)
 
     def rounded(t):          # a matmul operand in the input dtype (TF32 for TF32 fp32 matmuls)

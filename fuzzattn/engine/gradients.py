@@ -297,7 +297,7 @@ def _values(impl, case, run: _GradRun, ref: GradReference, spr: GradReference,
 
 def judge_gradients(impl: Implementation, case: AttentionCase, device, forward=None,
                     judge_on=None, pristine: Inputs | None = None,
-                    references_on=None) -> list[Verdict]:
+                    references_on=None, forward_references=None) -> list[Verdict]:
     """Every gradient check of `impl` on `case`. `forward` = (out, lse) of the judged forward
     run, handed (as copies) to an explicit backward; autograd implementations ignore it.
     `judge_on`: where the gradient oracle, the reference and the comparisons compute
@@ -305,7 +305,10 @@ def judge_gradients(impl: Implementation, case: AttentionCase, device, forward=N
     implementation run was handed: the runs copy them and the oracles read them, instead of
     materialising the case again (the largest cases spend ~100 ms in the CPU's randn).
     `references_on`: where the gradient oracle and the reference compute, when not `judge_on`:
-    they are read back to it in one copy (judge_device.py)."""
+    they are read back to it in one copy (judge_device.py). `forward_references`: the forward
+    judgement's (oracle, same-precision reference) of `pristine`, there: the gradient references
+    build on them instead of computing the two forwards again (the same bits: the same functions
+    of the same inputs)."""
     forward = tuple(t.detach() if t is not None else None for t in forward) \
         if impl.backward_fn is not None and forward is not None else None
     here = torch.device(judge_on if judge_on is not None else device)
@@ -336,12 +339,16 @@ def judge_gradients(impl: Implementation, case: AttentionCase, device, forward=N
     else:
         _, dout = materialize_dout(case, references)
     away = not same_device(references, here)
-    ref = oracle_gradients(*fresh.tensors(), dout, case, deferred=away)
+    # The forward references are the pristine inputs' (never a fresh materialisation's).
+    known = forward_references if pristine is not None else None
+    known_ref, known_spr = known if known is not None else (None, None)
+    ref = oracle_gradients(*fresh.tensors(), dout, case, deferred=away, forward=known_ref)
     # What needs no autograd (the explicit same-precision backward, the allowances, the
     # comparisons) runs as the forward's references and checks do (judge_device.judging); the
     # implementation's runs, the oracle's autograd and the attribution's re-runs do not.
     with judging():
-        spr = same_precision_gradients(*fresh.tensors(), dout, case, impl.caps.fp32_matmul)
+        spr = same_precision_gradients(*fresh.tensors(), dout, case, impl.caps.fp32_matmul,
+                                       forward=known_spr)
         if away:
             ref, spr = moved_together([ref, spr], here)
         allowances = _allowances(impl, case, first, ref)

@@ -158,18 +158,33 @@ def _judge(impl: Implementation, case: AttentionCase, device, *, expected_sha256
                                                       references, here)
     else:
         runs.deliver(impl, case, [first])
-    judged.verdicts = _judge_runs(impl, case, device, first, pristine, here, second,
-                                  references=references, computed=computed)
+    judged.verdicts, computed = _judge_runs(impl, case, device, first, pristine, here, second,
+                                            references=references, computed=computed)
     if gradients and impl.caps.backward and all(v.passed for v in judged.verdicts):
         # The forward's outputs as read back (the same bits, already where the explicit
         # backward's inputs are built: no second read from the device).
         forward = first.delivered[1:] if first.delivered is not None else (first.out, first.lse)
         judged.verdicts += judge_gradients(impl, case, device, forward=forward, judge_on=here,
-                                           pristine=pristine, references_on=references)
+                                           pristine=pristine, references_on=references,
+                                           forward_references=_reusable(computed, references))
     if not judged.passed:
         judged.inputs_sha256 = judged.inputs_sha256 or inputs_sha256(pristine)
         judged.versions = versions()
     return judged
+
+
+def _reusable(computed: list[Reference] | None, references: torch.device) -> list | None:
+    """The forward's references (oracle, same-precision) for the gradient references to build
+    on instead of computing them again from the same pristine inputs (engine/grad_oracle.py),
+    when they are still where those compute and already read (a float score magnitude, as the
+    gradient oracle makes it there); else None. So on the host, and for cases judged wholly on
+    the device they are not: there the forward's magnitude is still unread."""
+    if computed is None:
+        return None
+    ref = computed[0]
+    if not same_device(ref.out.device, references) or not isinstance(ref.score_magnitude, float):
+        return None
+    return computed
 
 
 def _runs_together(references: torch.device, device) -> bool:
@@ -224,13 +239,14 @@ def _read_back_with_references(impl: Implementation, case: AttentionCase, device
 def _judge_runs(impl: Implementation, case: AttentionCase, device, first: runs.Run,
                 pristine: Inputs, here: torch.device,
                 second: runs.Run | None = None, references=None,
-                computed: list | None = None) -> list[Verdict]:
+                computed: list | None = None) -> tuple[list[Verdict], list[Reference] | None]:
     """The verdicts of the first run, and of the second (`second` when it already ran, else run
-    here, after the references). The references compute on `references` (default: `here`) and
+    here, after the references), with the references they were judged against (None when the
+    first run failed before any). The references compute on `references` (default: `here`) and
     are read back to `here`, where every check computes; `computed`: already there (read back
     with the runs, `_read_back_with_references`)."""
     if first.failure is not None:
-        return [first.failure]
+        return [first.failure], None
     verdicts = list(first.side_effects)
 
     # The references are read back in one copy (their score magnitude with them) to `here`,
@@ -263,7 +279,7 @@ def _judge_runs(impl: Implementation, case: AttentionCase, device, first: runs.R
         failure = second.failure or Verdict(impl=impl.name, case=case, check="crash", passed=False,
                                             detail=second.call.summary)
         verdicts.append(dataclasses.replace(failure, detail="second run: " + failure.detail))
-        return verdicts
+        return verdicts, computed
     second_here = run_on(second, here)
     with judging():
         same_out, same_lse = same_bits([(first.out, second_here.out),
@@ -281,7 +297,7 @@ def _judge_runs(impl: Implementation, case: AttentionCase, device, first: runs.R
         verdicts.append(Verdict(impl=impl.name, case=case, check="nondeterministic",
                                 passed=not differs,
                                 detail=f"{', '.join(differs)} differ bitwise between two runs" if differs else ""))
-    return verdicts
+    return verdicts, computed
 
 
 def refusal_not_applicable(impl: Implementation) -> str | None:

@@ -48,6 +48,7 @@ class Reference:
     out: torch.Tensor        # (B, Hq, Nq, D), float64 for the oracle, the input dtype otherwise
     lse: torch.Tensor        # (B, Hq, Nq), float64 for the oracle, float32 otherwise
     empty_rows: torch.Tensor  # (Nq,) bool: rows that see no key
+    some_empty: bool          # whether empty_rows has a True entry (from the lengths: no read)
     score_magnitude: float    # largest |scale| * sum_d |q_d k_d| over visible pairs: the size of
                               # the terms each fp32 score sums, which sets its rounding noise
                               # (NaN where not computed: same_precision_reference(magnitudes=False);
@@ -64,6 +65,17 @@ class Visibility:
     hidden: torch.Tensor | None   # (Nq, Nk) bool, True where key j is hidden from query i; None
                                   # when every key is visible (and there is at least one)
     empty: torch.Tensor           # (Nq,) bool: rows that see no key
+    some_empty: bool              # whether `empty` has a True entry, known from the lengths
+
+
+def some_row_empty(seq_q: int, seq_k: int, causal: str) -> bool:
+    """Whether any query row sees no key, from the lengths alone: every row when Nk = 0; with
+    bottom-right alignment the first Nq - Nk rows (key j is visible to query i iff
+    j <= i + Nk - Nq, so row 0 sees key 0 exactly when Nk >= Nq); never otherwise (top-left row i
+    sees key 0). So a check need not read the empty-row mask back to know whether to look."""
+    if seq_q == 0:
+        return False
+    return seq_k == 0 or (causal == "bottom_right" and seq_q > seq_k)
 
 
 def visibility(case: AttentionCase, device) -> Visibility:
@@ -76,8 +88,9 @@ def visibility(case: AttentionCase, device) -> Visibility:
     # _attend is skipped rather than done with an all-True mask (the same values, seven
     # operations fewer).
     if mask is None:
-        return Visibility(None, torch.zeros(case.seq_q, dtype=torch.bool, device=device))
-    return Visibility(~mask, ~mask.any(dim=-1))
+        return Visibility(None, torch.zeros(case.seq_q, dtype=torch.bool, device=device), False)
+    return Visibility(~mask, ~mask.any(dim=-1),
+                      some_row_empty(case.seq_q, case.seq_k, case.causal))
 
 
 def _attend(q, k, v, case: AttentionCase, compute: torch.dtype, p_dtype: torch.dtype | None,
@@ -124,7 +137,7 @@ def _attend(q, k, v, case: AttentionCase, compute: torch.dtype, p_dtype: torch.d
         out.masked_fill_(empty[:, None], 0.0)
         if magnitude is not None:
             magnitude.masked_fill_(empty[:, None], 0.0)
-    return Reference(out, lse, empty, score_magnitude, magnitude)
+    return Reference(out, lse, empty, seen.some_empty, score_magnitude, magnitude)
 
 
 def oracle(q, k, v, case: AttentionCase, *, deferred: bool = False,

@@ -233,12 +233,12 @@ def all_finite(t: torch.Tensor) -> bool:
 
 def maxima(*tensors: torch.Tensor) -> list[float]:
     """The maximum of each tensor (0 for an empty one), read back in one transfer: on a GPU
-    time-sliced between fuzzing processes each read is a wait (engine/runs.py). On the host
-    nothing waits, and each maximum is read as it is (the same floats, two operations fewer)."""
-    if all(t.device.type == "cpu" for t in tensors):
-        return [float(t.max()) if t.numel() else 0.0 for t in tensors]
-    live = [t for t in tensors if t.numel()]
-    read = iter(torch.stack([t.max().to(torch.float64) for t in live]).tolist() if live else ())
+    time-sliced between fuzzing processes each read is a wait (engine/runs.py). On the host it
+    is also the fewest operations: n maxima (cast only where not float64 already), one stack
+    and one read, where reading each maximum on its own was two operations a maximum."""
+    live = [t.max() for t in tensors if t.numel()]
+    read = iter(torch.stack([m if m.dtype == torch.float64 else m.to(torch.float64)
+                             for m in live]).tolist() if live else ())
     return [next(read) if t.numel() else 0.0 for t in tensors]
 
 

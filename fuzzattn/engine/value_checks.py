@@ -75,8 +75,9 @@ def value_verdicts(impl, case, run: runs.Run, ref: Reference, spr: Reference, *,
 
     Every scalar the max rules need is read in one transfer (tolerance.maxima): both bounds'
     maxima, the oracle's score magnitude while it is a 0-d tensor (computed on the accelerator
-    the checks run on), the TF32 term's maximum, and whether any row is empty. On an
-    accelerator each read is a wait for the device (engine/runs.py); these were five.
+    the checks run on) and the TF32 term's maximum. On an accelerator each read is a wait for
+    the device (engine/runs.py); these were four. Whether any row is empty is known from the
+    lengths (Reference.some_empty), not read.
 
     Non-finite rows are found from those maxima rather than by a pass of their own: the max
     rule's error |got - oracle| is infinite exactly where got holds NaN or inf and the oracle is
@@ -91,7 +92,7 @@ def value_verdicts(impl, case, run: runs.Run, ref: Reference, spr: Reference, *,
     bounds = [(check_out, run.out, differences(run.out, spr.out, ref.out))]
     if run.lse is not None:
         bounds.append((check_lse, run.lse, differences(run.lse, spr.lse, ref.lse)))
-    extra = {"empty": empty}
+    extra = {}
     if isinstance(ref.score_magnitude, torch.Tensor):
         extra["score"] = ref.score_magnitude
     summed = summed_for_tf32(run.out.dtype, ref.out, ref.out_magnitude, fp32_matmul)
@@ -107,7 +108,7 @@ def value_verdicts(impl, case, run: runs.Run, ref: Reference, spr: Reference, *,
                            or scalars.get("nan_lse_left_out", 0.0) > 0):
         nonfinite = nonfinite_rows(run, ref)
     score = scalars.get("score", ref.score_magnitude)
-    has_empty = scalars["empty"] > 0
+    has_empty = ref.some_empty
     if has_empty:
         # NaN != 0 as well: a NaN row is wrong without a test of its own.
         wrong = run.out[:, :, empty].ne(0).any(dim=-1)
