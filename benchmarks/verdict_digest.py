@@ -8,7 +8,9 @@ changed no verdict: run it on two trees and compare the files (`cmp`).
 Judged: sdpa (float32, bfloat16), torch_tiled (float16) and two mutants chosen because they fail
 in different checks (phantom keys: values; a detached denominator: gradients), each on the same
 `--cases` drawn cases of the ci profile (Hypothesis seed 7), gradients on every case; `--also
-IMPL:DTYPE` adds more (a mutant's name, say). A line is the verdict's check, passed, error, allowed, where and
+IMPL:DTYPE` adds more (a mutant's name, say). `--margins` judges with `margins=True` (every
+allowance the whole rule's, the same-precision references always computed): a tree deciding the
+rule tier by tier then compares line for line with one from before that. A line is the verdict's check, passed, error, allowed, where and
 detail, by repr: a last-digit change of a statistic shows.
 
 `--compare` is for a change that moves float64 arithmetic (the oracle computed another way):
@@ -37,7 +39,7 @@ JUDGED = (("sdpa", "float32"), ("sdpa", "bfloat16"), ("torch_tiled", "float16"),
           ("mutant_phantom_keys", "float32"), ("mutant_tiled_denominator_detached", "float32"))
 
 
-def digest(impl, dtype: str, cases: int, profile) -> list[str]:
+def digest(impl, dtype: str, cases: int, profile, margins: bool = False) -> list[str]:
     lines = []
 
     @seed(7)
@@ -45,7 +47,7 @@ def digest(impl, dtype: str, cases: int, profile) -> list[str]:
               suppress_health_check=list(HealthCheck))
     @given(attention_cases(impl.caps, dtype=dtype, profile=profile))
     def loop(case):
-        judged = judge(impl, case)
+        judged = judge(impl, case, margins=margins)
         # A case of the CPU generator prints as before the field existed: digests of trees
         # from before it compare line for line.
         shown = repr(case).replace(", generator='torch_cpu'", "")
@@ -101,6 +103,9 @@ def main(argv=None) -> int:
     parser.add_argument("--cases", type=int, default=150)
     parser.add_argument("--also", action="append", default=[], metavar="IMPL:DTYPE",
                         help="judge this implementation and dtype too (after the default ones)")
+    parser.add_argument("--margins", action="store_true",
+                        help="judge(margins=True): every allowance the whole rule's (comparable "
+                             "with trees from before the rule was decided tier by tier)")
     args = parser.parse_args(argv)
     profile = run_settings.load_profile("ci")
     if run_settings.wants_one_thread():
@@ -108,7 +113,8 @@ def main(argv=None) -> int:
     impls = {**implementations(), **mutants()}
     lines = []
     for name, dtype in list(JUDGED) + [tuple(a.split(":")) for a in args.also]:
-        lines += digest(impls[name], dtype, args.cases, profile)
+        kwargs = dict(margins=True) if args.margins else {}
+        lines += digest(impls[name], dtype, args.cases, profile, **kwargs)
     args.out.write_text("\n".join(lines) + "\n")
     print(f"{len(lines)} lines, {sum(1 for l in lines if l.startswith('  grad_'))} gradient "
           f"verdicts -> {args.out}", file=sys.stderr)

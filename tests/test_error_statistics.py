@@ -76,10 +76,46 @@ def test_an_exact_reference_leaves_room_for_one_rounding():
     # The element's scale is u |out| + u32 A, with A = |out| here (no cancellation).
     step = 0.5 * (unit_roundoff(torch.bfloat16) + unit_roundoff(torch.float32)) * EPS_ULPS * 0.999
     got[0, 0, 3, 3] = 0.5 + step
-    b = out_rms_bound(got, reference, oracle)
+    b = out_rms_bound(got, reference, oracle, margins=True)
     assert b.reference_statistic == 0 and b.statistic > 0 and b.ok, (b.statistic, b.allowed)
     got[0, 0, 4, 4] = 0.5 + step
     assert not out_rms_bound(got, reference, oracle).ok
+
+
+def test_a_statistic_within_the_noise_is_decided_without_the_reference():
+    """Tier by tier (tolerance.py): a statistic within the noise alone passes whatever the
+    reference's error, so the reference is not asked for and the noise is what it reports; above
+    it the reference is asked for once, and the verdict is the whole rule's. margins=True asks
+    for it always and reports the whole allowance; the verdicts are the same."""
+    asked = []
+
+    def asking(reference):
+        def on_demand():
+            asked.append(1)
+            return reference
+        return on_demand
+
+    def numbers(b):
+        return b.ok, b.statistic, b.allowed, b.reference_statistic, b.elements
+
+    # An exact reference, one element a rounding off: within the noise.
+    oracle = torch.full((1, 1, 8, 8), 0.5, dtype=torch.float64)
+    reference = oracle.to(torch.bfloat16)
+    within = reference.clone()
+    within[0, 0, 3, 3] = 0.5 + 0.5 * (unit_roundoff(torch.bfloat16) + unit_roundoff(torch.float32))
+    b = out_rms_bound(within, asking(reference), oracle)
+    assert b.ok and not asked and math.isnan(b.reference_statistic)
+    whole = out_rms_bound(within, reference, oracle, margins=True)
+    assert whole.ok and whole.allowed >= b.allowed and whole.reference_statistic == 0
+    # A reference 2^-12 off everywhere (0.5 + 2^-12 rounds to 0.5 in bf16): a kernel as far off
+    # is above the noise of 4,096 elements and within the rule; one 2^-8 off is not.
+    oracle = torch.full((1, 1, 64, 64), 0.5 + 2 ** -12, dtype=torch.float64)
+    reference = oracle.to(torch.bfloat16)
+    for got, ok in ((reference.clone(), True), (torch.full_like(reference, 0.5 + 2 ** -8), False)):
+        asked.clear()
+        decided = out_rms_bound(got, asking(reference), oracle)
+        assert asked == [1] and decided.ok == ok
+        assert numbers(decided) == numbers(out_rms_bound(got, reference, oracle, margins=True))
 
 
 def test_on_one_element_it_is_never_stricter_than_the_max_rule():

@@ -132,7 +132,7 @@ def judge_variant(row: Variant) -> Variant:
     if why is not None:
         row.verdict, row.check = UNDECLARED, why
         return row
-    judged = judge(row.impl, row.case)
+    judged = judge(row.impl, row.case, margins=True)   # numbers against the whole rule
     if judged.skipped:
         row.verdict, row.check = SKIPPED, judged.skipped
     elif judged.refused:

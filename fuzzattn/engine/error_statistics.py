@@ -57,8 +57,9 @@ from fuzzattn.engine.tolerance import (EPS_ULPS, K_RMS, K_RMS_TF32, RMS_SAMPLING
 @dataclasses.dataclass(frozen=True)
 class StatBound:
     statistic: float             # rms |got - oracle| over the judged elements (inf if any is NaN)
-    allowed: float
-    reference_statistic: float   # rms |reference - oracle| over the same elements
+    allowed: float               # as tolerance.Bound.allowed: the noise alone when the
+                                 # statistic is within it (and not `margins`), else the whole rule
+    reference_statistic: float   # rms |reference - oracle| over the same elements (NaN: not needed)
     elements: int                # n: how many elements were judged
     row_ratio: torch.Tensor | None   # (B, H, Nq): each row's rms error over the reference
                                      # row's allowance, locating the rows that carry the excess;
@@ -86,21 +87,23 @@ def _dot(a: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
     return torch.dot(a, a if b is None else b.reshape(-1))
 
 
-def out_rms_bound(got: torch.Tensor, reference: torch.Tensor, oracle: torch.Tensor,
+def out_rms_bound(got: torch.Tensor, reference, oracle: torch.Tensor,
                   empty_rows: torch.Tensor | None = None, score_magnitude: float = 0.0,
                   out_magnitude: torch.Tensor | None = None,
                   fp32_matmul: str = "ieee", differences: tuple | None = None,
-                  err_finite: bool = False) -> StatBound:
+                  err_finite: bool = False, margins: bool = False) -> StatBound:
     """Judge the output `got` (B, H, Nq, D) by its rms error against the float64 `oracle`,
     compared with the rms error of the same-precision `reference`; `empty_rows` (Nq,) bool marks
     rows with no visible key, which are left out; `out_magnitude` (the oracle's sum_j p |v| / l
-    per element, oracle.Reference) sets the fp32 summation noise, |oracle| standing in without.
+    per element, oracle.Reference.out_magnitude) sets the fp32 summation noise, |oracle| standing in without.
     `fp32_matmul="tf32"` (the implementation's declaration) judges fp32 outputs with K_RMS_TF32.
-    `differences`: the max rule's |got - oracle|, |reference - oracle| and |oracle| of these same
-    tensors (tolerance.Bound.differences), squared here instead of formed again: the same
-    squares (|x|^2 is x^2 exactly; its NaN as inf is non-finite all the same). Masked in place.
-    `err_finite`: with `differences`, the max rule's worst error was finite (so every entry of
-    that err is): the pass asking again is skipped."""
+    `reference`: the reference's output, or a function returning it, called only when the
+    statistic is above the noise alone (tiers and `margins`: tolerance.py).
+    `differences`: the max rule's |got - oracle|, |reference - oracle| (or None) and |oracle| of
+    these same tensors (tolerance.Bound.differences), squared here instead of formed again: the
+    same squares (|x|^2 is x^2 exactly; its NaN as inf is non-finite all the same). Masked in
+    place. `err_finite`: with `differences`, the max rule's worst error was finite (so every
+    entry of that err is): the pass asking again is skipped."""
     tf32 = reads_tf32(got.dtype, fp32_matmul)
     k_rms = K_RMS_TF32 if tf32 else K_RMS
     oracle64 = oracle.to(torch.float64)
@@ -112,12 +115,17 @@ def out_rms_bound(got: torch.Tensor, reference: torch.Tensor, oracle: torch.Tens
     def kept(t: torch.Tensor) -> torch.Tensor:
         return t if drop is None else t.masked_fill_(drop, 0.0)
 
+    def reference_error(reference: torch.Tensor) -> torch.Tensor:
+        return kept((reference.to(torch.float64) - oracle64).contiguous())
+
     # Made contiguous first: the sums of squares below then add in the same order whatever
     # layout the implementation's output has.
     if differences is None:
-        differences = (got.to(torch.float64) - oracle64, reference.to(torch.float64) - oracle64,
-                       None)
-    err, ref_err = (kept(t.contiguous()) for t in differences[:2])
+        differences = (got.to(torch.float64) - oracle64, None, None)
+    err = kept(differences[0].contiguous())
+    ref_err = None if differences[1] is None else kept(differences[1].contiguous())
+    if ref_err is None and isinstance(reference, torch.Tensor):
+        ref_err = reference_error(reference)    # at hand: squared in the same read as the rest
     # A NaN or inf anywhere makes the statistic infinite: it fails, as under the max rule.
     # (`err_finite`: the caller's max rule already found err finite, from the same tensor.)
     nonfinite = None
@@ -139,17 +147,19 @@ def out_rms_bound(got: torch.Tensor, reference: torch.Tensor, oracle: torch.Tens
     # no (B, H, Nq, D) float64 temporaries, each of which was fresh pages to fault in on the
     # host (measured: 1.85 -> 1.24 ms per call of these checks on a 307,200-element output
     # on the CPU; the squares' products had been 70% of it). Each dot is one pass, over contiguous memory.
-    dots = [_dot(err), _dot(ref_err), _dot(m)] + ([] if s is m else [_dot(s), _dot(m, s)])
+    dots = [_dot(err), _dot(m)] + ([] if s is m else [_dot(s), _dot(m, s)])
+    referenced = [] if ref_err is None else [_dot(ref_err)]
     flagged = [] if nonfinite is None else [nonfinite.any().to(torch.float64)]
     counted = [] if drop is None else [drop.logical_not().sum().to(torch.float64)]
     # Every scalar in one read-back (a wait per read on a time-sliced GPU: engine/runs.py).
-    sums = torch.stack(dots + flagged + counted).tolist()
+    sums = torch.stack(dots + referenced + flagged + counted).tolist()
     n = int(sums.pop()) if counted else oracle64.numel()
     any_nonfinite = bool(sums.pop()) if flagged else False
-    err_sq, ref_sq, mm, *rest = sums
+    ref_sq = sums.pop() if referenced else None
+    err_sq, mm, *rest = sums
     ss, ms = rest if rest else (mm, mm)
     u = unit_roundoff(got.dtype)
-    err_rms, ref_rms, magnitude_rms, summed_rms = (_rms(sq, n) for sq in (err_sq, ref_sq, mm, ss))
+    err_rms, magnitude_rms, summed_rms = (_rms(sq, n) for sq in (err_sq, mm, ss))
     scale_rms = _rms(u * u * mm + 2 * u * U32 * ms + U32 * U32 * ss, n)
     moved_rms = _rms(ss + 2 * ms + mm, n)
 
@@ -165,8 +175,14 @@ def out_rms_bound(got: torch.Tensor, reference: torch.Tensor, oracle: torch.Tens
     # move each element by at most TF32_WEIGHT_ULPS u_mm A: per element, so on the rms too.
     if tf32:
         noise += tolerance.TF32_WEIGHT_ULPS * TF32_ROUNDOFF * summed_rms
-    allowed = k_rms * sampling * ref_rms + noise
     statistic = math.inf if any_nonfinite else err_rms
+    if statistic <= noise and not margins:     # decided on the noise (tolerance.py's tiers)
+        return StatBound(statistic, noise, math.nan, n, None)
+    if ref_err is None:
+        ref_err = reference_error(reference())
+        ref_sq = float(_dot(ref_err))
+    ref_rms = _rms(ref_sq, n)
+    allowed = k_rms * sampling * ref_rms + noise
     if statistic <= allowed:
         return StatBound(statistic, allowed, ref_rms, n, None)
 

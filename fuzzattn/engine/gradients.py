@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import math
 
 import torch
@@ -38,7 +39,8 @@ from fuzzattn.engine.judge_device import judging, moved, moved_together
 from fuzzattn.engine.transfer import read_back, same_device
 from fuzzattn.engine.poison import (UninitializedMemoryIsZero, prime_allocator,
                                     uninitialized_memory_is_nan)
-from fuzzattn.engine.tolerance import all_finite, grad_allowance, grad_bound
+from fuzzattn.engine.tolerance import (all_finite, differences, grad_allowance, grad_finish,
+                                       maxima, with_reference)
 from fuzzattn.engine.verdict import Verdict, heatmap, locate
 
 ROW_KIND = {"dq": "query rows", "dk": "key rows", "dv": "key rows"}
@@ -266,26 +268,51 @@ def _empty_rows(impl, case, run: _GradRun, ref: GradReference) -> Verdict | None
                           "dk = dv = 0" if where else "")
 
 
-def _values(impl, case, run: _GradRun, ref: GradReference, spr: GradReference,
-            allowances: dict[str, float], vacuous=frozenset(), finite=frozenset()) -> list[Verdict]:
+def _values(impl, case, run: _GradRun, ref: GradReference, spr,
+            allowances: dict[str, float], vacuous=frozenset(), finite=frozenset(), *,
+            margins: bool = False) -> list[Verdict]:
     """dq, dk, dv by the gradient rule; `finite`: gradients known to hold no NaN or inf (those
-    `_nonfinite` found finite on the host), which can hold no correctly rounded infinity."""
-    verdicts = []
+    `_nonfinite` found finite on the host), which can hold no correctly rounded infinity.
+    `spr`: the same-precision gradients, or a function computing them, asked for only when a
+    gradient's error is above its noise (tolerance.py's tiers; `margins`: always). The maxima of
+    all three are read together, and the reference's errors' in one more read if needed."""
+    if margins and not isinstance(spr, GradReference):
+        spr = spr()
+    at_hand = isinstance(spr, GradReference)
+    judged = {}           # name -> [differences, maxima, overflowed (the exact values there)]
     for name in NAMES:
         if name in vacuous:
             continue
-        got, reference = run.grads[name], spr.grads[name]
-        overflow = None if name in finite else _overflows(got, ref.grads[name])
-        if overflow is not None and bool(overflow.any()):
+        got, exact = run.grads[name], ref.grads[name]
+        overflow = None if name in finite else _overflows(got, exact)
+        overflowed = overflow is not None and bool(overflow.any())
+        if overflowed:
             # The correctly rounded infinities are right; judge them as exact (in float64).
-            exact = ref.grads[name]
             got = torch.where(overflow, exact, got.to(torch.float64))
-            reference = torch.where(_overflows(reference, exact), exact,
-                                    reference.to(torch.float64))
-        b = grad_bound(got, reference, ref.grads[name], allowances[name])
-        bad = b.row_errors > b.allowed
+        reference = _reference_for(spr.grads[name], exact, overflowed) if at_hand else None
+        judged[name] = [differences(got, reference, exact), None, overflowed]
+    read = iter(maxima(*(t for d, _, _ in judged.values() for t in d.maximised)))
+    for entry in judged.values():
+        entry[1] = [next(read) for _ in entry[0].maximised]
+    bounds = {name: grad_finish(d, maximum, allowances[name], margins=margins)
+              for name, (d, maximum, _) in judged.items()}
+    undecided = [name for name, b in bounds.items() if b is None]
+    if undecided:
+        spr = spr()
+        for name in undecided:
+            d, maximum, overflowed = judged[name]
+            d = with_reference(d, _reference_for(spr.grads[name], ref.grads[name], overflowed))
+            judged[name] = [d, maximum, overflowed]
+        more = iter(maxima(*(judged[name][0].ref_err for name in undecided)))
+        for name in undecided:
+            d, maximum, _ = judged[name]
+            bounds[name] = grad_finish(d, maximum + [next(more)], allowances[name],
+                                       margins=margins)
+    verdicts = []
+    for name, b in bounds.items():
+        bad = None
         if not b.ok:
-            bad = bad | torch.isnan(b.row_errors)
+            bad = (b.row_errors > b.allowed) | torch.isnan(b.row_errors)
         verdicts.append(Verdict(
             impl=impl.name, case=case, check="grad_" + name, passed=b.ok, error=b.error,
             allowed=b.allowed, where=locate(bad) if not b.ok else "",
@@ -295,9 +322,19 @@ def _values(impl, case, run: _GradRun, ref: GradReference, spr: GradReference,
     return verdicts
 
 
+def _reference_for(reference: torch.Tensor, exact: torch.Tensor, overflowed: bool) -> torch.Tensor:
+    """The same-precision gradient as judged: where it holds a correctly rounded infinity of an
+    exact value past its dtype's range (`overflowed`: the implementation's did), the exact value
+    in float64, as the implementation's is."""
+    if not overflowed:
+        return reference
+    return torch.where(_overflows(reference, exact), exact, reference.to(torch.float64))
+
+
 def judge_gradients(impl: Implementation, case: AttentionCase, device, forward=None,
                     judge_on=None, pristine: Inputs | None = None,
-                    references_on=None, forward_references=None) -> list[Verdict]:
+                    references_on=None, forward_references=None,
+                    margins: bool = False) -> list[Verdict]:
     """Every gradient check of `impl` on `case`. `forward` = (out, lse) of the judged forward
     run, handed (as copies) to an explicit backward; autograd implementations ignore it.
     `judge_on`: where the gradient oracle, the reference and the comparisons compute
@@ -308,7 +345,9 @@ def judge_gradients(impl: Implementation, case: AttentionCase, device, forward=N
     they are read back to it in one copy (judge_device.py). `forward_references`: the forward
     judgement's (oracle, same-precision reference) of `pristine`, there: the gradient references
     build on them instead of computing the two forwards again (the same bits: the same functions
-    of the same inputs)."""
+    of the same inputs); the same-precision one may be a function computing it (judge.py).
+    `margins` as in judge.judge: judged on the host, the same-precision gradients are computed
+    only if a gradient's error is above its noise alone, unless `margins`."""
     forward = tuple(t.detach() if t is not None else None for t in forward) \
         if impl.backward_fn is not None and forward is not None else None
     here = torch.device(judge_on if judge_on is not None else device)
@@ -346,9 +385,17 @@ def judge_gradients(impl: Implementation, case: AttentionCase, device, forward=N
     # What needs no autograd (the explicit same-precision backward, the allowances, the
     # comparisons) runs as the forward's references and checks do (judge_device.judging); the
     # implementation's runs, the oracle's autograd and the attribution's re-runs do not.
+    def same_precision() -> GradReference:
+        forward = known_spr() if callable(known_spr) else known_spr
+        return same_precision_gradients(*fresh.tensors(), dout, case, impl.caps.fp32_matmul,
+                                        forward=forward)
+
     with judging():
-        spr = same_precision_gradients(*fresh.tensors(), dout, case, impl.caps.fp32_matmul,
-                                       forward=known_spr)
+        # On the host, asked for by _values only when a gradient's error is above its noise
+        # (tolerance.py's tiers); with a device involved, computed now and read back with the
+        # oracle's gradients, so that asking later is no second wait.
+        on_demand = here.type == "cpu" and not away and not margins
+        spr = functools.cache(same_precision) if on_demand else same_precision()
         if away:
             ref, spr = moved_together([ref, spr], here)
         allowances = _allowances(impl, case, first, ref)
@@ -368,7 +415,8 @@ def judge_gradients(impl: Implementation, case: AttentionCase, device, forward=N
         # A gradient with no rows to look at and not vacuous is one the host found finite.
         finite = frozenset(name for name, rows in nonfinite.items()
                            if rows is None and name not in vacuous)
-        verdicts += _values(impl, case, first, ref, spr, allowances, vacuous, finite)
+        verdicts += _values(impl, case, first, ref, spr, allowances, vacuous, finite,
+                            margins=margins)
 
     if impl.caps.deterministic_backward:
         second = _run(impl, case, device, forward, adversarial=False, here=here, source=source,

@@ -94,7 +94,8 @@ def skip_reason(impl: Implementation, case: AttentionCase) -> str | None:
 
 
 def judge(impl: Implementation, case: AttentionCase, device=None, *,
-          expected_sha256: str | None = None, gradients: bool = True) -> JudgedCase:
+          expected_sha256: str | None = None, gradients: bool = True,
+          margins: bool = False) -> JudgedCase:
     """Every check of `impl` on `case`; skipped (with the reason) when it cannot apply here.
 
     With `expected_sha256` (a counterexample file's pin) the inputs are checked against it right
@@ -102,12 +103,20 @@ def judge(impl: Implementation, case: AttentionCase, device=None, *,
     declaring `backward` also gets the gradient checks (engine/gradients.py) once every forward
     check passed, unless `gradients=False` (a forward-only test keeping its budget).
 
+    `margins=True`: every numeric verdict judged on the whole rule, its `allowed` the whole
+    allowance, for reports of how far a kernel is from each bound (`fuzzattn explain`); by
+    default a pass within the noise alone reports that, and the same-precision references are
+    computed on the host only when a check needs them (tolerance.py's tiers). The same verdicts
+    either way.
+
     On a GPU shared through MPS a device fault raises shared_gpu.SharedDeviceFault instead of
     becoming a verdict: it may be another process's (engine/shared_gpu.py)."""
     if not shared_gpu.guarding:
-        return _judge(impl, case, device, expected_sha256=expected_sha256, gradients=gradients)
+        return _judge(impl, case, device, expected_sha256=expected_sha256, gradients=gradients,
+                      margins=margins)
     try:
-        judged = _judge(impl, case, device, expected_sha256=expected_sha256, gradients=gradients)
+        judged = _judge(impl, case, device, expected_sha256=expected_sha256, gradients=gradients,
+                        margins=margins)
     except Exception as exc:
         shared_gpu.check_error(exc, case)
         raise
@@ -116,7 +125,7 @@ def judge(impl: Implementation, case: AttentionCase, device=None, *,
 
 
 def _judge(impl: Implementation, case: AttentionCase, device, *, expected_sha256: str | None,
-           gradients: bool) -> JudgedCase:
+           gradients: bool, margins: bool) -> JudgedCase:
     device = device or default_device()
     judged = JudgedCase(impl.name, case, [], cli_name=impl.cli_name)
     reason = skip_reason(impl, case)
@@ -159,14 +168,16 @@ def _judge(impl: Implementation, case: AttentionCase, device, *, expected_sha256
     else:
         runs.deliver(impl, case, [first])
     judged.verdicts, computed = _judge_runs(impl, case, device, first, pristine, here, second,
-                                            references=references, computed=computed)
+                                            references=references, computed=computed,
+                                            margins=margins)
     if gradients and impl.caps.backward and all(v.passed for v in judged.verdicts):
         # The forward's outputs as read back (the same bits, already where the explicit
         # backward's inputs are built: no second read from the device).
         forward = first.delivered[1:] if first.delivered is not None else (first.out, first.lse)
         judged.verdicts += judge_gradients(impl, case, device, forward=forward, judge_on=here,
                                            pristine=pristine, references_on=references,
-                                           forward_references=_reusable(computed, references))
+                                           forward_references=_reusable(computed, references),
+                                           margins=margins)
     if not judged.passed:
         judged.inputs_sha256 = judged.inputs_sha256 or inputs_sha256(pristine)
         judged.versions = versions()
@@ -200,15 +211,21 @@ def _runs_together(references: torch.device, device) -> bool:
 
 
 def _references(impl: Implementation, case: AttentionCase, pristine: Inputs,
-                references: torch.device, deferred: bool) -> list[Reference]:
+                references: torch.device, deferred: bool, on_demand: bool = False) -> list:
     """The float64 oracle and the same-precision reference of `case`, computed on `references`.
     They only read their inputs, and no implementation run ever sees `pristine`. `deferred`:
-    the oracle's score magnitude left unread (they are read back elsewhere)."""
+    the oracle's score magnitude left unread (they are read back elsewhere). `on_demand`: the
+    same-precision reference as a function computing it once, when first asked (the checks ask
+    only when an error is above its noise alone: tolerance.py's tiers)."""
     originals = pristine.on(references).tensors()
     seen = visibility(case, originals[0].device)        # one mask for both
-    return [oracle(*originals, case, deferred=deferred, seen=seen),
-            same_precision_reference(*originals, case, impl.caps.fp32_matmul, magnitudes=False,
-                                     seen=seen)]
+
+    def same_precision() -> Reference:
+        return same_precision_reference(*originals, case, impl.caps.fp32_matmul,
+                                        magnitudes=False, seen=seen)
+
+    truth = oracle(*originals, case, deferred=deferred, seen=seen)
+    return [truth, functools.cache(same_precision) if on_demand else same_precision()]
 
 
 def _read_back_with_references(impl: Implementation, case: AttentionCase, device,
@@ -239,12 +256,16 @@ def _read_back_with_references(impl: Implementation, case: AttentionCase, device
 def _judge_runs(impl: Implementation, case: AttentionCase, device, first: runs.Run,
                 pristine: Inputs, here: torch.device,
                 second: runs.Run | None = None, references=None,
-                computed: list | None = None) -> tuple[list[Verdict], list[Reference] | None]:
+                computed: list | None = None,
+                margins: bool = False) -> tuple[list[Verdict], list | None]:
     """The verdicts of the first run, and of the second (`second` when it already ran, else run
     here, after the references), with the references they were judged against (None when the
     first run failed before any). The references compute on `references` (default: `here`) and
     are read back to `here`, where every check computes; `computed`: already there (read back
-    with the runs, `_read_back_with_references`)."""
+    with the runs, `_read_back_with_references`). Judged on the host throughout, the
+    same-precision reference is computed only if a check asks for it (`_references`); where a
+    device is involved it is computed with the oracle and read back with it, so that asking
+    for it later is no second wait."""
     if first.failure is not None:
         return [first.failure], None
     verdicts = list(first.side_effects)
@@ -258,14 +279,15 @@ def _judge_runs(impl: Implementation, case: AttentionCase, device, first: runs.R
             # The oracle's score magnitude is left unread off the host: read back with the
             # references (away), or with the value checks' other scalars (value_verdicts).
             computed = _references(impl, case, pristine, references,
-                                   deferred=away or here.type != "cpu")
+                                   deferred=away or here.type != "cpu",
+                                   on_demand=here.type == "cpu" and not away and not margins)
             if away:
                 computed = moved_together(computed, here)
     ref, spr = computed
     first = run_on(first, here)
 
     with judging():
-        values, nonfinite = value_verdicts(impl, case, first, ref, spr)
+        values, nonfinite = value_verdicts(impl, case, first, ref, spr, margins=margins)
     if nonfinite is not None and bool(nonfinite.any()):
         check, detail = attribute_nonfinite(impl, case, device, ref)
         verdicts.append(Verdict(impl=impl.name, case=case, check=check, passed=False,
@@ -290,7 +312,7 @@ def _judge_runs(impl: Implementation, case: AttentionCase, device, first: runs.R
             # get the same verdicts).
             rerun, _ = value_verdicts(impl, case, second_here, ref, spr, check_out="rerun",
                                        check_lse="rerun", check_stat="rerun",
-                                       find_nonfinite=False)
+                                       find_nonfinite=False, margins=margins)
             verdicts += [v for v in rerun if v.check == "rerun"]
     if impl.caps.deterministic:
         differs = [n for n, same in (("out", same_out), ("lse", same_lse)) if not same]

@@ -6,6 +6,7 @@ error_statistics.py; where the checks compute: judge_device.py.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import torch
@@ -15,7 +16,7 @@ from fuzzattn.engine.error_statistics import out_rms_bound
 from fuzzattn.engine.judge_device import moved
 from fuzzattn.engine.oracle import Reference
 from fuzzattn.engine.tolerance import (all_finite, differences, lse_finish, maxima, out_finish,
-                                       summed_for_tf32)
+                                       summed_for_tf32, with_reference)
 from fuzzattn.engine.transfer import same_device
 from fuzzattn.engine.verdict import Verdict, heatmap, locate
 
@@ -66,18 +67,24 @@ def attribute_nonfinite(impl, case, device, ref: Reference) -> tuple[str, str]:
     return "nonfinite", "NaN/inf with clean padding and clean output memory"
 
 
-def value_verdicts(impl, case, run: runs.Run, ref: Reference, spr: Reference, *,
+def value_verdicts(impl, case, run: runs.Run, ref: Reference, spr, *,
                    check_out="out", check_lse="lse", check_stat="out_rms",
-                   find_nonfinite: bool = True) -> tuple[list[Verdict], torch.Tensor | None]:
+                   find_nonfinite: bool = True,
+                   margins: bool = False) -> tuple[list[Verdict], torch.Tensor | None]:
     """The value checks of one run (empty rows, the max rule for out and lse, out_rms), and
     (`find_nonfinite`) the rows holding NaN/inf where the oracle is finite (nonfinite_rows),
     None when there are none.
 
+    `spr`: the same-precision reference, or a function computing it (judge.py: on the host),
+    called only when an error is above its noise alone (tolerance.py's tiers; `margins`: every
+    bound decided on the whole rule, the reference always asked for).
+
     Every scalar the max rules need is read in one transfer (tolerance.maxima): both bounds'
-    maxima, the oracle's score magnitude while it is a 0-d tensor (computed on the accelerator
-    the checks run on) and the TF32 term's maximum. On an accelerator each read is a wait for
-    the device (engine/runs.py); these were four. Whether any row is empty is known from the
-    lengths (Reference.some_empty), not read.
+    maxima (their reference errors' too, when the reference is at hand), the oracle's score
+    magnitude while it is a 0-d tensor (computed on the accelerator the checks run on) and the
+    TF32 term's maximum. On an accelerator each read is a wait for the device
+    (engine/runs.py); these were four. Whether any row is empty is known from the lengths
+    (Reference.some_empty), not read.
 
     Non-finite rows are found from those maxima rather than by a pass of their own: the max
     rule's error |got - oracle| is infinite exactly where got holds NaN or inf and the oracle is
@@ -89,9 +96,16 @@ def value_verdicts(impl, case, run: runs.Run, ref: Reference, spr: Reference, *,
     out_results = []
     empty = ref.empty_rows
     fp32_matmul = impl.caps.fp32_matmul
-    bounds = [(check_out, run.out, differences(run.out, spr.out, ref.out))]
+    if margins and not isinstance(spr, Reference):
+        spr = spr()
+    at_hand = isinstance(spr, Reference)      # else asked for only if an error needs it
+    reference = (lambda: spr) if at_hand else functools.cache(spr)
+    references = spr if at_hand else None
+    bounds = [(check_out, run.out,
+               differences(run.out, references.out if at_hand else None, ref.out))]
     if run.lse is not None:
-        bounds.append((check_lse, run.lse, differences(run.lse, spr.lse, ref.lse)))
+        bounds.append((check_lse, run.lse,
+                       differences(run.lse, references.lse if at_hand else None, ref.lse)))
     extra = {}
     if isinstance(ref.score_magnitude, torch.Tensor):
         extra["score"] = ref.score_magnitude
@@ -101,10 +115,10 @@ def value_verdicts(impl, case, run: runs.Run, ref: Reference, spr: Reference, *,
     if find_nonfinite and run.lse is not None and bounds[-1][2].excluded is not None:
         extra["nan_lse_left_out"] = torch.isnan(run.lse) & bounds[-1][2].excluded
     read = iter(maxima(*(t for _, _, d in bounds for t in d.maximised), *extra.values()))
-    bound_maxima = [[next(read) for _ in range(3)] for _ in bounds]
+    bound_maxima = [[next(read) for _ in d.maximised] for _, _, d in bounds]
     scalars = dict(zip(extra, read))
     nonfinite = None
-    if find_nonfinite and (any(worst == math.inf for worst, _, _ in bound_maxima)
+    if find_nonfinite and (any(worst == math.inf for worst, *_ in bound_maxima)
                            or scalars.get("nan_lse_left_out", 0.0) > 0):
         nonfinite = nonfinite_rows(run, ref)
     score = scalars.get("score", ref.score_magnitude)
@@ -123,14 +137,31 @@ def value_verdicts(impl, case, run: runs.Run, ref: Reference, spr: Reference, *,
             check="empty_rows", passed=not failed, where=locate(bad) if failed else "",
             detail="rows with no visible key must be out=0, lse=-inf" if failed else "",
             heatmap=heatmap(bad) if failed else "", **verdict))
+
+    def finished(got, d, maximum):
+        if got is run.out:
+            return out_finish(d, maximum, got.dtype, score, fp32_matmul,
+                              scalars.get("summed", 0.0), margins=margins)
+        return lse_finish(d, maximum, score, margins=margins)
+
+    judged = [finished(got, d, maximum) for (_, got, d), maximum in zip(bounds, bound_maxima)]
+    undecided = [i for i, b in enumerate(judged) if b is None]
+    if undecided:
+        # Errors above their noise: the reference's errors now, their maxima in one read.
+        references = reference()
+        for i in undecided:
+            check, got, d = bounds[i]
+            bounds[i] = (check, got, with_reference(d, references.out if got is run.out
+                                                    else references.lse))
+        more = iter(maxima(*(bounds[i][2].ref_err for i in undecided)))
+        for i in undecided:
+            _, got, d = bounds[i]
+            judged[i] = finished(got, d, bound_maxima[i] + [next(more)])
     whole = None              # the max rule's float64 differences of out, for out_rms
     err_finite = False        # and whether its worst error was finite
-    for (check, got, d), maximum in zip(bounds, bound_maxima):
+    for (check, got, d), b in zip(bounds, judged):
         if got is run.out:
-            b = out_finish(d, maximum, got.dtype, score, fp32_matmul, scalars.get("summed", 0.0))
             whole, err_finite = b.differences, math.isfinite(b.error)
-        else:
-            b = lse_finish(d, maximum, score)
         bad = None if b.ok else (b.row_errors > b.allowed) | torch.isnan(b.row_errors)
         out_results.append(Verdict(
             check=check, passed=b.ok, error=b.error, allowed=b.allowed,
@@ -139,9 +170,11 @@ def value_verdicts(impl, case, run: runs.Run, ref: Reference, spr: Reference, *,
             **verdict))
     # The error statistic over the whole output (error_statistics.py): precision bugs that stay
     # under the max rule in every element but add error to all of them.
-    s = out_rms_bound(run.out, spr.out, ref.out, empty if has_empty else None,
-                      score, ref.out_magnitude, fp32_matmul=fp32_matmul,
-                      differences=whole, err_finite=err_finite)
+    s = out_rms_bound(run.out, (lambda: reference().out) if references is None else references.out,
+                      ref.out,
+                      empty if has_empty else None, score, ref.out_magnitude,
+                      fp32_matmul=fp32_matmul, differences=whole, err_finite=err_finite,
+                      margins=margins)
     bad = s.row_ratio > 1 if not s.ok else None
     out_results.append(Verdict(
         check=check_stat, passed=s.ok, error=s.statistic, allowed=s.allowed,

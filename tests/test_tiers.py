@@ -1,0 +1,59 @@
+"""The rule decided tier by tier (tolerance.py) gives the whole rule's verdicts.
+
+By default a judgement compares an error with its noise allowance first and asks for the
+same-precision reference only when the error is above it; `judge(margins=True)` decides every
+bound on the whole rule. Pass or fail, which check, where and why must be the same either way,
+for real kernels and for mutants that fail the value rules (including the precision mutants,
+whose errors sit between the two tiers), the gradient rule and the determinism rerun. A pass may
+report the noise as its allowance: never less than its error, never more than the whole rule's.
+"""
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, seed, settings
+
+from fuzzattn import settings as run_settings
+from fuzzattn.engine.judge import judge
+from fuzzattn.engine.registry import implementations, mutants
+from strategies import attention_cases
+
+JUDGED = [("sdpa", "float32"), ("sdpa", "bfloat16"), ("torch_tiled", "float16"),
+          ("mutant_acc_bf16", "bfloat16"), ("mutant_pv_low_precision", "bfloat16"),
+          ("mutant_tiled_denominator_detached", "float32"), ("mutant_lse_unmasked", "float32"),
+          ("mutant_nondeterministic", "float32"), ("mutant_phantom_keys", "float16")]
+
+
+@pytest.mark.parametrize("name, dtype", JUDGED, ids=[f"{n}-{d}" for n, d in JUDGED])
+def test_tiers_give_the_whole_rules_verdicts(name, dtype):
+    impl = {**implementations(), **mutants()}[name]
+    strategy = attention_cases(impl.caps, dtype=dtype, profile=run_settings.load_profile("ci"))
+    judged = {"cases": 0, "failed": 0, "by_noise": 0}
+
+    @seed(11)
+    @settings(max_examples=8, database=None, deadline=None, derandomize=False,
+              suppress_health_check=list(HealthCheck))
+    @given(strategy)
+    def compare(case):
+        tiered, whole = judge(impl, case), judge(impl, case, margins=True)
+        assert (tiered.skipped, tiered.refused) == (whole.skipped, whole.refused)
+        assert [(v.check, v.passed) for v in tiered.verdicts] == \
+               [(v.check, v.passed) for v in whole.verdicts], case
+        for t, w in zip(tiered.verdicts, whole.verdicts):
+            if name == "mutant_nondeterministic":
+                judged["failed"] += not w.passed   # its output differs between judgements:
+                continue                           # the checks and verdicts compare, not numbers
+            if not w.passed:
+                assert t == w, (case, t, w)
+                judged["failed"] += 1
+            elif w.error is not None:
+                assert t.error == w.error and t.where == w.where == ""
+                assert w.error <= t.allowed <= w.allowed, (case, t, w)
+                judged["by_noise"] += t.allowed < w.allowed
+        judged["cases"] += 1
+
+    compare()
+    assert judged["cases"] == 8
+    if name.startswith("mutant_") and name != "mutant_phantom_keys":
+        assert judged["failed"], f"{name} failed nowhere: the comparison saw no failure"
+    if not name.startswith("mutant_"):
+        assert judged["by_noise"], "no pass was decided on the noise alone"
