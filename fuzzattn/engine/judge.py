@@ -9,6 +9,10 @@ touches the device at all, and the second run follows the first at once: `_runs_
 they compute on the accelerator and the checks on the host, the second run follows them there,
 and both runs and the references are read back together: `_read_back_with_references`.)
 
+Judged on the host, the same-precision reference is computed only if a check asks for it (an
+error above its noise alone: tolerance.py's tiers), so possibly after the second run; it reads
+the pristine inputs only, as every reference does, and nothing of a run can reach it.
+
 The runs themselves, adversarial and plain, and their side-effect checks: engine/runs.py; the
 value checks of a run against the references: engine/value_checks.py.
 """
