@@ -117,6 +117,38 @@ def test_a_statistic_within_the_noise_is_decided_without_the_reference():
         assert asked == [1] and decided.ok == ok
         assert numbers(decided) == numbers(out_rms_bound(got, reference, oracle, margins=True))
 
+    # Told the reference's dtype, the middle tier: the reference, a bf16 value, is no closer to
+    # the oracle than the oracle's own rounding to bf16 (here it is exactly that rounding), so
+    # K_RMS times that rounding passes the first kernel without asking for the reference.
+    for got, ok in ((reference.clone(), True), (torch.full_like(reference, 0.5 + 2 ** -8), False)):
+        asked.clear()
+        decided = out_rms_bound(got, asking(reference), oracle, reference_dtype=torch.bfloat16)
+        whole = out_rms_bound(got, reference, oracle, margins=True)
+        assert decided.ok == whole.ok == ok and asked == ([] if ok else [1])
+        assert decided.allowed <= whole.allowed and decided.statistic == whole.statistic
+
+
+def test_the_middle_tier_never_allows_more_than_the_whole_rule():
+    """The oracle's own rounding to the reference's dtype is at most the reference's error in
+    every element (the rounding is to the nearest value), so the middle tier's allowance is at
+    most the whole rule's, whatever the reference: here sdpa's cases in bf16 and fp16."""
+    impl = implementations()["sdpa"]
+    from fuzzattn.engine.inputs import materialize
+    from fuzzattn.engine.oracle import oracle as float64_oracle, same_precision_reference
+    for dtype in ("bfloat16", "float16"):
+        for seed_value in range(6):
+            case = AttentionCase(batch=1, heads=2, kv_heads=1, seq_q=5 + seed_value, seq_k=9,
+                                 head_dim=16, dtype=dtype, data_seed=seed_value)
+            q, k, v = materialize(case).tensors()
+            truth = float64_oracle(q, k, v, case).out
+            reference = same_precision_reference(q, k, v, case).out
+            rounding = (truth.to(reference.dtype).double() - truth).abs()
+            assert (rounding <= (reference.double() - truth).abs()).all()
+            got = impl(q, k, v, case)[0]
+            tiered = out_rms_bound(got, reference, truth, reference_dtype=reference.dtype)
+            whole = out_rms_bound(got, reference, truth, margins=True)
+            assert tiered.ok == whole.ok and tiered.allowed <= whole.allowed
+
 
 def test_on_one_element_it_is_never_stricter_than_the_max_rule():
     """The calibration's false positive before this rule (sdpa fp32, Nq = 1, Nk = 43, D = 1,

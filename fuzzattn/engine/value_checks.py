@@ -11,6 +11,7 @@ import math
 
 import torch
 
+from fuzzattn.contract.dtypes import torch_dtype
 from fuzzattn.engine import runs
 from fuzzattn.engine.error_statistics import out_rms_bound
 from fuzzattn.engine.judge_device import moved
@@ -174,7 +175,7 @@ def value_verdicts(impl, case, run: runs.Run, ref: Reference, spr, *,
                       ref.out,
                       empty if has_empty else None, score, ref.out_magnitude,
                       fp32_matmul=fp32_matmul, differences=whole, err_finite=err_finite,
-                      margins=margins)
+                      margins=margins, reference_dtype=torch_dtype(case.dtype))
     bad = s.row_ratio > 1 if not s.ok else None
     out_results.append(Verdict(
         check=check_stat, passed=s.ok, error=s.statistic, allowed=s.allowed,
