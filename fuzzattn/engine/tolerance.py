@@ -158,7 +158,9 @@ TF32_WEIGHT_ULPS = 2.0
 # far a kernel is from each bound (`fuzzattn explain`, benchmarks/calibrate_error_stats.py). The
 # verdict is the same either way: the noise is at most the whole allowance, in floating point
 # too (each is a rounded sum of non-negative terms, the noise's a subset, and rounding is
-# monotonic).
+# monotonic). out_rms has one tier more between the two, from the oracle alone: a reference
+# rounded to bf16 or fp16 is no closer to the oracle than the oracle's own rounding to that
+# dtype (error_statistics.out_rms_bound).
 
 
 @dataclasses.dataclass(frozen=True)
