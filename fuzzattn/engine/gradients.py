@@ -279,7 +279,7 @@ def _values(impl, case, run: _GradRun, ref: GradReference, spr,
     if margins and not isinstance(spr, GradReference):
         spr = spr()
     at_hand = isinstance(spr, GradReference)
-    judged = {}           # name -> [differences, maxima, overflowed (the exact values there)]
+    judged = {}           # name -> [differences, their maxima, whether it overflowed]
     for name in NAMES:
         if name in vacuous:
             continue
@@ -297,7 +297,7 @@ def _values(impl, case, run: _GradRun, ref: GradReference, spr,
     bounds = {name: grad_finish(d, maximum, allowances[name], margins=margins)
               for name, (d, maximum, _) in judged.items()}
     undecided = [name for name, b in bounds.items() if b is None]
-    if undecided:
+    if undecided:                # errors above their noise: the reference's errors, one read
         spr = spr()
         for name in undecided:
             d, maximum, overflowed = judged[name]

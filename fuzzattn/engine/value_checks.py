@@ -99,14 +99,14 @@ def value_verdicts(impl, case, run: runs.Run, ref: Reference, spr, *,
     fp32_matmul = impl.caps.fp32_matmul
     if margins and not isinstance(spr, Reference):
         spr = spr()
-    at_hand = isinstance(spr, Reference)      # else asked for only if an error needs it
-    reference = (lambda: spr) if at_hand else functools.cache(spr)
-    references = spr if at_hand else None
+    # The reference when it is at hand; else asked for (once) only if an error needs it.
+    at_hand = spr if isinstance(spr, Reference) else None
+    same_precision = (lambda: at_hand) if at_hand is not None else functools.cache(spr)
     bounds = [(check_out, run.out,
-               differences(run.out, references.out if at_hand else None, ref.out))]
+               differences(run.out, None if at_hand is None else at_hand.out, ref.out))]
     if run.lse is not None:
         bounds.append((check_lse, run.lse,
-                       differences(run.lse, references.lse if at_hand else None, ref.lse)))
+                       differences(run.lse, None if at_hand is None else at_hand.lse, ref.lse)))
     extra = {}
     if isinstance(ref.score_magnitude, torch.Tensor):
         extra["score"] = ref.score_magnitude
@@ -149,11 +149,11 @@ def value_verdicts(impl, case, run: runs.Run, ref: Reference, spr, *,
     undecided = [i for i, b in enumerate(judged) if b is None]
     if undecided:
         # Errors above their noise: the reference's errors now, their maxima in one read.
-        references = reference()
+        at_hand = same_precision()
         for i in undecided:
             check, got, d = bounds[i]
-            bounds[i] = (check, got, with_reference(d, references.out if got is run.out
-                                                    else references.lse))
+            bounds[i] = (check, got, with_reference(d, at_hand.out if got is run.out
+                                                    else at_hand.lse))
         more = iter(maxima(*(bounds[i][2].ref_err for i in undecided)))
         for i in undecided:
             _, got, d = bounds[i]
@@ -171,9 +171,9 @@ def value_verdicts(impl, case, run: runs.Run, ref: Reference, spr, *,
             **verdict))
     # The error statistic over the whole output (error_statistics.py): precision bugs that stay
     # under the max rule in every element but add error to all of them.
-    s = out_rms_bound(run.out, (lambda: reference().out) if references is None else references.out,
-                      ref.out,
-                      empty if has_empty else None, score, ref.out_magnitude,
+    reference_out = (lambda: same_precision().out) if at_hand is None else at_hand.out
+    s = out_rms_bound(run.out, reference_out, ref.out, empty if has_empty else None,
+                      score, ref.out_magnitude,
                       fp32_matmul=fp32_matmul, differences=whole, err_finite=err_finite,
                       margins=margins, reference_dtype=torch_dtype(case.dtype))
     bad = s.row_ratio > 1 if not s.ok else None
