@@ -134,7 +134,7 @@ def test_rows_with_no_visible_key_are_zero_with_lse_minus_inf():
 
 
 @pytest.mark.parametrize("causal", ["none", "top_left", "bottom_right"])
-def test_whether_a_row_sees_no_key_is_known_from_the_lengths(causal):
+def test_hidden_keys_and_empty_rows_match_the_mask_for_every_pair_of_lengths(causal):
     """The value checks ask some_row_empty instead of reading the mask back (one read fewer
     on an accelerator): it must say what the mask says, for every pair of lengths."""
     for seq_q in range(0, 6):
@@ -143,6 +143,14 @@ def test_whether_a_row_sees_no_key_is_known_from_the_lengths(causal):
             seen = visibility(case, "cpu")
             assert seen.some_empty == bool(seen.empty.any()) == \
                 some_row_empty(seq_q, seq_k, causal), (seq_q, seq_k)
+            # visibility builds the hidden keys directly: the complement of visible_keys
+            mask = visible_keys(seq_q, seq_k, causal)
+            if mask is None and seq_k == 0:
+                mask = torch.ones(seq_q, 0, dtype=torch.bool)
+            if mask is None:
+                assert seen.hidden is None and not seen.empty.any()
+            else:
+                assert torch.equal(seen.hidden, ~mask) and torch.equal(seen.empty, ~mask.any(-1))
             assert oracle(*materialize(case).tensors(), case).some_empty == seen.some_empty
 
 

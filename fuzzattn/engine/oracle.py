@@ -79,18 +79,21 @@ def some_row_empty(seq_q: int, seq_k: int, causal: str) -> bool:
 
 
 def visibility(case: AttentionCase, device) -> Visibility:
-    """`case`'s hidden keys and empty rows on `device` (visible_keys, with Nk = 0 as every row
-    empty)."""
-    mask = visible_keys(case.seq_q, case.seq_k, case.causal, device)
-    if mask is None and case.seq_k == 0:
-        mask = torch.ones(case.seq_q, 0, dtype=torch.bool, device=device)   # every row empty
-    # Every key visible (mask None): nothing to mask, and no row is empty; the masking in
-    # _attend is skipped rather than done with an all-True mask (the same values, seven
-    # operations fewer).
-    if mask is None:
-        return Visibility(None, torch.zeros(case.seq_q, dtype=torch.bool, device=device), False)
-    return Visibility(~mask, ~mask.any(dim=-1),
-                      some_row_empty(case.seq_q, case.seq_k, case.causal))
+    """`case`'s hidden keys and empty rows on `device`: the complement of visible_keys, built
+    as such (key j is hidden from query i iff j > i + offset: the upper triangle above that
+    diagonal, two operations fewer than negating the mask and its rows' any), with Nk = 0 as
+    every row empty."""
+    seq_q, seq_k = case.seq_q, case.seq_k
+    if case.causal == "none" and seq_k > 0:
+        # Every key visible: nothing to mask, and no row is empty; the masking in _attend is
+        # skipped rather than done with an all-False mask (the same values, seven operations
+        # fewer).
+        return Visibility(None, torch.zeros(seq_q, dtype=torch.bool, device=device), False)
+    hidden = torch.ones(seq_q, seq_k, dtype=torch.bool, device=device)
+    if case.causal != "none":
+        offset = 0 if case.causal == "top_left" else seq_k - seq_q
+        hidden = hidden.triu(diagonal=offset + 1)
+    return Visibility(hidden, hidden.all(dim=-1), some_row_empty(seq_q, seq_k, case.causal))
 
 
 def _attend(q, k, v, case: AttentionCase, compute: torch.dtype, p_dtype: torch.dtype | None,

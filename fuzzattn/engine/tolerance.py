@@ -206,15 +206,17 @@ class Differences:
 
 
 def differences(got: torch.Tensor, reference: torch.Tensor | None,
-                oracle: torch.Tensor) -> Differences:
+                oracle: torch.Tensor, *, assume_finite: bool = False) -> Differences:
     """The first phase of `bound`: every tensor it compares, nothing read from a device. Entries
     where the oracle is not finite (lse of rows with no visible key) are left out here and
     checked exactly by the caller. `reference` None: its error is formed later, if the rule
-    needs it (`with_reference`)."""
+    needs it (`with_reference`). `assume_finite`: the oracle is taken to be finite without the
+    test (two operations on the host, five launches on a device); the caller reads the maxima
+    and asks again without it when |oracle|'s maximum is not finite (`assumed_wrongly`)."""
     # In place on fresh tensors where it can be: on the host each new tensor of a large case is
     # fresh pages to fault in, which cost more than the arithmetic.
     oracle64 = oracle.to(torch.float64)
-    excluded = None if all_finite(oracle64) else ~torch.isfinite(oracle)
+    excluded = None if assume_finite or all_finite(oracle64) else ~torch.isfinite(oracle)
     if excluded is not None:
         oracle64 = oracle64.masked_fill(excluded, 0.0)
     # (got - oracle64: torch promotes got to float64 inside the subtraction, exactly, as .to()
@@ -237,6 +239,12 @@ def differences(got: torch.Tensor, reference: torch.Tensor | None,
 
 def _rows(err: torch.Tensor) -> torch.Tensor:
     return err.amax(dim=-1) if err.dim() == 4 else err
+
+
+def assumed_wrongly(d: Differences, maximum: list[float]) -> bool:
+    """Whether `d` took a non-finite oracle for finite (`assume_finite`), from its maxima: then
+    |oracle|'s maximum is inf or NaN, where with the non-finite entries left out it never is."""
+    return d.excluded is None and not math.isfinite(maximum[1])
 
 
 def with_reference(d: Differences, reference: torch.Tensor) -> Differences:
