@@ -10,8 +10,9 @@ in different checks (phantom keys: values; a detached denominator: gradients), e
 `--cases` drawn cases of the ci profile (Hypothesis seed 7), gradients on every case; `--also
 IMPL:DTYPE` adds more (a mutant's name, say). `--margins` judges with `margins=True` (every
 allowance the whole rule's, the same-precision references always computed): a tree deciding the
-rule tier by tier then compares line for line with one from before that. A line is the verdict's check, passed, error, allowed, where and
-detail, by repr: a last-digit change of a statistic shows.
+rule tier by tier then compares line for line with one from before that. A line is the verdict's
+check, passed, error, allowed, where and detail, by repr: a last-digit change of a statistic
+shows.
 
 `--compare` is for a change that moves float64 arithmetic (the oracle computed another way):
 lines that differ only in their numbers pass, and the largest relative differences among them

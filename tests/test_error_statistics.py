@@ -185,10 +185,11 @@ def test_rows_with_no_visible_key_are_left_out():
 
 
 def test_the_host_shortcuts_leave_inputs_alone_and_still_see_every_nonfinite_entry():
-    """On the host, tolerance.bound and out_rms_bound skip their masks when one float64 sum says
-    everything is finite (tolerance.all_finite). Unmasked, the oracle is the caller's own tensor:
-    nothing may write to it. And whatever the sum says, a NaN or inf in the output fails: an inf
-    and a -inf (their sum NaN), a NaN in a row that is left out (that one must not count)."""
+    """On the host, tolerance.differences and out_rms_bound skip their masks when one float64
+    sum says everything is finite (tolerance.all_finite). Unmasked, the oracle is the caller's own
+    tensor: nothing may write to it. And whatever the sum says, a NaN or inf in the output fails:
+    an inf and a -inf (their sum NaN), a NaN in a row that is left out (that one must not
+    count)."""
     oracle, reference = _tensors()
     kept = [t.clone() for t in (oracle, reference)]
     assert out_bound(reference, reference, oracle).ok

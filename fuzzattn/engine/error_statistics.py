@@ -96,7 +96,8 @@ def out_rms_bound(got: torch.Tensor, reference, oracle: torch.Tensor,
     """Judge the output `got` (B, H, Nq, D) by its rms error against the float64 `oracle`,
     compared with the rms error of the same-precision `reference`; `empty_rows` (Nq,) bool marks
     rows with no visible key, which are left out; `out_magnitude` (the oracle's sum_j p |v| / l
-    per element, oracle.Reference.out_magnitude) sets the fp32 summation noise, |oracle| standing in without.
+    per element, oracle.Reference.out_magnitude) sets the fp32 summation noise, |oracle|
+    standing in without.
     `fp32_matmul="tf32"` (the implementation's declaration) judges fp32 outputs with K_RMS_TF32.
     `reference`: the reference's output, or a function returning it, called only when the
     statistic is above the noise alone (tiers and `margins`: tolerance.py).
@@ -109,8 +110,9 @@ def out_rms_bound(got: torch.Tensor, reference, oracle: torch.Tensor,
     tf32 = reads_tf32(got.dtype, fp32_matmul)
     k_rms = K_RMS_TF32 if tf32 else K_RMS
     oracle64 = oracle.to(torch.float64)
-    # Rows with no visible key are left out: zeroed (in place, on fresh tensors: tolerance.bound
-    # says why) and not counted. Without any (`empty_rows` None), nothing is masked.
+    # Rows with no visible key are left out: zeroed (in place, on fresh tensors:
+    # tolerance.differences says why) and not counted. Without any (`empty_rows` None), nothing
+    # is masked.
     drop = None if empty_rows is None else \
         empty_rows.to(oracle64.device)[:, None].expand(oracle64.shape)
 

@@ -37,7 +37,7 @@ class GradReference:
     unseen_keys: torch.Tensor           # (Nk,) bool: keys no row sees
     score_magnitude: float = 0.0        # as Reference.score_magnitude
     # Per gradient, the sums of term magnitudes its rounding noise scales with (float64; the
-    # oracle's only): tolerance.grad_bound.
+    # oracle's only): tolerance.grad_allowance.
     terms: dict = dataclasses.field(default_factory=dict)
 
 

@@ -15,7 +15,7 @@ Runs, as for the forward:
 3. NaN where the oracle is finite is attributed by re-running with clean memory, then also with
    zero padding (grad_unwritten, grad_out_of_bounds_read, else grad_nonfinite);
 4. exact checks: dq = 0 on rows with no visible key, dk = dv = 0 on keys no row sees;
-5. dq, dk, dv by the gradient rule (tolerance.grad_bound);
+5. dq, dk, dv by the gradient rule (tolerance.grad_finish);
 6. when `deterministic_backward` is declared, a second, plain run on the same inputs (and the
    same forward outputs) must give bitwise-identical gradients.
 """

@@ -40,7 +40,7 @@ score sums (oracle.Reference.score_magnitude).
 Errors are compared as float64 maxima over the whole tensor; the rows over the bound are
 reported as the failure's location.
 
-Gradients (dq, dk, dv; `grad_bound`), the same kind of rule against the gradient oracle and the
+Gradients (dq, dk, dv; `grad_finish`), the same kind of rule against the gradient oracle and the
 same-precision reference backward (engine/grad_oracle.py):
 
     allowed = K_GRAD * max|ref - oracle| + GRAD_EPS_ULPS u_op T + u_op T_delta
@@ -206,17 +206,15 @@ class Differences:
 
 
 def differences(got: torch.Tensor, reference: torch.Tensor | None,
-                oracle: torch.Tensor, *, assume_finite: bool = False) -> Differences:
-    """The first phase of `bound`: every tensor it compares, nothing read from a device. Entries
+                oracle: torch.Tensor) -> Differences:
+    """The first phase of a bound: every tensor it compares, nothing read from a device. Entries
     where the oracle is not finite (lse of rows with no visible key) are left out here and
     checked exactly by the caller. `reference` None: its error is formed later, if the rule
-    needs it (`with_reference`). `assume_finite`: the oracle is taken to be finite without the
-    test (two operations on the host, five launches on a device); the caller reads the maxima
-    and asks again without it when |oracle|'s maximum is not finite (`assumed_wrongly`)."""
+    needs it (`with_reference`)."""
     # In place on fresh tensors where it can be: on the host each new tensor of a large case is
     # fresh pages to fault in, which cost more than the arithmetic.
     oracle64 = oracle.to(torch.float64)
-    excluded = None if assume_finite or all_finite(oracle64) else ~torch.isfinite(oracle)
+    excluded = None if all_finite(oracle64) else ~torch.isfinite(oracle)
     if excluded is not None:
         oracle64 = oracle64.masked_fill(excluded, 0.0)
     # (got - oracle64: torch promotes got to float64 inside the subtraction, exactly, as .to()
@@ -241,12 +239,6 @@ def _rows(err: torch.Tensor) -> torch.Tensor:
     return err.amax(dim=-1) if err.dim() == 4 else err
 
 
-def assumed_wrongly(d: Differences, maximum: list[float]) -> bool:
-    """Whether `d` took a non-finite oracle for finite (`assume_finite`), from its maxima: then
-    |oracle|'s maximum is inf or NaN, where with the non-finite entries left out it never is."""
-    return d.excluded is None and not math.isfinite(maximum[1])
-
-
 def with_reference(d: Differences, reference: torch.Tensor) -> Differences:
     """`d` with the reference's error |reference - oracle| formed (the excluded entries 0)."""
     if d.ref_err is not None:
@@ -259,7 +251,7 @@ def with_reference(d: Differences, reference: torch.Tensor) -> Differences:
 
 def finish(d: Differences, maximum: list[float], *, k: float, relative_noise: float,
            absolute_noise: float = 0.0, margins: bool = False) -> Bound | None:
-    """The second phase of `bound`: the rule, given the maxima of `d.maximised`, tier by tier
+    """The second phase of a bound: the rule, given the maxima of `d.maximised`, tier by tier
     (the section above): None when the error is above the noise and the reference's error is
     not formed yet (`with_reference`, then ask again with its maximum)."""
     worst, magnitude = maximum[:2]
@@ -272,23 +264,6 @@ def finish(d: Differences, maximum: list[float], *, k: float, relative_noise: fl
         return None
     allowed = k * ref_worst + relative_noise * max(magnitude, FLOOR) + absolute_noise
     return Bound(worst, allowed, ref_worst, d.rows, whole)
-
-
-def bound(got: torch.Tensor, reference, oracle: torch.Tensor, *, k: float,
-          relative_noise: float, absolute_noise: float = 0.0, margins: bool = False) -> Bound:
-    """Judge `got` against `oracle` by the rule above; entries where the oracle is not finite
-    (lse of rows with no visible key) are excluded here and checked exactly by the caller.
-    `reference`: the same-precision reference's tensor, or a function returning it, called only
-    when the noise alone does not decide (section above)."""
-    eager = isinstance(reference, torch.Tensor)
-    d = differences(got, reference if eager else None, oracle)
-    rule = dict(k=k, relative_noise=relative_noise, absolute_noise=absolute_noise,
-                margins=margins)
-    b = finish(d, maxima(*d.maximised), **rule)
-    if b is None:
-        d = with_reference(d, reference())
-        b = finish(d, maxima(*d.maximised), **rule)
-    return b
 
 
 def all_finite(t: torch.Tensor) -> bool:
@@ -342,7 +317,7 @@ def lse_finish(d: Differences, maximum: list[float], score_magnitude: float, *,
 def out_bound(got, reference, oracle, score_magnitude: float = 0.0, *,
               out_magnitude: torch.Tensor | None = None, fp32_matmul: str = "ieee",
               margins: bool = False) -> Bound:
-    """The out rule on one output, its maxima read here (`reference`: a tensor, as `bound`)."""
+    """The out rule on one output, its maxima read here (`reference`: a tensor)."""
     d = differences(got, reference, oracle)
     summed = summed_for_tf32(got.dtype, oracle, out_magnitude, fp32_matmul)
     read = maxima(*d.maximised, *([] if summed is None else [summed]))
@@ -379,12 +354,6 @@ def grad_finish(d: Differences, maximum: list[float], allowance: float, *,
     `finish`."""
     return finish(d, maximum, k=K_GRAD, relative_noise=0.0, absolute_noise=allowance,
                   margins=margins)
-
-
-def grad_bound(got, reference, oracle, allowance: float, *, margins: bool = False) -> Bound:
-    """grad_finish with the maxima read here (`reference` as `bound`)."""
-    return bound(got, reference, oracle, k=K_GRAD, relative_noise=0.0, absolute_noise=allowance,
-                 margins=margins)
 
 
 def grad_allowance(dtype: torch.dtype, terms, *, fp32_matmul: str = "ieee",

@@ -16,8 +16,8 @@ from fuzzattn.engine import runs
 from fuzzattn.engine.error_statistics import out_rms_bound
 from fuzzattn.engine.judge_device import moved
 from fuzzattn.engine.oracle import Reference
-from fuzzattn.engine.tolerance import (all_finite, assumed_wrongly, differences, lse_finish,
-                                       maxima, out_finish, summed_for_tf32, with_reference)
+from fuzzattn.engine.tolerance import (all_finite, differences, lse_finish, maxima, out_finish,
+                                       summed_for_tf32, with_reference)
 from fuzzattn.engine.transfer import same_device
 from fuzzattn.engine.verdict import Verdict, heatmap, locate
 
@@ -102,14 +102,11 @@ def value_verdicts(impl, case, run: runs.Run, ref: Reference, spr, *,
     # The reference when it is at hand; else asked for (once) only if an error needs it.
     at_hand = spr if isinstance(spr, Reference) else None
     same_precision = (lambda: at_hand) if at_hand is not None else functools.cache(spr)
-    # The oracle's out is finite (0 on rows with no visible key), and so is its lse but on those
-    # rows (-inf): taken so without the test, and checked from the maxima read anyway (below).
-    bounds = [(check_out, run.out, differences(run.out, None if at_hand is None else at_hand.out,
-                                               ref.out, assume_finite=True))]
+    bounds = [(check_out, run.out,
+               differences(run.out, None if at_hand is None else at_hand.out, ref.out))]
     if run.lse is not None:
         bounds.append((check_lse, run.lse,
-                       differences(run.lse, None if at_hand is None else at_hand.lse, ref.lse,
-                                   assume_finite=not ref.some_empty)))
+                       differences(run.lse, None if at_hand is None else at_hand.lse, ref.lse)))
     extra = {}
     if isinstance(ref.score_magnitude, torch.Tensor):
         extra["score"] = ref.score_magnitude
@@ -121,24 +118,6 @@ def value_verdicts(impl, case, run: runs.Run, ref: Reference, spr, *,
     read = iter(maxima(*(t for _, _, d in bounds for t in d.maximised), *extra.values()))
     bound_maxima = [[next(read) for _ in d.maximised] for _, _, d in bounds]
     scalars = dict(zip(extra, read))
-    misjudged = [i for i, ((_, _, d), m) in enumerate(zip(bounds, bound_maxima))
-                 if assumed_wrongly(d, m)]
-    if misjudged:
-        # An oracle taken for finite that was not (no value profile's inputs make one): those
-        # bounds formed again with its non-finite entries left out, read again.
-        for i in misjudged:
-            check, got, _ = bounds[i]
-            part = None if at_hand is None else (at_hand.out if got is run.out else at_hand.lse)
-            bounds[i] = (check, got, differences(got, part, ref.out if got is run.out
-                                                 else ref.lse))
-        again = {}
-        if find_nonfinite and run.lse is not None and bounds[-1][2].excluded is not None:
-            again["nan_lse_left_out"] = torch.isnan(run.lse) & bounds[-1][2].excluded
-        more = iter(maxima(*(t for i in misjudged for t in bounds[i][2].maximised),
-                           *again.values()))
-        for i in misjudged:
-            bound_maxima[i] = [next(more) for _ in bounds[i][2].maximised]
-        scalars.update(zip(again, more))
     nonfinite = None
     if find_nonfinite and (any(worst == math.inf for worst, *_ in bound_maxima)
                            or scalars.get("nan_lse_left_out", 0.0) > 0):
