@@ -44,8 +44,8 @@ import triton  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
 import fuzzattn  # noqa: E402,F401
-from kernels.triton_fa2 import triton_fa2_forward  # noqa: E402
-from kernels.triton_fa2_backward import (BACKWARD_CONFIG_SPACE, config_invalid,  # noqa: E402
+from fuzzattn.kernels.triton_fa2 import triton_fa2_forward  # noqa: E402
+from fuzzattn.kernels.triton_fa2_backward import (BACKWARD_CONFIG_SPACE, config_invalid,  # noqa: E402
                                          default_config, triton_fa2_backward)
 
 # A few configs for --sweep (the full space is 192 configs x 2 compiles per shape: too slow).

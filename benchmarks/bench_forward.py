@@ -36,7 +36,7 @@ def main(argv=None) -> int:
     import triton
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from kernels.triton_fa2 import fa2_fwd_autotuned, triton_fa2_forward
+    from fuzzattn.kernels.triton_fa2 import fa2_fwd_autotuned, triton_fa2_forward
 
     def sdpa(backend):
         def run(q, k, v, causal, scale):

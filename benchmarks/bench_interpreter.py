@@ -1,5 +1,5 @@
 """Seconds for three interpreted triton_fa2 forwards over four fixed cases: an A/B of interpreter
-changes (fuzzattn/engine/interpreter_speed.py). Run it alternately on the two trees being
+changes (fuzzattn/triton_interpreter/speed.py). Run it alternately on the two trees being
 compared, several times each, on one machine: its speed drifts too much for one pair of runs.
 
     TRITON_INTERPRET=1 python benchmarks/bench_interpreter.py
@@ -14,8 +14,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import fuzzattn  # noqa: E402,F401  (selects the interpreter before triton loads)
 from fuzzattn import AttentionCase  # noqa: E402
-from fuzzattn.engine.inputs import materialize  # noqa: E402
-from kernels.triton_fa2 import triton_fa2_forward  # noqa: E402
+from fuzzattn.inputs.materialize import materialize  # noqa: E402
+from fuzzattn.kernels.triton_fa2 import triton_fa2_forward  # noqa: E402
 
 CASES = (AttentionCase(2, 4, 2, 37, 45, 64, causal="bottom_right"),
          AttentionCase(1, 2, 2, 100, 70, 32),

@@ -24,10 +24,10 @@ import time
 from fuzzattn import AttentionCase
 from fuzzattn.campaigns.campaign import fuzz
 from fuzzattn.contract import profiles
-from fuzzattn.engine.isolation import IsolatedJudge
-from fuzzattn.engine.registry import implementations
+from fuzzattn.isolation.supervisor import IsolatedJudge
+from fuzzattn.run.registry import implementations
 from fuzzattn.settings import one_cpu_thread
-from strategies import attention_cases
+from fuzzattn.strategies import attention_cases
 
 
 _SEED = 0

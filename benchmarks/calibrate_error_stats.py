@@ -1,7 +1,7 @@
-"""Calibrate the error-statistics check (`out_rms`, fuzzattn/engine/error_statistics.py) on the CPU.
+"""Calibrate the error-statistics check (`out_rms`, fuzzattn/judge/error_statistics.py) on the CPU.
 
 Judges drawn cases (the ci profile's sizes and shape families, every dtype) on the real
-implementations with the full engine (`fuzzattn.engine.judge.judge`), the final rule included,
+implementations with the full engine (`fuzzattn.judge.judge.judge`), the final rule included,
 and reports, per implementation and dtype:
 
 * cases judged and false positives of `out_rms` (a real kernel failing it; must be 0), with the
@@ -34,9 +34,9 @@ from hypothesis import HealthCheck, given, seed as hypothesis_seed, settings  # 
 
 import fuzzattn  # noqa: E402,F401  (selects the Triton backend before kernels import it)
 from fuzzattn.contract import profiles  # noqa: E402
-from fuzzattn.engine.judge import judge  # noqa: E402
-from fuzzattn.engine.registry import implementations, mutants  # noqa: E402
-from strategies.cases import attention_cases  # noqa: E402
+from fuzzattn.judge.judge import judge  # noqa: E402
+from fuzzattn.run.registry import implementations, mutants  # noqa: E402
+from fuzzattn.strategies.cases import attention_cases  # noqa: E402
 
 REAL = ("sdpa", "torch_tiled")
 # mutant -> the dtypes on which it plants its bug (the accumulator ones only for their dtype)

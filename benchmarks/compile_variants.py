@@ -30,9 +30,9 @@ from triton.backends.compiler import BaseBackend  # noqa: E402
 
 import fuzzattn  # noqa: E402,F401
 from fuzzattn.contract.profiles import PROFILES  # noqa: E402
-from fuzzattn.engine.inputs import materialize, materialize_dout  # noqa: E402
-from fuzzattn.engine import registry  # noqa: E402
-from strategies import attention_cases  # noqa: E402
+from fuzzattn.inputs.materialize import materialize, materialize_dout  # noqa: E402
+from fuzzattn.run import registry  # noqa: E402
+from fuzzattn.strategies import attention_cases  # noqa: E402
 
 
 class _Recorder:
@@ -59,11 +59,11 @@ def main() -> None:
     p.add_argument("--dtype", default=None, help="one dtype (a campaign's); default: all declared")
     p.add_argument("--seed", type=int, default=0, help="Hypothesis seed")
     p.add_argument("--palette", type=int, default=None,
-                   help="draw configurations from a campaign palette of this shard (see strategies.configs)")
+                   help="draw configurations from a campaign palette of this shard (see fuzzattn.strategies.configs)")
     args = p.parse_args()
 
-    import kernels.triton_fa2 as fwd
-    import kernels.triton_fa2_backward as bwd
+    import fuzzattn.kernels.triton_fa2 as fwd
+    import fuzzattn.kernels.triton_fa2_backward as bwd
     impl = registry.get("triton_fa2")
     forward_seen: set = set()
     backward_seen: set = set()

@@ -9,7 +9,7 @@ gpu_speed_call.sh contention does, for K = 1, 4, 16, with and without MPS when t
     python benchmarks/contention_probe.py launches --seconds 8   # 100 tiny kernels, synchronize
     python benchmarks/contention_probe.py runs --seconds 20 --impl sdpa --dtype float32
         # gpu-profile cases materialised on the host beforehand; timed: inputs to the device, the
-        # adversarial run and the plain run with their flags read back (engine/runs.py), per case
+        # adversarial run and the plain run with their flags read back (fuzzattn/run/runs.py), per case
 
 `syncs` and `launches` separate the two suspects of the scaling tables in THROUGHPUT.md: if K
 contexts time-slice per synchronisation, syncs/s per process falls as 1/K while the GPU idles;
@@ -77,11 +77,11 @@ def runs(seconds: float, device, impl_name: str, dtype: str, cases: int, seed: i
 
     import fuzzattn  # noqa: F401  (backend selection)
     from fuzzattn.contract.profiles import PROFILES
-    from fuzzattn.engine.inputs import materialize
-    from fuzzattn.engine.runs import run as _run
-    from fuzzattn.engine.judge_device import check_device
-    from fuzzattn.engine.registry import get
-    from strategies import attention_cases
+    from fuzzattn.inputs.materialize import materialize
+    from fuzzattn.run.runs import run as _run
+    from fuzzattn.judge.placement import check_device
+    from fuzzattn.run.registry import get
+    from fuzzattn.strategies import attention_cases
 
     impl = get(impl_name)
     profile = PROFILES["gpu"]         # sizes only: the process's Hypothesis profile stays as it is

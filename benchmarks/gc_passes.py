@@ -1,9 +1,9 @@
 """What the garbage collector costs a campaign: passes by generation and their time, per case.
 
 Not a test: it prints numbers measured in one run. One process, one torch thread (as CPU xdist
-workers run), a warm-up campaign first (which freezes the long-lived heap: engine/heap.py), then
+workers run), a warm-up campaign first (which freezes the long-lived heap: fuzzattn/platform/gc_tuning.py), then
 one campaign of --cases cases with a gc callback timing every pass. `--python-default` puts back
-Python's thresholds (700, 10, 10) after the warm-up, for the comparison engine/heap.py quotes.
+Python's thresholds (700, 10, 10) after the warm-up, for the comparison fuzzattn/platform/gc_tuning.py quotes.
 
     python benchmarks/gc_passes.py [--cases 2000] [--impl sdpa] [--dtype float32] [--python-default]
 """
@@ -19,8 +19,8 @@ import torch
 
 from fuzzattn import settings as run_settings
 from fuzzattn.campaigns.campaign import fuzz
-from fuzzattn.engine.registry import implementations
-from strategies import attention_cases
+from fuzzattn.run.registry import implementations
+from fuzzattn.strategies import attention_cases
 
 
 def main(argv=None) -> int:

@@ -144,7 +144,7 @@ def run_campaign(impl, dtype, *, isolate=False, timeout=120.0, **kw):
     worker process for the whole campaign (restarted by IsolatedJudge after a hang or fault)."""
     if not isolate:
         return _run_campaign(impl, dtype, **kw)
-    from fuzzattn.engine.isolation import IsolatedJudge
+    from fuzzattn.isolation.supervisor import IsolatedJudge
     with IsolatedJudge(impl, timeout=timeout) as isolated:
         entry = _run_campaign(impl, dtype, judge_fn=isolated.judge, **kw)
         entry["isolation"] = dict(hangs=isolated.stats.hangs,
@@ -158,7 +158,7 @@ WARM_UP_SEED = 2 ** 31 - 1      # far above SEEDS_PER_SHARD * any shard used
 def _run_campaign(impl, dtype, *, profile, seconds, shard, regressions_dir, known, device_type,
                   gradient_every=1, judge_fn=None, palette=None):
     from fuzzattn.campaigns.campaign import fuzz
-    from strategies.cases import attention_cases
+    from fuzzattn.strategies.cases import attention_cases
     from fuzzattn.campaigns.compile_palette import campaign_palette
     entry = dict(impl=impl.name, dtype=dtype, cases=0, seconds=0.0, refused={}, failures=[],
                  errors=[], hypothesis_seeds=[])
@@ -207,7 +207,7 @@ def _warm_up(plan, profile, cases: int, palette) -> None:
     from fuzzattn import settings
     from fuzzattn.campaigns.campaign import forget_verdicts, fuzz
     from fuzzattn.campaigns.compile_palette import campaign_palette
-    from strategies.cases import attention_cases
+    from fuzzattn.strategies.cases import attention_cases
     with settings.one_cpu_thread():
         for impl, dtype in plan:
             strategy = attention_cases(impl.caps, dtype=dtype, profile=profile,
@@ -246,9 +246,9 @@ def main(argv=None) -> int:
     import torch
     from fuzzattn import settings
     from fuzzattn.cli import common
-    from fuzzattn.engine.judge import default_device
-    from fuzzattn.engine.versions import versions
-    from fuzzattn.engine import cuda_waits
+    from fuzzattn.judge.judge import default_device
+    from fuzzattn.platform.versions import versions
+    from fuzzattn.platform import cuda_waits
     profile = settings.load_profile(args.profile)
     settings.choose_backend()             # and the CUDA wait mode, before anything runs there
     waits = cuda_waits.current()

@@ -37,7 +37,7 @@
 #                                               2^21 (the default), 2^23, 2^25)
 #   bash benchmarks/gpu_speed_call.sh stages    wall-clock time per judge stage (stage_times.py), sdpa fp32,
 #                                               K = 1 and 16, every process timed
-#   bash benchmarks/gpu_speed_call.sh waits     sdpa fp32 fuzzers by FUZZATTN_CUDA_WAIT (engine/cuda_waits.py):
+#   bash benchmarks/gpu_speed_call.sh waits     sdpa fp32 fuzzers by FUZZATTN_CUDA_WAIT (fuzzattn/platform/cuda_waits.py):
 #                                               WAIT_VALUES in order (default auto block yield block
 #                                               auto yield) for each K in WAIT_COUNTS (default 16)
 #   bash benchmarks/gpu_speed_call.sh checks    16 sdpa fp32 fuzzers with FUZZATTN_HOST_CHECK_ELEMENTS =
@@ -309,7 +309,7 @@ elif [[ "$MODE" == checks ]]; then
     step "16 sdpa fp32 fuzzers, checks of larger cases on the host or the device (FUZZATTN_HOST_CHECK_ELEMENTS)"
     sweep FUZZATTN_HOST_CHECK_ELEMENTS checks 2100 ${CHECK_VALUES:-0 131072 524288}
 elif [[ "$MODE" == mpsfault ]]; then
-    # engine/shared_gpu.py on a real MPS server: a Triton kernel's illegal memory access in one
+    # fuzzattn/platform/mps.py on a real MPS server: a Triton kernel's illegal memory access in one
     # process while another judges sdpa; then a process started after the fault.
     step "a real device fault beside an innocent process: without MPS, then under MPS"
     fault_pair() {   # $1 = label

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A GPU call measuring throughput on one GPU as the issue counts it (the whole host driving it):
 # one process's per-case breakdown, then K concurrent sdpa fp32 fuzzers for K in COUNTS with the
-# default host judging (engine/judge_device.py), and K=16 with every case judged on the device
+# default host judging (fuzzattn/judge/placement.py), and K=16 with every case judged on the device
 # (FUZZATTN_HOST_JUDGE_MACS=0), the before of that change. Then, beside each other: the open
 # findings triaged per SDPA backend, every regression file replayed on sdpa (isolated), and the
 # zoo mutant whose compiled fp32 margin was thinnest, against the TF32 weight term.

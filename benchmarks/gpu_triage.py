@@ -41,8 +41,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     from fuzzattn import settings
     from fuzzattn.campaigns.regression_file import RegressionFileError, load
-    from fuzzattn.engine.isolation import IsolatedJudge
-    from fuzzattn.engine.registry import implementations
+    from fuzzattn.isolation.supervisor import IsolatedJudge
+    from fuzzattn.run.registry import implementations
     settings.load_profile("gpu")
     records = []
     for path in args.files:

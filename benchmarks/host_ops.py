@@ -23,8 +23,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from fuzzattn import settings as run_settings
 from fuzzattn.campaigns.campaign import forget_verdicts, fuzz
-from fuzzattn.engine.registry import implementations
-from strategies import attention_cases
+from fuzzattn.run.registry import implementations
+from fuzzattn.strategies import attention_cases
 
 from throughput import bare_loop     # benchmarks/, this script's own folder
 

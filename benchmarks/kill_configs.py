@@ -18,8 +18,8 @@ import time
 
 import fuzzattn  # noqa: F401  (selects Triton's backend before any kernel module loads)
 from fuzzattn.campaigns.campaign import fuzz
-from fuzzattn.engine.registry import mutants
-from strategies import attention_cases
+from fuzzattn.run.registry import mutants
+from fuzzattn.strategies import attention_cases
 
 # The baseline, one tile shape each side of square, and a large square tile.
 SAMPLE = (

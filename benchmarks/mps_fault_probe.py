@@ -18,10 +18,10 @@ from pathlib import Path
 
 import fuzzattn  # noqa: F401  (selects the Triton backend first)
 from fuzzattn import AttentionCase
-from fuzzattn.engine import shared_gpu
-from fuzzattn.engine.judge import judge
-from fuzzattn.engine.loader import load_implementation
-from fuzzattn.engine.registry import implementations
+from fuzzattn.platform import mps as shared_gpu
+from fuzzattn.judge.judge import judge
+from fuzzattn.run.loader import load_implementation
+from fuzzattn.run.registry import implementations
 
 KERNELS = Path(__file__).resolve().parent.parent / "tests" / "isolation_kernels.py"
 

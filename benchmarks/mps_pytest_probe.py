@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 
 from fuzzattn import AttentionCase
-from fuzzattn.engine.judge import judge
-from fuzzattn.engine.loader import load_implementation
-from fuzzattn.engine.registry import implementations
+from fuzzattn.judge.judge import judge
+from fuzzattn.run.loader import load_implementation
+from fuzzattn.run.registry import implementations
 
 KERNELS = Path(__file__).resolve().parent.parent / "tests" / "isolation_kernels.py"
 FAULT_AFTER = 6.0

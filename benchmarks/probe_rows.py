@@ -24,10 +24,10 @@ import torch  # noqa: E402
 
 import fuzzattn  # noqa: E402,F401  (selects the backend before triton loads)
 from fuzzattn.contract.case import AttentionCase  # noqa: E402
-from fuzzattn.engine import registry  # noqa: E402
-from fuzzattn.engine.inputs import materialize  # noqa: E402
-from fuzzattn.engine.judge import default_device  # noqa: E402
-from fuzzattn.engine.oracle import oracle  # noqa: E402
+from fuzzattn.run import registry  # noqa: E402
+from fuzzattn.inputs.materialize import materialize  # noqa: E402
+from fuzzattn.judge.judge import default_device  # noqa: E402
+from fuzzattn.judge.oracle import oracle  # noqa: E402
 
 
 def _variant(case: AttentionCase, change: str) -> AttentionCase:

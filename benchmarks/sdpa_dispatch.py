@@ -29,8 +29,8 @@ BACKENDS = {"default": None, "flash": SDPBackend.FLASH_ATTENTION,
 
 def attribute(path: str, device: str) -> None:
     from fuzzattn.campaigns import regression_file
-    from fuzzattn.engine.inputs import materialize, materialize_dout
-    from fuzzattn.engine.oracle import oracle, visible_keys
+    from fuzzattn.inputs.materialize import materialize, materialize_dout
+    from fuzzattn.judge.oracle import oracle, visible_keys
     case = regression_file.load(path).case
     q, k, v = materialize(case, device).tensors()
     _, dout = materialize_dout(case, device)

@@ -22,27 +22,27 @@ from pathlib import Path
 # (module, attribute, stage): the attribute is replaced where its callers look it up.
 WRAPPED = (
     ("fuzzattn.campaigns.campaign", "judge", "judge"),
-    ("fuzzattn.engine.judge", "materialize", "materialise"),
-    ("fuzzattn.engine.runs", "launch", "runs: launch"),
-    ("fuzzattn.engine.runs", "deliver", "runs: read-back"),
-    ("fuzzattn.engine.judge", "oracle", "oracle"),
-    ("fuzzattn.engine.judge", "same_precision_reference", "same-precision reference"),
-    ("fuzzattn.engine.judge", "moved_together", "references moved"),
-    ("fuzzattn.engine.judge", "_nonfinite_rows", "nonfinite check"),    # trees before
-    ("fuzzattn.engine.judge", "_value_verdicts", "value checks"),       # value_checks.py
-    ("fuzzattn.engine.value_checks", "nonfinite_rows", "nonfinite check"),
-    ("fuzzattn.engine.judge", "value_verdicts", "value checks"),
-    ("fuzzattn.engine.judge", "same_bits", "determinism compare"),
-    ("fuzzattn.engine.judge", "judge_gradients", "gradients"),
-    ("fuzzattn.engine.gradients", "oracle_gradients", "gradients: oracle"),
-    ("fuzzattn.engine.gradients", "same_precision_gradients", "gradients: reference"),
-    ("fuzzattn.engine.gradients", "moved_together", "gradients: references moved"),
-    ("fuzzattn.engine.gradients", "_run", "gradients: runs"),
-    ("fuzzattn.engine.gradients", "materialize_dout", "gradients: dO materialised"),
-    ("fuzzattn.engine.gradients", "_allowances", "gradients: allowances"),
-    ("fuzzattn.engine.gradients", "_nonfinite", "gradients: nonfinite check"),
-    ("fuzzattn.engine.gradients", "_empty_rows", "gradients: empty rows"),
-    ("fuzzattn.engine.gradients", "_values", "gradients: value checks"),
+    ("fuzzattn.judge.judge", "materialize", "materialise"),
+    ("fuzzattn.run.runs", "launch", "runs: launch"),
+    ("fuzzattn.run.runs", "deliver", "runs: read-back"),
+    ("fuzzattn.judge.judge", "oracle", "oracle"),
+    ("fuzzattn.judge.judge", "same_precision_reference", "same-precision reference"),
+    ("fuzzattn.judge.judge", "moved_together", "references moved"),
+    ("fuzzattn.judge.judge", "_nonfinite_rows", "nonfinite check"),    # trees before
+    ("fuzzattn.judge.judge", "_value_verdicts", "value checks"),       # value_checks.py
+    ("fuzzattn.judge.value_checks", "nonfinite_rows", "nonfinite check"),
+    ("fuzzattn.judge.judge", "value_verdicts", "value checks"),
+    ("fuzzattn.judge.judge", "same_bits", "determinism compare"),
+    ("fuzzattn.judge.judge", "judge_gradients", "gradients"),
+    ("fuzzattn.gradients.judge", "oracle_gradients", "gradients: oracle"),
+    ("fuzzattn.gradients.judge", "same_precision_gradients", "gradients: reference"),
+    ("fuzzattn.gradients.judge", "moved_together", "gradients: references moved"),
+    ("fuzzattn.gradients.judge", "_run", "gradients: runs"),
+    ("fuzzattn.gradients.judge", "materialize_dout", "gradients: dO materialised"),
+    ("fuzzattn.gradients.judge", "_allowances", "gradients: allowances"),
+    ("fuzzattn.gradients.judge", "_nonfinite", "gradients: nonfinite check"),
+    ("fuzzattn.gradients.judge", "_empty_rows", "gradients: empty rows"),
+    ("fuzzattn.gradients.judge", "_values", "gradients: value checks"),
 )
 
 

@@ -93,7 +93,7 @@ def probe_operands() -> None:
 def emulate(q, k, v, case, block_n: int, conv_qk, conv_p, conv_v) -> torch.Tensor:
     """triton_fa2's forward, float64 except where the kernel rounds: scores times
     scale*log2(e) in fp32, p = exp2 in fp32, converted operands, online softmax over blocks."""
-    from fuzzattn.engine.oracle import visible_keys
+    from fuzzattn.judge.oracle import visible_keys
     q, k, v = (t.float().cpu() for t in (q, k, v))
     group = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
@@ -121,9 +121,9 @@ def emulate(q, k, v, case, block_n: int, conv_qk, conv_p, conv_v) -> torch.Tenso
 
 def probe_findings(paths, device: str) -> None:
     from fuzzattn.campaigns import regression_file
-    from fuzzattn.engine.inputs import materialize
-    from fuzzattn.engine.oracle import oracle
-    from kernels.triton_fa2 import CONFIG_SPACE, triton_fa2_forward
+    from fuzzattn.inputs.materialize import materialize
+    from fuzzattn.judge.oracle import oracle
+    from fuzzattn.kernels.triton_fa2 import CONFIG_SPACE, triton_fa2_forward
     print("== findings: max |kernel - model| / max |kernel - oracle| (smaller = the kernel's model)")
     for path in paths:
         record = regression_file.load(path)

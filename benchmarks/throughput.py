@@ -43,12 +43,12 @@ from hypothesis import given, seed, settings
 from fuzzattn import settings as run_settings
 from fuzzattn.campaigns.campaign import forget_verdicts, fuzz
 from fuzzattn.contract.dtypes import DTYPES
-from fuzzattn.engine import execute
-from fuzzattn.engine.inputs import materialize
-from fuzzattn.engine.judge import default_device
-from fuzzattn.engine.oracle import _attend, oracle
-from fuzzattn.engine.registry import implementations
-from strategies import attention_cases
+from fuzzattn.run import execute
+from fuzzattn.inputs.materialize import materialize
+from fuzzattn.judge.judge import default_device
+from fuzzattn.judge.oracle import _attend, oracle
+from fuzzattn.run.registry import implementations
+from fuzzattn.strategies import attention_cases
 
 from host_profile import stage_ms    # benchmarks/, this script's own folder
 

@@ -32,9 +32,9 @@ import torch
 from hypothesis import HealthCheck, given, seed, settings
 
 from fuzzattn import settings as run_settings
-from fuzzattn.engine.judge import judge
-from fuzzattn.engine.registry import implementations, mutants
-from strategies import attention_cases
+from fuzzattn.judge.judge import judge
+from fuzzattn.run.registry import implementations, mutants
+from fuzzattn.strategies import attention_cases
 
 JUDGED = (("sdpa", "float32"), ("sdpa", "bfloat16"), ("torch_tiled", "float16"),
           ("mutant_phantom_keys", "float32"), ("mutant_tiled_denominator_detached", "float32"))

@@ -5,19 +5,30 @@ The public API a user's own Hypothesis test needs:
     from hypothesis import given
     from fuzzattn import AttentionCase, Capabilities, Implementation, attention_cases, check_case, refuse
 
-Layers, each importing only the ones below it (tests/test_layers.py checks this):
+The walk of one case, one subpackage a step (tests/test_layers.py keeps the imports pointing
+down this list, and free of cycles):
 
-    contract/   plain data: AttentionCase, dtypes, Capabilities, Implementation, profiles
-    engine/     materialise, run, oracle, tolerance, checks, verdicts, registry, loader
-    campaigns/  campaigns, regression files, replay, outcomes
-    cli/, pytest_plugin, settings   the command line and the pytest plugin, sharing run settings
+    contract/            plain data: AttentionCase, dtypes, Capabilities, Implementation, profiles
+    platform/            process and device tuning, the versions a case ran with
+    triton_interpreter/  backend selection and the fenced repairs of Triton's interpreter
+    inputs/              a case becomes tensors
+    run/                 finding and calling an implementation under test
+    judge/               the float64 oracle, the tolerance rule, the checks, the verdicts
+    gradients/           dq, dk, dv judged the same way
+    relations/           oracle-free metamorphic relations
+    isolation/           judging in supervised worker processes
+    campaigns/           campaigns, regression files, replay, outcomes
+    cli/, pytest_plugin, settings   the command line and the pytest plugin
 
-`strategies/` (Hypothesis strategies) depends only on the contract; `kernels/` (the
-implementations under test) registers itself through an entry point and never imports the oracle.
+fuzzattn.strategies (Hypothesis strategies, from the repository's strategies/) depends only on
+the contract; fuzzattn.kernels (kernels/: the implementations under test) registers itself through
+an entry point and never imports the oracle.
 """
 # Triton fixes its backend when first imported, so the interpreter (on machines without a GPU)
 # is chosen before anything else in the package, or a user's code, can import triton.
-from fuzzattn.engine.triton_backend import select_backend
+from importlib.metadata import PackageNotFoundError, version
+
+from fuzzattn.triton_interpreter.backend import select_backend
 
 select_backend()
 
@@ -25,11 +36,14 @@ select_backend()
 from fuzzattn.contract import (AttentionCase, Capabilities, Implementation, KnownDefect,
                                UnsupportedCaseError, refuse)
 from fuzzattn.campaigns.campaign import Counterexample, check_case
-from fuzzattn.engine.judge import JudgedCase, judge
-from fuzzattn.engine.verdict import Verdict
-from strategies import attention_cases
+from fuzzattn.judge.judge import JudgedCase, judge
+from fuzzattn.judge.verdict import Verdict
+from fuzzattn.strategies import attention_cases
 
-__version__ = "0.2.0"
+try:
+    __version__ = version("fuzzattn")
+except PackageNotFoundError:         # imported from a checkout that was never installed
+    __version__ = "0+unknown"
 
 __all__ = ["AttentionCase", "Capabilities", "Counterexample", "Implementation", "JudgedCase",
            "KnownDefect", "UnsupportedCaseError", "Verdict", "attention_cases", "check_case",

@@ -26,7 +26,7 @@ exits so that xdist runs the rest in a fresh one (without xdist the run stops th
 fault is sticky, and every later test in that process would fail for a reason not its own. On a
 GPU shared through MPS a test meeting a device fault stops the whole run (every xdist worker, exit
 status 2, the fault named): MPS delivers the fault to every process, and admits no new one until
-they all exited (engine/shared_gpu.py).
+they all exited (fuzzattn/platform/mps.py).
 """
 from __future__ import annotations
 
@@ -79,7 +79,7 @@ class _State:
 
     def worker_pool(self):
         if self.pool is None:
-            from fuzzattn.engine.isolation import DEFAULT_TIMEOUT, WorkerPool
+            from fuzzattn.isolation.supervisor import DEFAULT_TIMEOUT, WorkerPool
             self.pool = WorkerPool(self.timeout or DEFAULT_TIMEOUT)
         return self.pool
 
@@ -157,7 +157,7 @@ def pytest_configure(config):
     isolate = config.getoption("fuzzattn_isolate") or timeout is not None
     specs = config.getoption("fuzzattn_impl")
     if specs:
-        from fuzzattn.engine.loader import ImplementationLoadError
+        from fuzzattn.run.loader import ImplementationLoadError
         for spec in specs:          # a bad spec is a one-line usage error, before any test runs
             try:                    # (isolated, the probe call runs in a worker: it may hang or die)
                 settings.load_outside(spec, isolated=isolate, timeout=timeout)
@@ -177,8 +177,8 @@ def pytest_configure(config):
 
 def pytest_collection_finish(session):
     """The test modules are imported: freeze what lives on for the session out of the garbage
-    collector's full passes (engine/heap.py), in each pytest-xdist worker too."""
-    from fuzzattn.engine.heap import freeze_long_lived
+    collector's full passes (fuzzattn/platform/gc_tuning.py), in each pytest-xdist worker too."""
+    from fuzzattn.platform.gc_tuning import freeze_long_lived
     freeze_long_lived()
 
 
@@ -198,7 +198,7 @@ def cuda_context_lost() -> str | None:
     try:
         torch.cuda.synchronize()
     except Exception as exc:       # torch.AcceleratorError, RuntimeError on older torch
-        from fuzzattn.engine.execute import one_line
+        from fuzzattn.run.execute import one_line
         return f"{type(exc).__name__}: {one_line(exc)}"
     return None
 
@@ -220,11 +220,11 @@ def pytest_runtest_makereport(item, call):
     global _lost_here, _shared_fault
     outcome = yield
     if call.when == "call" and call.excinfo is not None:
-        from fuzzattn.engine.shared_gpu import SharedDeviceFault
+        from fuzzattn.platform.mps import SharedDeviceFault
         if call.excinfo.errisinstance(SharedDeviceFault):
             # Every later test would meet the same fault (MPS delivers it to every client, and
             # refuses new ones until they all exited): the session stops after this test, and
-            # under xdist the controller stops every worker (engine/shared_gpu.py).
+            # under xdist the controller stops every worker (fuzzattn/platform/mps.py).
             first_line = str(call.excinfo.value).strip().splitlines()[0][:300]
             _shared_fault = f"fuzzattn: {item.nodeid}: {first_line}"
             item.session.shouldstop = (f"{_shared_fault}; the run stops here: a device fault "
@@ -312,7 +312,7 @@ def _pin_worker_gpu():
 def pytest_report_header(config):
     from fuzzattn import settings
     from fuzzattn.contract.profiles import active
-    from fuzzattn.engine.versions import versions
+    from fuzzattn.platform.versions import versions
     profile = active()
     seed = config.getoption("hypothesis_seed", default=None)
     seed_text = ("derandomized" if profile.derandomize else "random") if seed is None else str(seed)

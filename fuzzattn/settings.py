@@ -95,10 +95,10 @@ class BackendError(RuntimeError):
 
 def choose_backend() -> None:
     """Set up Triton (interpreter on CPU, bf16 repairs) before an outside implementation file
-    can import it, and how this process waits for the GPU (engine/cuda_waits.py) before anything
+    can import it, and how this process waits for the GPU (fuzzattn/platform/cuda_waits.py) before anything
     runs there; a broken setup becomes one line."""
-    from fuzzattn.engine import cuda_waits
-    from fuzzattn.engine.triton_backend import ensure_backend
+    from fuzzattn.platform import cuda_waits
+    from fuzzattn.triton_interpreter.backend import ensure_backend
     try:
         cuda_waits.apply()
     except cuda_waits.CudaWaitError as exc:
@@ -119,14 +119,14 @@ def check_environment() -> None:
     before anything runs, not an internal error halfway through (FUZZATTN_MPS is read only when a
     device fault happens)."""
     from fuzzattn.campaigns.compile_palette import palette_mode
-    from fuzzattn.engine.judge_device import host_check_elements, host_judge_macs
-    from fuzzattn.engine.shared_gpu import mode as mps_mode
+    from fuzzattn.judge.placement import host_check_elements, host_judge_macs
+    from fuzzattn.platform.mps import mode as mps_mode
     for check in (palette_mode, host_judge_macs, host_check_elements, mps_mode):
         check()
 
 
 def backend_description() -> str:
-    from fuzzattn.engine.triton_backend import bf16_dot_status, is_interpreted
+    from fuzzattn.triton_interpreter.backend import bf16_dot_status, is_interpreted
     ok, reason = bf16_dot_status()
     return (f"triton {'interpreted' if is_interpreted() else 'compiled'}; "
             f"bf16 tl.dot {'ok' if ok else 'BROKEN'} ({reason})")
@@ -141,7 +141,7 @@ def bf16_unavailable(impl: Implementation) -> str | None:
     """Why bf16 cannot be judged for this implementation here (a broken interpreter dot), or None."""
     if impl.backend != "triton":
         return None
-    from fuzzattn.engine.triton_backend import bf16_dot_status
+    from fuzzattn.triton_interpreter.backend import bf16_dot_status
     ok, reason = bf16_dot_status()
     return None if ok else reason
 
@@ -177,7 +177,7 @@ def outside_implementations() -> list[Implementation]:
 
 def implementations() -> list[Implementation]:
     """Every registered implementation, then the run's outside ones."""
-    from fuzzattn.engine.registry import implementations as registered
+    from fuzzattn.run.registry import implementations as registered
     return list(registered().values()) + outside_implementations()
 
 
@@ -190,9 +190,9 @@ def load_outside(spec: str, *, isolated: bool = False, timeout: float | None = N
     anyway and its failure left to the isolated tests to find."""
     if spec not in _LOADED:
         if isolated:
-            from fuzzattn.engine.isolation import DEFAULT_TIMEOUT, load_isolated
+            from fuzzattn.isolation.supervisor import DEFAULT_TIMEOUT, load_isolated
             _LOADED[spec] = load_isolated(spec, timeout=timeout or DEFAULT_TIMEOUT)
         else:
-            from fuzzattn.engine.loader import load_implementation
+            from fuzzattn.run.loader import load_implementation
             _LOADED[spec] = load_implementation(spec)
     return _LOADED[spec]

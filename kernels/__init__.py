@@ -3,7 +3,7 @@
 `ensure_backend()` runs before anything else here: `@triton.jit` reads TRITON_INTERPRET when it
 decorates, so the interpreter must be chosen (on machines without a GPU) before triton_fa2 loads.
 """
-from fuzzattn.engine.triton_backend import ensure_backend
+from fuzzattn.triton_interpreter.backend import ensure_backend
 
 ensure_backend()
 

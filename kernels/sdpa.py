@@ -59,7 +59,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from fuzzattn.contract import Capabilities, Implementation, refuse
 from fuzzattn.contract.dtypes import DTYPES
-from kernels.sdpa_defects import KNOWN_DEFECTS
+from fuzzattn.kernels.sdpa_defects import KNOWN_DEFECTS
 
 MAX_HEAD_DIM = 256
 
@@ -227,7 +227,7 @@ BACKENDS = {
 # (CPU, torch 2.13: a backend the CPU build does not have).
 NO_KERNEL_MESSAGES = ("No available kernel", "No viable backend")
 
-# Head dims probed: those strategies.lengths draws (powers of two, then odd sizes) and the larger
+# Head dims probed: those fuzzattn.strategies.lengths draws (powers of two, then odd sizes) and the larger
 # ones up to MAX_HEAD_DIM where fused kernels change tile configuration.
 PROBE_HEAD_DIMS = (1, 3, 8, 16, 24, 32, 40, 48, 64, 72, 80, 96, 128, 160, 192, 256)
 
@@ -249,7 +249,7 @@ class ProbeResult:
 
 
 def _probe_device() -> str:
-    """The device the judge runs on (fuzzattn.engine.judge.default_device, not imported: it loads the
+    """The device the judge runs on (fuzzattn.judge.judge.default_device, not imported: it loads the
     oracle, which implementation code must not)."""
     return "cuda" if torch.cuda.is_available() else "cpu"
 

@@ -54,9 +54,9 @@ import triton.language as tl
 
 from fuzzattn.contract import autotune
 from fuzzattn.contract import Capabilities, Implementation, refuse
-from fuzzattn.engine.triton_backend import ensure_backend, is_interpreted
-from kernels.triton_fa2_backward import config_invalid as backward_config_invalid
-from kernels.triton_fa2_backward import triton_fa2_backward
+from fuzzattn.triton_interpreter.backend import ensure_backend, is_interpreted
+from fuzzattn.kernels.triton_fa2_backward import config_invalid as backward_config_invalid
+from fuzzattn.kernels.triton_fa2_backward import triton_fa2_backward
 
 # Idempotent; kernels/__init__ already called it, but importing this module directly must also
 # decorate the kernels below under the right backend.

@@ -52,7 +52,7 @@ import triton
 import triton.language as tl
 
 from fuzzattn.contract import Capabilities, refuse
-from fuzzattn.engine.triton_backend import ensure_backend, is_interpreted
+from fuzzattn.triton_interpreter.backend import ensure_backend, is_interpreted
 
 # Must precede the @triton.jit decorations below (they read TRITON_INTERPRET when they run).
 ensure_backend()

@@ -24,7 +24,7 @@ def attention_cases(caps: Capabilities = Capabilities(), *, dtype: str | None = 
     """Cases inside `caps`, sized by `profile` (default: the active one); `dtype` pins one.
 
     `palette`: draw the layouts and the configuration, which multiply a compiled kernel's
-    variants, from a small subset numbered `palette` (see strategies.palette), so that a
+    variants, from a small subset numbered `palette` (see fuzzattn.strategies.palette), so that a
     campaign's compiled variants repeat; None draws from everything declared."""
     if dtype is not None and dtype not in caps.dtypes:
         raise InvalidArgument(f"dtype={dtype!r} is not among the declared dtypes {sorted(caps.dtypes)}")
@@ -107,7 +107,7 @@ def _generator(profile: Profile, case: AttentionCase) -> str:
 
 
 def _shapes(caps: Capabilities, profile: Profile) -> st.SearchStrategy[tuple[str, int, int]]:
-    """(family, Nq, Nk): the shape families of strategies.lengths, or for a kernel that constrains
+    """(family, Nq, Nk): the shape families of fuzzattn.strategies.lengths, or for a kernel that constrains
     lengths (equal, a minimum, a multiple) independent draws inside its constraints."""
     if not (caps.equal_lengths or caps.seq_multiple > 1 or caps.min_seq_len > 1):
         return seq_shapes(max_len=profile.max_seq, max_large_len=profile.max_large_seq,

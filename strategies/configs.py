@@ -57,7 +57,7 @@ def _valid_configs(caps: Capabilities, case: AttentionCase) -> list:
 def configs(caps: Capabilities, case: AttentionCase,
             palette: int | None = None) -> st.SearchStrategy[tuple]:
     """A valid configuration for `case` (the empty one for configless implementations); with a
-    `palette`, one of that palette's few (strategies.palette)."""
+    `palette`, one of that palette's few (fuzzattn.strategies.palette)."""
     if not caps.configs:
         return st.just(())
     return _entry(caps, case, palette).strategy

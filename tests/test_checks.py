@@ -12,11 +12,11 @@ import pytest
 import torch
 
 from fuzzattn import AttentionCase, Capabilities, Implementation, judge
-from fuzzattn.engine.registry import implementations
-from kernels.sdpa import sdpa_forward
+from fuzzattn.run.registry import implementations
+from fuzzattn.kernels.sdpa import sdpa_forward
 
-judge_module = importlib.import_module("fuzzattn.engine.judge")   # the package re-exports judge()
-runs_module = importlib.import_module("fuzzattn.engine.runs")
+judge_module = importlib.import_module("fuzzattn.judge.judge")   # the package re-exports judge()
+runs_module = importlib.import_module("fuzzattn.run.runs")
 
 ANY = Capabilities(dtypes={"float32", "bfloat16", "float16"}, head_dims=None,
                    causal=("top_left", "bottom_right"), gqa=True, strides="any")
@@ -223,7 +223,7 @@ def test_unwritten_output_is_named_so_whatever_the_heap_held():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_guarded_buffer_sees_a_write_into_either_guard_and_none_into_its_body(dtype):
-    from fuzzattn.engine.runs import GuardedBuffer
+    from fuzzattn.run.runs import GuardedBuffer
     for where in ("before", "after", "body", None):
         buffer = GuardedBuffer((2, 3, 5), dtype, "cpu")
         assert torch.isnan(buffer.tensor).all()
@@ -270,7 +270,7 @@ def test_runs_together_come_before_the_references_and_are_read_back_at_once(monk
 def test_a_fault_surfacing_in_the_read_back_is_the_runs_crash(together, monkeypatch):
     """Runs are not synchronised on their own: an asynchronous device fault raises where the
     results are read back, and is judged as the implementation's crash on this case."""
-    from fuzzattn.engine.isolation import is_device_fault
+    from fuzzattn.isolation.supervisor import is_device_fault
     monkeypatch.setattr(judge_module, "_runs_together", lambda here, device: together)
 
     def faulted(*args, **kwargs):
@@ -286,7 +286,7 @@ def test_a_fault_surfacing_in_the_read_back_is_the_runs_crash(together, monkeypa
 
 
 def test_a_fault_surfacing_in_the_backwards_read_back_is_its_crash(monkeypatch):
-    gradients_module = importlib.import_module("fuzzattn.engine.gradients")
+    gradients_module = importlib.import_module("fuzzattn.gradients.judge")
 
     def faulted(*args, **kwargs):
         raise RuntimeError("CUDA error: misaligned address")
@@ -327,7 +327,7 @@ def test_a_second_run_is_judged_on_its_outputs_alone(monkeypatch):
 def test_a_crashing_kernels_memory_is_freed_without_the_collector(where):
     """A crash keeps its message, not its traceback: the traceback's frames hold the inputs and
     the kernel's temporaries (device memory on a GPU) in a reference cycle that only the
-    collector frees, and late (engine/heap.py makes its full passes rarer). With the collector
+    collector frees, and late (fuzzattn/platform/gc_tuning.py makes its full passes rarer). With the collector
     off, every tensor a crashing kernel made is gone once the judgement returns."""
     import gc
     import weakref

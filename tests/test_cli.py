@@ -261,7 +261,7 @@ def test_fuzz_found_by_command_finds_it_again(capsys, found, broken, tmp_path):
 
 
 def test_gate_changed_since_fuzzes_only_what_changed(capsys, monkeypatch, tmp_path):
-    from kernels import sdpa
+    from fuzzattn.kernels import sdpa
     monkeypatch.setattr(changes, "changed_files", lambda rev: {Path(sdpa.__file__).resolve()})
     status, out, _ = run(capsys, "gate", "--max-examples", 2, "--regressions-dir", tmp_path,
                          "--changed-since", "HEAD", "--allow-empty")
@@ -302,8 +302,8 @@ def test_changed_files_reads_git(tmp_path):
 
 # -- mutants ------------------------------------------------------------------------------------
 def _zoo(broken_path: str) -> dict:
-    from fuzzattn.engine.loader import load_implementation
-    from kernels.sdpa import sdpa_forward
+    from fuzzattn.run.loader import load_implementation
+    from fuzzattn.kernels.sdpa import sdpa_forward
     caps = Capabilities(dtypes={"float32"})
     killed = load_implementation(f"{broken_path}:drop_last_key")
     return {
@@ -315,8 +315,8 @@ def _zoo(broken_path: str) -> dict:
 
 
 def test_mutants_reports_killed_survived_and_score(capsys, monkeypatch, broken, tmp_path):
-    import fuzzattn.engine.registry
-    monkeypatch.setattr(fuzzattn.engine.registry, "mutants", lambda: _zoo(broken))
+    import fuzzattn.run.registry
+    monkeypatch.setattr(fuzzattn.run.registry, "mutants", lambda: _zoo(broken))
     status, out, _ = run(capsys, "mutants", "--list")
     assert status == 0 and "ignores the last key" in out and "mutant_harmless" in out
     status, out, _ = run(capsys, "mutants", "--max-examples", 8)
@@ -328,7 +328,7 @@ def test_mutants_reports_killed_survived_and_score(capsys, monkeypatch, broken, 
 
 
 def _wide_tiles_bug(q, k, v, *, causal, scale, config):
-    from kernels.sdpa import sdpa_forward
+    from fuzzattn.kernels.sdpa import sdpa_forward
     out, lse = sdpa_forward(q, k, v, causal=causal, scale=scale)
     return (out * 2 if config["BLOCK_N"] == 64 else out), lse
 
@@ -336,12 +336,12 @@ def _wide_tiles_bug(q, k, v, *, causal, scale, config):
 def test_mutants_print_the_configuration_of_each_failing_case(capsys, monkeypatch):
     """The table cuts the failing case at its width; the configuration a configuration-only bug
     was caught under is printed in full below it."""
-    import fuzzattn.engine.registry
+    import fuzzattn.run.registry
     caps = Capabilities(dtypes={"float32"}, configs={"BLOCK_M": (16, 32), "BLOCK_N": (16, 64)})
     zoo = {"mutant_wide_tiles": Implementation(
         name="mutant_wide_tiles", fn=_wide_tiles_bug, caps=caps, mutant_of="sdpa",
         description="doubles the output when BLOCK_N is 64")}
-    monkeypatch.setattr(fuzzattn.engine.registry, "mutants", lambda: zoo)
+    monkeypatch.setattr(fuzzattn.run.registry, "mutants", lambda: zoo)
     status, out, _ = run(capsys, "mutants", "--max-examples", 20)
     assert status == 0 and "configuration of each failing case:" in out, out
     line = next(x for x in out.splitlines() if x.startswith("  mutant_wide_tiles: "))
@@ -349,7 +349,7 @@ def test_mutants_print_the_configuration_of_each_failing_case(capsys, monkeypatc
 
 
 def _fp16_only_bug(q, k, v, *, causal, scale):
-    from kernels.sdpa import sdpa_forward
+    from fuzzattn.kernels.sdpa import sdpa_forward
     out, lse = sdpa_forward(q, k, v, causal=causal, scale=scale)
     return (out * 2 if q.dtype == torch.float16 else out), lse
 
@@ -357,11 +357,11 @@ def _fp16_only_bug(q, k, v, *, causal, scale):
 def test_mutants_runs_one_campaign_per_dtype(capsys, monkeypatch):
     """A bug planted for one dtype is caught in that dtype's campaign, with the full budget there,
     after the earlier dtypes' campaigns found nothing; the table names the dtype."""
-    import fuzzattn.engine.registry
+    import fuzzattn.run.registry
     caps = Capabilities(dtypes={"float32", "float16"})
     zoo = {"mutant_fp16_only": Implementation(name="mutant_fp16_only", fn=_fp16_only_bug, caps=caps,
                                               description="doubles fp16 outputs", mutant_of="sdpa")}
-    monkeypatch.setattr(fuzzattn.engine.registry, "mutants", lambda: zoo)
+    monkeypatch.setattr(fuzzattn.run.registry, "mutants", lambda: zoo)
     status, out, _ = run(capsys, "mutants", "--max-examples", 5)
     assert status == 0 and "per dtype campaign" in out, out
     row = next(line for line in out.splitlines() if line.startswith("mutant_fp16_only"))
@@ -371,8 +371,8 @@ def test_mutants_runs_one_campaign_per_dtype(capsys, monkeypatch):
 
 
 def test_mutants_with_an_empty_zoo(capsys, monkeypatch):
-    import fuzzattn.engine.registry
-    monkeypatch.setattr(fuzzattn.engine.registry, "mutants", lambda: {})
+    import fuzzattn.run.registry
+    monkeypatch.setattr(fuzzattn.run.registry, "mutants", lambda: {})
     status, out, _ = run(capsys, "mutants")
     assert status == 0 and "no mutants" in out
 

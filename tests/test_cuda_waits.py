@@ -1,4 +1,4 @@
-"""How a process waits for the GPU (engine/cuda_waits.py) and the frozen heap (engine/heap.py):
+"""How a process waits for the GPU (fuzzattn/platform/cuda_waits.py) and the frozen heap (fuzzattn/platform/gc_tuning.py):
 set up once per process, before judging; neither may change a verdict, only the host's time."""
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import sys
 import pytest
 import torch
 
-from fuzzattn.engine import heap
+from fuzzattn.platform import gc_tuning as heap
 from fuzzattn.cli import main as cli_main
-from fuzzattn.engine import cuda_waits
+from fuzzattn.platform import cuda_waits
 
 
 class FakeDriver:

@@ -15,8 +15,8 @@ from hypothesis import given, seed, settings, strategies as st
 from fuzzattn import settings as run_settings
 from fuzzattn.campaigns.campaign import check_case
 from fuzzattn.contract.case import DTYPES
-from fuzzattn.engine.judge import skip_reason
-from strategies import attention_cases
+from fuzzattn.judge.judge import skip_reason
+from fuzzattn.strategies import attention_cases
 from fuzzattn.campaigns.compile_palette import campaign_palette
 
 PARAMS = [pytest.param(impl, dtype, id=f"{impl.name}-{dtype}")

@@ -21,15 +21,15 @@ from fuzzattn.contract import Capabilities, Implementation, KnownDefect
 from fuzzattn.contract.case import AttentionCase
 from fuzzattn.contract.known_defects import known_defect
 from fuzzattn.contract.profiles import PROFILES
-from fuzzattn.engine.inputs import inputs_sha256, materialize
-from fuzzattn.engine.isolation import WorkerPool
-from fuzzattn.engine.judge import default_device
-from fuzzattn.engine.loader import load_implementation
-from fuzzattn.engine.metamorphic import RELATIONS
-from fuzzattn.engine.registry import implementations
-from kernels.sdpa import sdpa_forward
-from kernels.sdpa_defects import KNOWN_DEFECTS
-from strategies import attention_cases
+from fuzzattn.inputs.materialize import inputs_sha256, materialize
+from fuzzattn.isolation.supervisor import WorkerPool
+from fuzzattn.judge.judge import default_device
+from fuzzattn.run.loader import load_implementation
+from fuzzattn.relations.forward import RELATIONS
+from fuzzattn.run.registry import implementations
+from fuzzattn.kernels.sdpa import sdpa_forward
+from fuzzattn.kernels.sdpa_defects import KNOWN_DEFECTS
+from fuzzattn.strategies import attention_cases
 
 HERE = Path(__file__).resolve().parent
 BUILT = HERE / "purpose_built.py"

@@ -9,7 +9,7 @@ import pytest
 from fuzzattn import cli
 from fuzzattn.campaigns.regression_file import RegressionFile, write
 from fuzzattn.contract.case import AttentionCase
-from fuzzattn.engine.inputs import inputs_sha256, materialize
+from fuzzattn.inputs.materialize import inputs_sha256, materialize
 
 BUILT = Path(__file__).resolve().parent / "purpose_built.py"
 
@@ -82,7 +82,7 @@ def test_a_configuration_bug_is_explained_by_its_axis(capsys, tmp_path):
 def test_an_sdpa_backend_is_compared_with_every_other_backend(capsys):
     # the repository's own leak file: on this machine it passes, so there is nothing to explain,
     # but every other backend and the other mask form are rows (absent backends say so)
-    from fuzzattn.engine.registry import implementations
+    from fuzzattn.run.registry import implementations
     leak = next(p for p in sorted(Path("regressions").glob("*.json"))
                 if "sdpa_cudnn" in p.read_text())
     status, out, _ = explain(capsys, leak, "sdpa_math")

@@ -11,9 +11,9 @@ import pytest
 from fuzzattn import AttentionCase, Capabilities, Implementation
 from fuzzattn.campaigns.campaign import Counterexample, check_case
 from fuzzattn.campaigns.regression_file import RegressionFile, RegressionFileError, discover, load, parse, write
-from fuzzattn.engine.registry import implementations, mutants
+from fuzzattn.run.registry import implementations, mutants
 from fuzzattn.campaigns.replay import replay_one
-from kernels.sdpa import sdpa_forward
+from fuzzattn.kernels.sdpa import sdpa_forward
 
 CASE = AttentionCase(batch=1, heads=1, kv_heads=1, seq_q=3, seq_k=5, head_dim=16)
 
@@ -155,7 +155,7 @@ def test_simultaneous_failures_under_xdist_keep_every_fixture(pytester, tmp_path
         import os, time, pytest
         from fuzzattn import AttentionCase, Capabilities, Implementation
         from fuzzattn.campaigns.campaign import check_case
-        from kernels.sdpa import sdpa_forward
+        from fuzzattn.kernels.sdpa import sdpa_forward
 
         IMPL = Implementation("wrong_scale",
                               lambda q, k, v, *, causal, scale: sdpa_forward(q, k, v, causal=causal, scale=2 * scale),
@@ -226,7 +226,7 @@ def test_pytest_option_fuzzes_an_implementation_outside_the_repo(pytester, tmp_p
         from hypothesis import given, settings, strategies as st
         from fuzzattn.campaigns.campaign import check_case
         from fuzzattn.settings import outside_implementations
-        from strategies import attention_cases
+        from fuzzattn.strategies import attention_cases
 
         @settings(max_examples=60, derandomize=True, database=None)
         @given(st.data())

@@ -13,9 +13,9 @@ import torch
 from fuzzattn.campaigns.regression_file import ExpectedFailure, RegressionFile, write
 from fuzzattn.contract.case import AttentionCase
 from fuzzattn.contract.profiles import PROFILES
-from fuzzattn.engine import registry
+from fuzzattn.run import registry
 from fuzzattn.settings import device_description
-from fuzzattn.engine.judge import default_device
+from fuzzattn.judge.judge import default_device
 
 ROOT = Path(__file__).resolve().parent.parent
 BUILT = ROOT / "tests" / "purpose_built.py"
@@ -229,8 +229,8 @@ def test_launch_census_draws_the_same_cases_and_attributes_calls_to_the_innermos
     """benchmarks/launch_census.py: its cases are the campaign strategy's under a fixed seed (the
     same list twice), a runtime call belongs to the innermost stage around it, its stage wrappers
     are undone afterwards, and without CUDA it says so instead of counting nothing."""
-    import fuzzattn.engine.judge as judge_module
-    import fuzzattn.engine.runs as runs_module
+    import fuzzattn.judge.judge as judge_module
+    import fuzzattn.run.runs as runs_module
     census = _script("launch_census")
     impl = registry.get("sdpa_math")
     profile = PROFILES["gpu"]        # not settings.load_profile: that switches the worker's profile

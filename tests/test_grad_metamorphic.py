@@ -1,4 +1,4 @@
-"""Gradient metamorphic relations (engine/grad_metamorphic.py): every implementation declaring
+"""Gradient metamorphic relations (fuzzattn/relations/backward.py): every implementation declaring
 `backward` obeys them, and each catches a purpose-built bad backward that breaks it (and passes
 the other).
 
@@ -15,12 +15,12 @@ from hypothesis import assume, given, settings
 
 from fuzzattn import AttentionCase, Capabilities, Implementation
 from fuzzattn.contract import profiles
-from fuzzattn.engine.grad_metamorphic import GRAD_RELATIONS, check_grad_relations
-from fuzzattn.engine.judge import default_device
-from fuzzattn.engine.registry import implementations
-from fuzzattn.engine.triton_backend import is_interpreted
-from kernels.sdpa import sdpa_forward
-from strategies import attention_cases
+from fuzzattn.relations.backward import GRAD_RELATIONS, check_grad_relations
+from fuzzattn.judge.judge import default_device
+from fuzzattn.run.registry import implementations
+from fuzzattn.triton_interpreter.backend import is_interpreted
+from fuzzattn.kernels.sdpa import sdpa_forward
+from fuzzattn.strategies import attention_cases
 
 DEVICE = default_device()
 BACKWARD = [impl for impl in implementations().values() if impl.caps.backward]

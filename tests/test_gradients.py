@@ -20,17 +20,17 @@ from fuzzattn import AttentionCase, Capabilities, Implementation
 from fuzzattn.campaigns.campaign import check_case
 from fuzzattn.contract import profiles
 from fuzzattn.contract.case import DTYPES
-from fuzzattn.engine import gradients as gradients_module
-from fuzzattn.engine.grad_oracle import oracle_gradients, same_precision_gradients
-from fuzzattn.engine.oracle import oracle, same_precision_reference
-from fuzzattn.engine.inputs import as_bits, inputs_sha256, materialize, materialize_dout
-from fuzzattn.engine.judge import judge, skip_reason
-from fuzzattn.engine.loader import load_implementation
-from fuzzattn.engine.poison import prime_allocator
-from fuzzattn.engine.triton_backend import is_interpreted
+from fuzzattn.gradients import judge as gradients_module
+from fuzzattn.gradients.oracle import oracle_gradients, same_precision_gradients
+from fuzzattn.judge.oracle import oracle, same_precision_reference
+from fuzzattn.inputs.materialize import as_bits, inputs_sha256, materialize, materialize_dout
+from fuzzattn.judge.judge import judge, skip_reason
+from fuzzattn.run.loader import load_implementation
+from fuzzattn.inputs.nan_fill import prime_allocator
+from fuzzattn.triton_interpreter.backend import is_interpreted
 from fuzzattn.settings import implementations as all_implementations
-from kernels.sdpa import sdpa_forward
-from strategies import attention_cases
+from fuzzattn.kernels.sdpa import sdpa_forward
+from fuzzattn.strategies import attention_cases
 
 
 def case(seq_q=3, seq_k=5, head_dim=16, *, batch=1, heads=1, kv_heads=None, **kw) -> AttentionCase:
@@ -119,7 +119,7 @@ def test_a_judged_case_computes_each_forward_reference_once(monkeypatch, margins
     the references a judged case with margins, where there were four; by default the
     same-precision one only if an error is above its noise (tolerance.py's tiers), and on this
     case of sdpa none is."""
-    from fuzzattn.engine import oracle as oracle_module
+    from fuzzattn.judge import oracle as oracle_module
     calls = []
     real = oracle_module._attend
 
@@ -128,9 +128,9 @@ def test_a_judged_case_computes_each_forward_reference_once(monkeypatch, margins
         return real(*args, **kwargs)
 
     monkeypatch.setattr(oracle_module, "_attend", counting)
-    monkeypatch.setattr("fuzzattn.engine.grad_oracle._attend", counting)
+    monkeypatch.setattr("fuzzattn.gradients.oracle._attend", counting)
     c = case(seq_q=7, seq_k=5, causal="top_left")
-    from fuzzattn.engine.registry import implementations
+    from fuzzattn.run.registry import implementations
     judged = judge(implementations()["sdpa"], c, "cpu", margins=margins)
     assert judged.passed and any(v.check.startswith("grad_") for v in judged.verdicts)
     assert sorted(map(str, calls)) == ["torch.float32"] * margins + ["torch.float64"]
@@ -324,7 +324,7 @@ def test_a_gradient_past_the_dtype_range_is_right_as_inf():
     """fp16 dk of a below_sentinel case is ~8e4 exactly, past fp16's 65504: inf is its correct
     rounding (found on the H200 as a false grad_nonfinite of sdpa_math; regressions/016e68cd71a9.json
     replays the case on every implementation). A finite or wrong-signed stand-in is not."""
-    from fuzzattn.engine.gradients import _overflows
+    from fuzzattn.gradients.judge import _overflows
     exact = torch.tensor([8e4, -8e4, 100.0, 8e4], dtype=torch.float64)
     got = torch.tensor([float("inf"), float("-inf"), 100.0, 65504.0], dtype=torch.float16)
     assert _overflows(got, exact).tolist() == [True, True, False, False]
@@ -336,7 +336,7 @@ def test_a_gradient_past_the_dtype_range_is_right_as_inf():
     _, dout = materialize_dout(record.case, "cpu")
     dk = oracle_gradients(*fresh.tensors(), dout, record.case).grads["dk"]
     assert bool((dk.abs() > torch.finfo(torch.float16).max).any())
-    from fuzzattn.engine.registry import implementations
+    from fuzzattn.run.registry import implementations
     assert judge(implementations()["sdpa_math"], record.case).passed
 
 
@@ -346,8 +346,8 @@ def test_gradients_the_rule_cannot_bound_are_not_judged():
     failure, while the same rule keeps bounding the gradients of ordinary values."""
     from pathlib import Path
     from fuzzattn.campaigns.regression_file import load
-    from fuzzattn.engine.grad_oracle import oracle_gradients
-    from fuzzattn.engine.tolerance import grad_allowance
+    from fuzzattn.gradients.oracle import oracle_gradients
+    from fuzzattn.judge.tolerance import grad_allowance
     record = load(Path(__file__).resolve().parent.parent / "regressions" / "fcde2197009b.json")
     for case, vacuous in ((record.case, True), (record.case.replace(values="normal"), False)):
         fresh = materialize(case, "cpu")
@@ -356,7 +356,7 @@ def test_gradients_the_rule_cannot_bound_are_not_judged():
         allowance = grad_allowance(torch.float16, ref.terms["dv"],
                                    score_magnitude=ref.score_magnitude, terms_summed=case.seq_q)
         assert (allowance >= torch.finfo(torch.float16).max) == vacuous, (case, allowance)
-    from fuzzattn.engine.registry import implementations
+    from fuzzattn.run.registry import implementations
     assert judge(implementations()["sdpa"], record.case).passed
 
 

@@ -1,4 +1,4 @@
-"""fuzzattn/engine/interpreter_speed.py: the interpreter's costs removed without changing a result."""
+"""fuzzattn/triton_interpreter/speed.py: the interpreter's costs removed without changing a result."""
 from __future__ import annotations
 
 import os
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import fuzzattn  # noqa: F401  (selects the interpreter before triton loads)
-from fuzzattn.engine.triton_backend import is_interpreted
+from fuzzattn.triton_interpreter.backend import is_interpreted
 
 pytestmark = pytest.mark.skipif(not is_interpreted(), reason="compiled: nothing is patched")
 
@@ -225,8 +225,8 @@ _FORWARDS = """
 import sys, torch
 import fuzzattn
 from fuzzattn import AttentionCase as C
-from fuzzattn.engine.inputs import materialize
-from kernels.triton_fa2 import triton_fa2_forward
+from fuzzattn.inputs.materialize import materialize
+from fuzzattn.kernels.triton_fa2 import triton_fa2_forward
 cases = [C(1, 2, 2, 37, 45, 64, dtype=d, causal=c, layout=l)
          for d, c, l in (("float32", "bottom_right", ("contiguous",) * 3),
                          ("bfloat16", "top_left", ("transposed", "sliced", "last_dim_strided")),

@@ -19,9 +19,9 @@ from hypothesis import strategies as st
 
 from fuzzattn import AttentionCase, Implementation
 from fuzzattn.campaigns.campaign import Counterexample, check_case, fuzz
-from fuzzattn.engine.isolation import IsolatedJudge, IsolationError, is_device_fault, spec_of
-from fuzzattn.engine.loader import load_implementation
-from fuzzattn.engine.verdict import CHECKS
+from fuzzattn.isolation.supervisor import IsolatedJudge, IsolationError, is_device_fault, spec_of
+from fuzzattn.run.loader import load_implementation
+from fuzzattn.judge.verdict import CHECKS
 
 KERNELS = Path(__file__).with_name("isolation_kernels.py")
 THRESHOLD = 5
@@ -111,9 +111,9 @@ def test_a_context_left_faulted_pins_the_fault_on_the_case_that_left_it(worker):
     faulted, and the next file judged in that worker failed with 'misaligned address'. What the
     supervisor makes of such a report: the case's crash becomes its device_fault, or a
     device_fault is added to a case that otherwise passed; the worker is replaced either way."""
-    from fuzzattn.engine.isolation_worker import context_fault
-    from fuzzattn.engine.judge import JudgedCase
-    from fuzzattn.engine.verdict import Verdict
+    from fuzzattn.isolation.worker import context_fault
+    from fuzzattn.judge.judge import JudgedCase
+    from fuzzattn.judge.verdict import Verdict
     assert context_fault("cpu") is None
     isolated = worker("CORRECT")
     here = case(THRESHOLD - 1)
@@ -207,7 +207,7 @@ def test_worker_start_failure_is_an_error():
 
 
 def test_spec_of_names_what_a_worker_can_import():
-    from fuzzattn.engine.registry import get
+    from fuzzattn.run.registry import get
     assert spec_of(get("sdpa")) == "sdpa"
     assert spec_of(kernel("HANG")) == f"{KERNELS}:HANG"
     local = Implementation(name="local", fn=lambda q, k, v, *, causal, scale: None)

@@ -1,4 +1,4 @@
-"""Where a judgement computes (fuzzattn/engine/judge_device.py): small cases on an accelerator are
+"""Where a judgement computes (fuzzattn/judge/placement.py): small cases on an accelerator are
 judged on the host, large ones on the device, CPU cases on the CPU; larger cases with small
 outputs half and half (references on the device, checks on the host); the overrides are checked."""
 from __future__ import annotations
@@ -7,14 +7,14 @@ import pytest
 import torch
 
 from fuzzattn import AttentionCase
-from fuzzattn.engine import judge as judge_module
-from fuzzattn.engine import value_checks
-from fuzzattn.engine.grad_oracle import oracle_gradients
-from fuzzattn.engine.inputs import materialize, materialize_dout
-from fuzzattn.engine.judge_device import (CHECK_ENV, ENV, HOST_CHECK_ELEMENTS, HOST_JUDGE_MACS,
+from fuzzattn.judge import judge as judge_module
+from fuzzattn.judge import value_checks
+from fuzzattn.gradients.oracle import oracle_gradients
+from fuzzattn.inputs.materialize import materialize, materialize_dout
+from fuzzattn.judge.placement import (CHECK_ENV, ENV, HOST_CHECK_ELEMENTS, HOST_JUDGE_MACS,
                                           check_device, judge_device, moved, moved_together)
-from fuzzattn.engine.oracle import oracle
-from fuzzattn.engine.registry import implementations
+from fuzzattn.judge.oracle import oracle
+from fuzzattn.run.registry import implementations
 
 SMALL = AttentionCase(1, 2, 2, 16, 32, 64)                # 65,536 multiply-adds
 LARGE = AttentionCase(4, 16, 4, 300, 300, 128)            # 737,280,000
@@ -122,7 +122,7 @@ def test_references_are_read_back_once_from_elsewhere_and_not_at_all_from_here(m
         return ref
 
     monkeypatch.setattr(judge_module, "moved_together", spying)
-    monkeypatch.setattr("fuzzattn.engine.gradients.moved_together", spying)
+    monkeypatch.setattr("fuzzattn.gradients.judge.moved_together", spying)
     monkeypatch.setattr(judge_module, "oracle", oracle_spy)
     monkeypatch.setattr(judge_module.runs, "deliver",
                         lambda impl, case, runs, also=(): deliver_spy(impl, case, runs, also))

@@ -17,11 +17,11 @@ from hypothesis import assume, given, settings, strategies as st
 from fuzzattn.contract import profiles
 from fuzzattn.contract.case import AttentionCase
 from fuzzattn.contract import Capabilities, Implementation
-from fuzzattn.engine.triton_backend import is_interpreted
-from fuzzattn.engine.judge import default_device, skip_reason
-from fuzzattn.engine.metamorphic import RELATIONS, check_relations
-from fuzzattn.engine.registry import implementations
-from strategies import attention_cases
+from fuzzattn.triton_interpreter.backend import is_interpreted
+from fuzzattn.judge.judge import default_device, skip_reason
+from fuzzattn.relations.forward import RELATIONS, check_relations
+from fuzzattn.run.registry import implementations
+from fuzzattn.strategies import attention_cases
 
 DEVICE = default_device()
 REAL = list(implementations().values())

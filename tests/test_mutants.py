@@ -14,12 +14,12 @@ import pytest
 from fuzzattn import AttentionCase, Implementation
 from fuzzattn.contract import profiles
 from fuzzattn.campaigns.campaign import fuzz
-from fuzzattn.engine.judge import judge
-from fuzzattn.engine.registry import implementations, mutants
-from kernels.mutants import MUTANTS
-from kernels.mutants.edit import EditError, apply_edits
-from kernels.sdpa import IMPL as SDPA, sdpa_forward
-from strategies.cases import attention_cases
+from fuzzattn.judge.judge import judge
+from fuzzattn.run.registry import implementations, mutants
+from fuzzattn.kernels.mutants import MUTANTS
+from fuzzattn.kernels.mutants.edit import EditError, apply_edits
+from fuzzattn.kernels.sdpa import IMPL as SDPA, sdpa_forward
+from fuzzattn.strategies.cases import attention_cases
 
 
 def case(seq_q=1, seq_k=1, head_dim=16, *, batch=1, heads=1, kv_heads=None, **kw) -> AttentionCase:

@@ -9,13 +9,13 @@ from hypothesis import HealthCheck, given, settings
 
 from fuzzattn.campaigns.compile_palette import campaign_palette
 from fuzzattn.contract.profiles import PROFILES
-from fuzzattn.engine import registry
-from kernels import triton_fa2, triton_fa2_backward
-from strategies import attention_cases
-from strategies.configs import valid_configs
-from strategies.layouts import layout_choices
-from strategies.lengths import head_dim_choices
-from strategies.palette import CHOICES_PER_AXIS, subset
+from fuzzattn.run import registry
+from fuzzattn.kernels import triton_fa2, triton_fa2_backward
+from fuzzattn.strategies import attention_cases
+from fuzzattn.strategies.configs import valid_configs
+from fuzzattn.strategies.layouts import layout_choices
+from fuzzattn.strategies.lengths import head_dim_choices
+from fuzzattn.strategies.palette import CHOICES_PER_AXIS, subset
 
 
 def test_a_subset_keeps_the_first_choice_and_is_the_same_everywhere():

@@ -1,11 +1,11 @@
-"""Allocator priming (fuzzattn/engine/poison.py): the blocks handed to the allocator hold the
+"""Allocator priming (fuzzattn/inputs/nan_fill.py): the blocks handed to the allocator hold the
 requested byte everywhere, so memory a kernel never writes reads as NaN (0xFF) or as 0."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from fuzzattn.engine.poison import POISON_BLOCKS, filled_blocks, prime_allocator
+from fuzzattn.inputs.nan_fill import POISON_BLOCKS, filled_blocks, prime_allocator
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 

@@ -14,10 +14,10 @@ from fuzzattn.campaigns.campaign import fuzz, judge_once
 from fuzzattn.campaigns.regression_file import load
 from fuzzattn.campaigns.replay import replay_one
 from fuzzattn.contract import profiles
-from fuzzattn.engine.execute import LOG_DIR
-from fuzzattn.engine.judge import judge
-from kernels.sdpa import sdpa_forward
-from strategies import attention_cases, undeclared_cases
+from fuzzattn.run.execute import LOG_DIR
+from fuzzattn.judge.judge import judge
+from fuzzattn.kernels.sdpa import sdpa_forward
+from fuzzattn.strategies import attention_cases, undeclared_cases
 
 CI = profiles.PROFILES["ci"]
 

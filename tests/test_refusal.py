@@ -3,10 +3,10 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from fuzzattn import AttentionCase, Capabilities, Implementation
-from fuzzattn.engine.judge import check_refusal, refusal_not_applicable
+from fuzzattn.judge.judge import check_refusal, refusal_not_applicable
 from fuzzattn.settings import implementations as all_implementations
-from kernels.sdpa import sdpa_forward
-from strategies import undeclared_cases
+from fuzzattn.kernels.sdpa import sdpa_forward
+from fuzzattn.strategies import undeclared_cases
 
 
 # A backend-restricted SDPA (sdpa_flash) explains in UserWarnings why torch's kernel refuses the
@@ -58,7 +58,7 @@ def attention(q, k, v, *, causal, scale):
 def test_the_refusal_rule_for_plain_callables(tmp_path):
     """A plain callable declared nothing, so the refusal property does not apply to it; the same
     callable wrapped in an Implementation that declares top-left only must refuse."""
-    from fuzzattn.engine.loader import load_implementation
+    from fuzzattn.run.loader import load_implementation
     path = tmp_path / "plain_kernel.py"
     path.write_text(PLAIN_KERNEL)
     plain = load_implementation(f"{path}:attention")

@@ -1,6 +1,6 @@
 """SDPA per backend: probed declarations, a fuzz campaign per backend (refusals counted by the
 campaign), both mask forms as a declared configuration, and the tolerance term for an
-approximate final normalisation (kernels/sdpa.py, fuzzattn/engine/tolerance.py)."""
+approximate final normalisation (kernels/sdpa.py, fuzzattn/judge/tolerance.py)."""
 import dataclasses
 import functools
 import time
@@ -13,11 +13,11 @@ from fuzzattn.campaigns.campaign import fuzz
 from fuzzattn.contract import UnsupportedCaseError
 from fuzzattn.contract.dtypes import DTYPES
 from fuzzattn.contract.profiles import PROFILES
-from fuzzattn.engine import tolerance
-from fuzzattn.engine.inputs import materialize
-from fuzzattn.engine.judge import default_device, judge
-from kernels import IMPLEMENTATIONS, sdpa
-from strategies import attention_cases
+from fuzzattn.judge import tolerance
+from fuzzattn.inputs.materialize import materialize
+from fuzzattn.judge.judge import default_device, judge
+from fuzzattn.kernels import IMPLEMENTATIONS, sdpa
+from fuzzattn.strategies import attention_cases
 
 REGISTERED = {impl.name: impl for impl in sdpa.BACKEND_IMPLS}
 ON_CUDA = default_device() == "cuda"

@@ -1,5 +1,5 @@
 """A device fault on a GPU shared through MPS ends the run with an error, never a verdict
-(fuzzattn/engine/shared_gpu.py). On the CPU, FUZZATTN_MPS=on stands in for an MPS server and
+(fuzzattn/platform/mps.py). On the CPU, FUZZATTN_MPS=on stands in for an MPS server and
 tests/isolation_kernels.py's DEVICE_FAULT raises the error torch raises after an illegal memory
 access; benchmarks/mps_fault_probe.sh makes a real fault under a real MPS server on a GPU."""
 from __future__ import annotations
@@ -11,11 +11,11 @@ from hypothesis import strategies as st
 
 from fuzzattn import AttentionCase
 from fuzzattn.campaigns.campaign import forget_verdicts, fuzz
-from fuzzattn.engine import judge as judge_module
-from fuzzattn.engine import shared_gpu
-from fuzzattn.engine.isolation import IsolatedJudge
-from fuzzattn.engine.judge import judge
-from fuzzattn.engine.loader import load_implementation
+from fuzzattn.judge import judge as judge_module
+from fuzzattn.platform import mps as shared_gpu
+from fuzzattn.isolation.supervisor import IsolatedJudge
+from fuzzattn.judge.judge import judge
+from fuzzattn.run.loader import load_implementation
 
 KERNELS = Path(__file__).with_name("isolation_kernels.py")
 THRESHOLD = 5           # DEVICE_FAULT faults from seq_q = 5 on
@@ -140,8 +140,8 @@ import time
 import pytest
 
 from fuzzattn import AttentionCase
-from fuzzattn.engine.judge import judge
-from fuzzattn.engine.loader import load_implementation
+from fuzzattn.judge.judge import judge
+from fuzzattn.run.loader import load_implementation
 
 KERNEL = load_implementation({str(KERNELS)!r} + ":DEVICE_FAULT", probe=False)
 

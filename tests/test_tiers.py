@@ -13,9 +13,9 @@ import pytest
 from hypothesis import HealthCheck, given, seed, settings
 
 from fuzzattn import settings as run_settings
-from fuzzattn.engine.judge import judge
-from fuzzattn.engine.registry import implementations, mutants
-from strategies import attention_cases
+from fuzzattn.judge.judge import judge
+from fuzzattn.run.registry import implementations, mutants
+from fuzzattn.strategies import attention_cases
 
 JUDGED = [("sdpa", "float32"), ("sdpa", "bfloat16"), ("torch_tiled", "float16"),
           ("mutant_acc_bf16", "bfloat16"), ("mutant_pv_low_precision", "bfloat16"),

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from fuzzattn import AttentionCase, Capabilities, Implementation
 from fuzzattn.campaigns.campaign import fuzz
-from kernels.sdpa import sdpa_forward
+from fuzzattn.kernels.sdpa import sdpa_forward
 
 CAPS = Capabilities(dtypes={"float32"}, head_dims=None, causal=("top_left", "bottom_right"),
                     gqa=True, strides="any")

@@ -1,4 +1,4 @@
-"""Tensors between host and accelerator in one copy (fuzzattn/engine/transfer.py), and inputs that
+"""Tensors between host and accelerator in one copy (fuzzattn/inputs/transfer.py), and inputs that
 live in a packed buffer keep their bits, views and NaN surroundings."""
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from fuzzattn import AttentionCase
-from fuzzattn.engine.inputs import (Inputs, _moved, _viewed, as_bits, changed_anywhere, changed_flags,
+from fuzzattn.inputs.materialize import (Inputs, _moved, _viewed, as_bits, changed_anywhere, changed_flags,
                                      materialize)
-from fuzzattn.engine.transfer import ALIGN, FILL, packed, read_back, unpacked
+from fuzzattn.inputs.transfer import ALIGN, FILL, packed, read_back, unpacked
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device: moves host <-> GPU")
 
@@ -110,9 +110,9 @@ def test_packed_inputs_copy_in_one_buffer_and_compare_whole():
 def test_the_judge_names_the_mutated_storage_of_packed_inputs(monkeypatch):
     """The whole-buffer comparison says only that something changed; the verdict still names
     the storage (k), and an implementation that writes nothing passes."""
-    import fuzzattn.engine.judge as judge_module
+    import fuzzattn.judge.judge as judge_module
     from fuzzattn import Implementation, judge
-    from kernels.sdpa import sdpa_forward
+    from fuzzattn.kernels.sdpa import sdpa_forward
 
     real = judge_module.materialize
     monkeypatch.setattr(judge_module, "materialize",

@@ -17,13 +17,13 @@ import torch
 
 import fuzzattn  # noqa: F401  (selects the interpreter and repairs bf16 dot before triton loads)
 from fuzzattn.contract import UnsupportedCaseError
-from kernels.mutants.backward_mutants import BACKWARD_MUTANTS
-from kernels.triton_fa2 import triton_fa2_forward
-from kernels.triton_fa2_backward import (BACKWARD_CONFIG_SPACE, _COMPILED_DEFAULTS,
+from fuzzattn.kernels.mutants.backward_mutants import BACKWARD_MUTANTS
+from fuzzattn.kernels.triton_fa2 import triton_fa2_forward
+from fuzzattn.kernels.triton_fa2_backward import (BACKWARD_CONFIG_SPACE, _COMPILED_DEFAULTS,
                                          config_invalid, triton_fa2_backward)
 
-from fuzzattn.engine.judge import default_device
-from fuzzattn.engine.triton_backend import is_interpreted
+from fuzzattn.judge.judge import default_device
+from fuzzattn.triton_interpreter.backend import is_interpreted
 
 F32, BF16, F16 = torch.float32, torch.bfloat16, torch.float16
 DEVICE = default_device()     # compiled on a GPU, interpreted on the CPU
@@ -362,7 +362,7 @@ def test_every_mutant_has_a_case():
 
 
 def test_dq_grid_floor_mutant_leaves_the_partial_block_unwritten():
-    from fuzzattn.engine.poison import uninitialized_memory_is_nan
+    from fuzzattn.inputs.nan_fill import uninitialized_memory_is_nan
     backward = dict((m[0], m[2]) for m in BACKWARD_MUTANTS)["mutant_bwd_dq_grid_floor"]
     q, k, v, dout = make_inputs(1, 1, 1, 17, 16, 16, F32, seed=5)
     out, lse = triton_fa2_forward(q, k, v, causal=False, scale=0.25)

@@ -11,12 +11,12 @@ import torch
 from fuzzattn import AttentionCase
 from fuzzattn.contract import autotune
 from fuzzattn.contract import UnsupportedCaseError
-from fuzzattn.engine.inputs import materialize
-from fuzzattn.engine.judge import default_device, judge
-from fuzzattn.engine.triton_backend import is_interpreted
-from fuzzattn.engine.registry import implementations, mutants
-from kernels import triton_fa2
-from kernels.triton_fa2 import (ALL_CONFIGS, AUTOTUNE_CONFIGS, BASELINE_CONFIG, config_invalid,
+from fuzzattn.inputs.materialize import materialize
+from fuzzattn.judge.judge import default_device, judge
+from fuzzattn.triton_interpreter.backend import is_interpreted
+from fuzzattn.run.registry import implementations, mutants
+from fuzzattn.kernels import triton_fa2
+from fuzzattn.kernels.triton_fa2 import (ALL_CONFIGS, AUTOTUNE_CONFIGS, BASELINE_CONFIG, config_invalid,
                                 fa2_fwd_autotuned, triton_fa2_forward)
 
 

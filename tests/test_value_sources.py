@@ -1,4 +1,4 @@
-"""Where a case's values come from (fuzzattn/engine/value_sources.py): the counter generator is
+"""Where a case's values come from (fuzzattn/inputs/sources.py): the counter generator is
 SplitMix64 bit for bit, its values have the moments they claim, counter cases materialise the
 same bits on every device (the GPU test), and CPU-generator cases keep the bits every saved
 file pins."""
@@ -14,9 +14,9 @@ from hypothesis import given, seed, settings
 from fuzzattn import AttentionCase
 from fuzzattn.contract.case import CaseError
 from fuzzattn.contract.profiles import PROFILES
-from fuzzattn.engine.inputs import as_bits, inputs_sha256, materialize, materialize_dout
-from fuzzattn.engine.value_sources import CounterSource, CpuSource, mix_int, source
-from strategies import attention_cases
+from fuzzattn.inputs.materialize import as_bits, inputs_sha256, materialize, materialize_dout
+from fuzzattn.inputs.sources import CounterSource, CpuSource, mix_int, source
+from fuzzattn.strategies import attention_cases
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device: CPU and GPU bits")
 M64 = (1 << 64) - 1
@@ -163,7 +163,7 @@ def test_the_gpu_profiles_give_every_case_counter_values():
 
 
 def test_a_host_copy_read_back_with_other_results_is_adopted_with_the_same_views():
-    from fuzzattn.engine.inputs import _born_on
+    from fuzzattn.inputs.materialize import _born_on
     case = _counter_case("dominant_key", "float16")
     inputs = _born_on(case, torch.device("cpu"), torch.float16, float("nan"))
     assert inputs.host is None
@@ -199,16 +199,16 @@ def test_counter_cases_are_born_on_the_gpu_with_the_cpu_bits(values, dtype):
 
 @CUDA
 @pytest.mark.parametrize("case", [
-    # references on the device, checks on the host (engine/judge_device.py)
+    # references on the device, checks on the host (fuzzattn/judge/placement.py)
     AttentionCase(2, 4, 2, 300, 280, 64, causal="bottom_right", data_seed=3, generator="counter"),
     # small: references and checks on the host, from the inputs (and dO) read back with the
     # runs' outputs
     AttentionCase(1, 2, 1, 9, 13, 16, values="dominant_key", data_seed=4, generator="counter"),
 ], ids=str)
 def test_a_counter_case_is_judged_on_the_gpu_from_values_computed_there(case, monkeypatch):
-    from fuzzattn.engine import value_sources
-    from fuzzattn.engine.judge import judge
-    from fuzzattn.engine.registry import implementations
+    from fuzzattn.inputs import sources as value_sources
+    from fuzzattn.judge.judge import judge
+    from fuzzattn.run.registry import implementations
 
     devices = []
     original = value_sources.CounterSource.__init__
@@ -228,7 +228,7 @@ def test_a_counter_case_is_judged_on_the_gpu_from_values_computed_there(case, mo
                                                     (2**63 - 1, 2**33, 2049)])
 def test_the_fused_kernel_gives_the_torch_versions_bits(seed_value, position, n):
     """Compiled on a GPU, interpreted on the CPU: the same values either way as the torch ops."""
-    from fuzzattn.engine.value_sources import fused_normals
+    from fuzzattn.inputs.sources import fused_normals
     device = "cuda" if torch.cuda.is_available() else "cpu"
     out = torch.empty(n, device=device)
     fused_normals(out, position, mix_int(seed_value))
@@ -240,8 +240,8 @@ def test_the_fused_kernel_gives_the_torch_versions_bits(seed_value, position, n)
 def test_the_fused_kernel_serves_only_after_agreeing_with_the_torch_ops(monkeypatch, capsys):
     """Checked once per device and process: a kernel that fails to run or gives other bits
     leaves the torch operations in charge, said in one line."""
-    from fuzzattn.engine import triton_backend
-    from fuzzattn.engine import value_sources as vs
+    from fuzzattn.triton_interpreter import backend as triton_backend
+    from fuzzattn.inputs import sources as vs
     monkeypatch.setattr(triton_backend, "is_interpreted", lambda: False)
     # On the CPU the interpreter's kernel stands in for a compiled one.
     here = torch.device("cuda" if torch.cuda.is_available() else "cpu")

@@ -22,7 +22,7 @@ not run at all.
 `fuzz` runs a campaign outside pytest (the CLI's `fuzz`, `gate` and `mutants`), with a case
 and/or time budget, and returns a `Campaign`.
 
-Isolation (fuzzattn.engine.isolation): `fuzz(isolate=True)` judges through one worker process per
+Isolation (fuzzattn.isolation.supervisor): `fuzz(isolate=True)` judges through one worker process per
 campaign; `use_workers(pool)` makes `check_case` judge the run's implementations in a WorkerPool
 (the pytest plugin's --fuzzattn-isolate). Either way the memo is keyed as in-process judging is,
 and hang/segfault/device_fault verdicts are not rerun for flakiness: each rerun would cost a
@@ -44,9 +44,9 @@ from fuzzattn.campaigns import regression_file
 from fuzzattn.contract.case import AttentionCase
 from fuzzattn.contract.implementation import Implementation
 from fuzzattn.contract.known_defects import KNOWN_PREFIX, known_defect
-from fuzzattn.engine.judge import JudgedCase, default_device, judge
-from fuzzattn.engine.verdict import PROCESS_CHECKS, Verdict
-from fuzzattn.engine.heap import freeze_long_lived
+from fuzzattn.judge.judge import JudgedCase, default_device, judge
+from fuzzattn.judge.verdict import PROCESS_CHECKS, Verdict
+from fuzzattn.platform.gc_tuning import freeze_long_lived
 
 FLAKY_RERUNS = 2          # extra judgements of a failing case; any pass makes it flaky
 _MEMO_SIZE = 20_000       # remembered verdicts per process (a few hundred bytes each)
@@ -91,7 +91,7 @@ refusal_counts: collections.Counter[tuple[str, str]] = collections.Counter()  # 
 judged_total = 0      # cases judged by this process (reruns for flakiness not counted)
 
 
-# The run's worker pool (fuzzattn.engine.isolation.WorkerPool) and the implementations it
+# The run's worker pool (fuzzattn.isolation.supervisor.WorkerPool) and the implementations it
 # covers (by cli_name), or None: set by use_workers, read by check_case.
 _workers: tuple | None = None
 
@@ -267,7 +267,7 @@ def fuzz(impl: Implementation, strategy: st.SearchStrategy[AttentionCase], *, ma
         raise ValueError("timeout needs isolate=True: a call in this process cannot be interrupted")
     with contextlib.ExitStack() as stack:
         if isolate and judge_fn is None:
-            from fuzzattn.engine.isolation import DEFAULT_TIMEOUT, IsolatedJudge
+            from fuzzattn.isolation.supervisor import DEFAULT_TIMEOUT, IsolatedJudge
             judge_fn = stack.enter_context(IsolatedJudge(
                 impl, timeout=timeout or DEFAULT_TIMEOUT, device=device)).judge
         return _fuzz(impl, strategy, max_examples=max_examples, seconds=seconds,
@@ -289,7 +289,7 @@ def _fuzz(impl, strategy, *, max_examples, seconds, hypothesis_seed_value, save_
     state = {"judged": 0, "first": None, "over": False, "forward_failed": False}
     with_gradients: dict[str, bool] = {}
     refused: collections.Counter[str] = collections.Counter()
-    freeze_long_lived()        # before the clock: once per process (engine/heap.py)
+    freeze_long_lived()        # before the clock: once per process (fuzzattn/platform/gc_tuning.py)
     start = time.perf_counter()
 
     def over_budget() -> bool:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 
 from fuzzattn.contract import Implementation
-from fuzzattn.engine.triton_backend import is_interpreted
+from fuzzattn.triton_interpreter.backend import is_interpreted
 
 ENV = "FUZZATTN_PALETTE"
 CHOICES = ("auto", "off", "on")

@@ -10,7 +10,7 @@ and gate CI. One module per command; `common` holds what they share.
 Exit status: 0 when everything passed; 1 when something failed (a counterexample, a failing or
 unreadable regression file, a surviving mutant); 2 when the command could not run as asked (a
 bad argument, an implementation that cannot be loaded, a bad git revision); 3 when a device
-fault on a GPU shared through MPS ended the run without a verdict (engine/shared_gpu.py); 130
+fault on a GPU shared through MPS ended the run without a verdict (fuzzattn/platform/mps.py); 130
 when interrupted. Every status-2 or status-3 problem is one line on stderr starting with "fuzzattn: error:",
 never a traceback; FUZZATTN_DEBUG=1 lets an unexpected internal error show its traceback.
 
@@ -28,7 +28,7 @@ import warnings
 
 from fuzzattn.cli import explain, fuzz, gate, mutants, replay
 from fuzzattn.cli.common import CLIError, one_line
-from fuzzattn.engine.shared_gpu import SharedDeviceFault
+from fuzzattn.platform.mps import SharedDeviceFault
 
 SHARED_DEVICE_FAULT_STATUS = 3
 
@@ -106,11 +106,11 @@ def main(argv=None) -> int:
         except KeyboardInterrupt:
             print("\nfuzzattn: error: interrupted", file=sys.stderr)
             return 130
-        except SharedDeviceFault as exc:      # no verdict could be trusted (engine/shared_gpu.py)
+        except SharedDeviceFault as exc:      # no verdict could be trusted (fuzzattn/platform/mps.py)
             print(f"fuzzattn: error: {one_line(exc)}", file=sys.stderr)
             return SHARED_DEVICE_FAULT_STATUS
         except Exception as exc:
-            from fuzzattn.engine.inputs import CaseTooLargeError
+            from fuzzattn.inputs.materialize import CaseTooLargeError
             if isinstance(exc, CaseTooLargeError):
                 print(f"fuzzattn: error: {one_line(exc)}", file=sys.stderr)
                 return 2

@@ -51,7 +51,7 @@ def changed_files(rev: str) -> set[Path]:
 
 
 def harness_files(changed: set[Path]) -> list[Path]:
-    import strategies
+    import fuzzattn.strategies as strategies
     package = Path(__file__).resolve().parents[1]
     roots = [package, Path(strategies.__file__).resolve().parent]
     presentation = [package / name for name in _PRESENTATION_ONLY]

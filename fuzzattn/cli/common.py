@@ -97,11 +97,11 @@ def load_profile(name):
 def resolve(spec: str, isolate: bool = False, timeout: float | None = None):
     """A registered implementation or mutant by name, or an outside one by FILE.py:NAME (its probe
     call in a worker process with `isolate`: a kernel that hangs or dies on it must not end us)."""
-    from fuzzattn.engine.loader import ImplementationLoadError, load_implementation
-    from fuzzattn.engine.registry import UnknownImplementationError, get
+    from fuzzattn.run.loader import ImplementationLoadError, load_implementation
+    from fuzzattn.run.registry import UnknownImplementationError, get
     try:
         if ":" in spec and isolate:
-            from fuzzattn.engine.isolation import DEFAULT_TIMEOUT, load_isolated
+            from fuzzattn.isolation.supervisor import DEFAULT_TIMEOUT, load_isolated
             return load_isolated(spec, timeout=timeout or DEFAULT_TIMEOUT)
         if ":" in spec:
             return load_implementation(spec)
@@ -116,12 +116,12 @@ def resolve(spec: str, isolate: bool = False, timeout: float | None = None):
 
 
 def registered():
-    from fuzzattn.engine.registry import implementations
+    from fuzzattn.run.registry import implementations
     return list(implementations().values())
 
 
 def triton_interpreted() -> bool:
-    from fuzzattn.engine.triton_backend import is_interpreted
+    from fuzzattn.triton_interpreter.backend import is_interpreted
     return is_interpreted()
 
 
@@ -156,7 +156,7 @@ def run_campaign(impl, dtype: str | None, *, profile, max_examples: int, seconds
     from hypothesis.errors import HypothesisException
     from fuzzattn import settings
     from fuzzattn.campaigns.campaign import fuzz
-    from strategies.cases import attention_cases
+    from fuzzattn.strategies.cases import attention_cases
     from fuzzattn.campaigns.compile_palette import campaign_palette
 
     label = f"{impl.name} {dtype or 'all dtypes'}"

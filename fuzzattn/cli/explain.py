@@ -65,7 +65,7 @@ def _sdpa_backends(impl) -> list[tuple[str, object, str]]:
     registered = {i.name: i for i in common.registered()
                   if i.name == "sdpa" or i.name.startswith("sdpa_")}
     try:        # this repository's kernels say why a backend is absent on this machine
-        from kernels.sdpa import UNAVAILABLE
+        from fuzzattn.kernels.sdpa import UNAVAILABLE
     except ImportError:
         UNAVAILABLE = {}
     names = sorted(set(registered) | set(UNAVAILABLE), key=lambda n: (n != "sdpa", n))
@@ -125,7 +125,7 @@ def _worst(judged):
 
 
 def judge_variant(row: Variant) -> Variant:
-    from fuzzattn.engine.judge import judge
+    from fuzzattn.judge.judge import judge
     if row.verdict:             # decided without running (a backend absent here)
         return row
     why = row.impl.caps.why_not(row.case)

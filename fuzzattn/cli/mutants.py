@@ -36,7 +36,7 @@ def add_parser(commands) -> None:
 
 
 def select(only) -> list:
-    from fuzzattn.engine.registry import mutants
+    from fuzzattn.run.registry import mutants
     zoo = mutants()
     unknown = [name for name in only if name not in zoo]
     if unknown:

@@ -61,7 +61,7 @@ def replay_all(paths, subjects, *, only_given: bool, progress, isolate: bool = F
     """Replay each file on each supporting subject; a file that cannot be read is one failing row.
     With `isolate`, and always for a file recording hang/segfault/device_fault, a file is judged
     in a worker process (one per implementation, reused across files)."""
-    from fuzzattn.engine.isolation import DEFAULT_TIMEOUT, WorkerPool
+    from fuzzattn.isolation.supervisor import DEFAULT_TIMEOUT, WorkerPool
     outcomes = [] if outcomes is None else outcomes      # filled as files are replayed
     with WorkerPool(timeout or DEFAULT_TIMEOUT) as pool:
         return _replay_all(paths, subjects, only_given=only_given, progress=progress,
@@ -71,7 +71,7 @@ def replay_all(paths, subjects, *, only_given: bool, progress, isolate: bool = F
 def _replay_all(paths, subjects, *, only_given, progress, pool, isolate, outcomes) -> list[Outcome]:
     from fuzzattn.campaigns.regression_file import RegressionFileError, load
     from fuzzattn.campaigns.replay import needs_isolation, replay_one
-    from fuzzattn.engine.execute import one_line
+    from fuzzattn.run.execute import one_line
     for n, path in enumerate(paths, 1):
         name = path.name
         progress.status(f"replay {n}/{len(paths)} {name}")

@@ -1,7 +1,7 @@
 """AttentionCase: a small, printable, hashable description of one attention problem.
 
 A case holds sizes, flags, an implementation configuration and a data seed, never tensors:
-`fuzzattn.engine.inputs.materialize` turns it into bit-identical tensors on any machine.
+`fuzzattn.inputs.materialize.materialize` turns it into bit-identical tensors on any machine.
 Hypothesis draws cases, so shrinking acts on shapes.
 
 Two seeds exist in fuzzattn and they have two names everywhere: `data_seed` (this field: the CPU
@@ -45,13 +45,13 @@ KV_ONLY_LAYOUTS = ("broadcast_batch", "broadcast_heads")
 VALUE_PROFILES = ("normal", "large", "near_constant", "dominant_key", "zero_query_rows",
                   "below_sentinel")
 
-# Where the case's values come from (engine/value_sources.py): the CPU torch.Generator, or a
+# Where the case's values come from (fuzzattn/inputs/sources.py): the CPU torch.Generator, or a
 # counter-based generator giving the same bits on any device, so inputs can be born there.
 GENERATORS = ("torch_cpu", "counter")
 
 # Sane ranges, checked before anything is allocated: a value outside them is a typo or an
 # attack on the harness, never a case worth running. Sizes are also checked against a memory
-# budget by the engine (fuzzattn.engine.inputs.check_budget) before materialising.
+# budget by the engine (fuzzattn.inputs.materialize.check_budget) before materialising.
 MAX_SIZE = {"batch": 4096, "heads": 4096, "kv_heads": 4096, "seq_q": 1 << 20, "seq_k": 1 << 20,
             "head_dim": 4096}
 MAX_DATA_SEED = 2**63 - 1       # torch.Generator.manual_seed takes 64-bit seeds
@@ -80,7 +80,7 @@ class AttentionCase:
     # (name, value) pairs: drawn from its declared configuration space, recorded and replayed
     # like the sizes. Empty for implementations that declare none.
     config: tuple[tuple[str, Any], ...] = ()
-    # engine/value_sources.py: "torch_cpu" for every case saved before the field existed.
+    # fuzzattn/inputs/sources.py: "torch_cpu" for every case saved before the field existed.
     generator: str = "torch_cpu"
 
     def __post_init__(self):

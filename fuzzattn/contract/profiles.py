@@ -29,7 +29,7 @@ class Profile:
     derandomize: bool = False
     description: str = ""
     # Cases of more multiply-adds than this (B * Hq * Nq * max(Nk, 1) * D) take their values
-    # from the counter generator, computed on the device (engine/value_sources.py); None: every
+    # from the counter generator, computed on the device (fuzzattn/inputs/sources.py); None: every
     # case from the CPU's torch.Generator, as the CPU profiles keep (there the counter is ~5x
     # slower than randn). The GPU profiles give it to every case: inputs born on the device make
     # no transfer to it, and a case judged on the host reads them back with the runs' outputs,

@@ -3,7 +3,7 @@
 Each mutant is an `Implementation` named `mutant_<bug>`, with `mutant_of` naming the real
 implementation it derives from, a one-line `description` of the planted bug, and the real one's
 capabilities, so the fuzzer draws exactly the cases that can show the bug. They are registered
-apart from the real implementations (fuzzattn.engine.registry.mutants) and are never expected to pass:
+apart from the real implementations (fuzzattn.run.registry.mutants) and are never expected to pass:
 `fuzzattn mutants` requires every one to be killed, and regressions/ ships one machine-found
 fixture per mutant.
 

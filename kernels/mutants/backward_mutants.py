@@ -10,7 +10,7 @@ is planted in both, as one logical edit.
 `BACKWARD_MUTANTS` is a tuple of (name, description, backward_fn); backward_fn has the signature
 of `triton_fa2_backward`. `MUTANTS` registers each as an `Implementation` of triton_fa2 whose
 forward is the real one and whose `backward_fn` is the mutated backward, so the engine's gradient
-checks (engine/gradients.py) must kill it; the forward checks all pass.
+checks (fuzzattn/gradients/judge.py) must kill it; the forward checks all pass.
 
 Not planted: a dQ accumulation race. The real backward computes dQ in a second pass where each
 program owns its rows (no atomics, see the kernel module's docstring), so there is no shared
@@ -25,8 +25,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from fuzzattn.contract import Implementation
-from kernels import triton_fa2
-from kernels.triton_fa2_backward import KERNELS, bwd_dq_kernel, triton_fa2_backward
+from fuzzattn.kernels import triton_fa2
+from fuzzattn.kernels.triton_fa2_backward import KERNELS, bwd_dq_kernel, triton_fa2_backward
 
 from .edit import mutate
 

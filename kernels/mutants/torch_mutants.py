@@ -12,8 +12,8 @@ from pathlib import Path
 import torch
 
 from fuzzattn.contract import Implementation
-from kernels import sdpa, torch_tiled
-from kernels.sdpa import sdpa_forward
+from fuzzattn.kernels import sdpa, torch_tiled
+from fuzzattn.kernels.sdpa import sdpa_forward
 
 from .edit import mutate
 
@@ -71,7 +71,7 @@ TILED_BUGS = (
        "k5, v5 = (k.squeeze(1), v.squeeze(1)) if kv_heads == 1 else (k.unsqueeze(2), v.unsqueeze(2))")]),
     # Precision bugs. Each stays within the max rule's bound on most cases of its own dtype (the
     # errors are a few roundings of the input dtype, spread over every element), so they are the
-    # targets of the error-statistics check (fuzzattn/engine/error_statistics.py). The accumulator
+    # targets of the error-statistics check (fuzzattn/judge/error_statistics.py). The accumulator
     # ones plant "the accumulator kept in the input's dtype", a bug only for that dtype: an fp32
     # kernel with an fp32 accumulator is correct, so fp32 cases must not give them away.
     ("mutant_acc_bf16",

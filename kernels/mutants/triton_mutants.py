@@ -37,10 +37,10 @@ from pathlib import Path
 import torch
 
 from fuzzattn.contract import Implementation
-from fuzzattn.engine.inputs import GUARD_ROWS
-from fuzzattn.engine.triton_backend import is_interpreted
-from kernels import triton_fa2
-from kernels.triton_fa2 import CONFIG_SPACE, _attend_key_blocks, fa2_fwd_kernel, triton_fa2_forward
+from fuzzattn.inputs.materialize import GUARD_ROWS
+from fuzzattn.triton_interpreter.backend import is_interpreted
+from fuzzattn.kernels import triton_fa2
+from fuzzattn.kernels.triton_fa2 import CONFIG_SPACE, _attend_key_blocks, fa2_fwd_kernel, triton_fa2_forward
 
 from .edit import mutate
 

@@ -1,0 +1,3 @@
+"""Gradients: dq, dk, dv judged against float64 autograd of the oracle, with the checks
+value comparison cannot see.
+"""

@@ -1,0 +1,407 @@
+"""The one tolerance rule every implementation is judged by. All constants live here.
+
+Rule (after FlashAttention's tests, ../shared/BUGS.md): an implementation's worst error against
+the float64 oracle may be at most K times the worst error of a same-precision PyTorch reference
+(`oracle.same_precision_reference`) against the same oracle, plus a rounding-noise epsilon:
+
+    allowed = K * max|ref - oracle| + noise
+
+    out: noise = (EPS_ULPS u(dtype) + SCORE_ULPS u(fp32) S) * max(|oracle out|, FLOOR)
+    lse: noise = EPS_LSE_ULPS u(fp32) * max(|oracle lse|, FLOOR) + SCORE_ULPS u(fp32) S
+
+where S = |scale| * max over visible (i, j) of sum_d |q_id k_jd|, the size of the terms an fp32
+score sums (oracle.Reference.score_magnitude).
+
+- K_OUT = 2: FlashAttention asserts forward error <= 2x its PyTorch reference's error.
+- K_LSE = 2: the same rule applied to the logsumexp.
+- EPS_ULPS = 2, u = unit roundoff of the output's dtype (2^-24 fp32, 2^-8 bf16, 2^-11 fp16):
+  FlashAttention's epsilon is the error of rounding the reference output itself to the output
+  dtype, measured as 2x that rounding on values near 0.3; two units of roundoff at the output's
+  magnitude is that same quantity, computed without a probe. It keeps the bound from collapsing
+  when the reference happens to be exact (tiny cases, one visible key).
+- SCORE_ULPS = 4: an fp32 dot product summed in another order, or with scale * log2(e) folded
+  into q for exp2 (fast kernels), or q and k pre-scaled by sqrt(scale) (PyTorch's math path),
+  differs from the reference's (q.k) * scale by a few units of roundoff of S, the sum of the
+  magnitudes it adds — far more than of |q.k| itself when terms cancel. An absolute score error
+  d moves the output by about d relative, and the lse by d absolute. Seen without this term:
+  SDPA fp32 at 4.8e-7 against 3.6e-7 allowed (H200); triton_fa2 lse off by 1.7e-4 against
+  1.5e-4 on a score of 248 whose terms summed to 9362 (values=large).
+- lse is always float32. A tiled kernel forms it as m + log(l), where l went through a rescale,
+  an exp and an add per key tile and a log at the end, each worth about one unit of fp32
+  roundoff relative to l, i.e. absolute on log(l); the one-pass reference does fewer. So its
+  epsilon is EPS_LSE_ULPS = 8 units of fp32 roundoff at |lse|'s magnitude (seen: 4.2 units on a
+  fp16 case whose reference happened to be nearly exact).
+- FLOOR = 1: the magnitude below which absolute, not relative, rounding noise is the right
+  scale (outputs are convex combinations of V rows drawn from N(0, 1)).
+- NORM_ULPS (see "What correct GPU kernels legitimately do" below): fp32 ulps of |out| for
+  the final normalisation, added to out's relative noise: + NORM_ULPS ULP32.
+- TF32_WEIGHT_ULPS (same section), TF32 fp32 kernels only: the weights truncated to TF32 apart
+  from the reference's, + TF32_WEIGHT_ULPS u_mm max A, A = sum_j p_j |v_j| / l per element.
+Errors are compared as float64 maxima over the whole tensor; the rows over the bound are
+reported as the failure's location.
+
+Gradients (dq, dk, dv; `grad_finish`), the same kind of rule against the gradient oracle and the
+same-precision reference backward (fuzzattn/gradients/oracle.py):
+
+    allowed = K_GRAD * max|ref - oracle| + GRAD_EPS_ULPS u_op T + u_op T_delta
+              + (expm1(2 SCORE_ULPS u(fp32) S) + (n + GRAD_EXTRA_OPS) u(fp32)) T_mag
+
+with T, T_delta, T_mag the largest over the gradient's entries of grad_oracle.term_magnitudes:
+T the sum of the entry's |terms| (e.g. |scale| sum_j |dS_ij| |k_j| for dq_i), T_delta the part
+of it through Delta = dO . O, T_mag the sum of every product an fp32 sum forming it adds (|dS|
+bounded by P (|dO|.|v| + |dO|.|O|)). Not |oracle| as for out: dq and dk are sums whose terms
+cancel (every row's dS sums to zero), so their noise scales with the terms, and an entry can be
+far smaller than its noise. One source of difference between a correct kernel and the reference
+for each term:
+- GRAD_EPS_ULPS u_op T, u_op = max(u(dtype), u_mm) (u_mm = 2^-11 for TF32 fp32 matmuls): P and
+  dS are rounded to the input dtype as matmul operands and the gradient is rounded at the end;
+  nearly equal fp32 values can round one unit apart, each moving the entry by about u_op T.
+  GRAD_EPS_ULPS = 4: the P or dS operand, the result, and one each for the same roundings in the
+  reference, whose error K_GRAD already counts only once.
+- u_op T_delta: Delta uses the forward's O rounded to the input dtype; the kernel's and the
+  reference's O may round apart by one unit, moving Delta by u |dO|.|O|.
+- expm1(2 SCORE_ULPS u(fp32) S) T_mag: the recomputed scores and the forward's lse each differ by
+  a few units of roundoff of S (as for out), so P = exp(s - lse) moves by a factor e^(+-2d):
+  about 2d relatively for normal values, unbounded once u(fp32) S nears 1 (grad_noise).
+- (n + GRAD_EXTRA_OPS) u(fp32) T_mag: fp32 sums over n terms (n = Nk for dq, Nq times the GQA
+  group for dk and dv) in another order (tiles, a second pass), worst case n units of roundoff
+  of their magnitudes, plus the dot products forming dP and Delta, the exp and the scale
+  (GRAD_EXTRA_OPS = 8, as rounding.EXTRA_OPS).
+- K_GRAD = 2: FlashAttention's tests bound dq, dk, dv by 2x the PyTorch reference's error.
+Measured (CPU, interpreter): one key block skipped in dq (17 keys visible, bf16) errs 0.06
+against ~0.03 allowed; with T_mag in place of T (a first, looser form) 0.31 was allowed and that
+bug survived 60 fuzzed cases.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+
+from fuzzattn.contract.dtypes import TF32_ROUNDOFF, U32, reads_tf32, unit_roundoff
+
+K_OUT = 2.0
+K_LSE = 2.0
+EPS_ULPS = 2.0
+EPS_LSE_ULPS = 8.0
+SCORE_ULPS = 4.0
+FLOOR = 1.0
+K_GRAD = 2.0
+GRAD_EPS_ULPS = 4.0
+GRAD_EXTRA_OPS = 8
+
+# -- What correct GPU kernels legitimately do -----------------------------------------------------
+# The same-precision reference divides correctly rounded, exponentiates with torch.exp and sums in
+# one order. Fused kernels do each differently, correctly; each difference is bounded here, or
+# shown to be bounded by a term above, so that none of them can fail a correct kernel.
+#
+# An fp32 ulp relative to the value it sits on: ulp(x) = 2^(e-23) for |x| in [2^e, 2^(e+1)), so
+# ulp(x) / |x| lies in (2^-24, 2^-23]: at most 2 units of roundoff.
+ULP32 = 2.0 * U32
+#
+# Final normalisation, NORM_ULPS = 2. Kernels end with out = acc * rcp(l), one approximate
+# reciprocal (PTX rcp.approx.f32 / MUFU.RCP: within 1 ulp of 1/l) and a correctly rounded
+# multiply (1/2 ulp), or with a fast division built the same way, instead of the reference's
+# correctly rounded acc / l (1/2 ulp). So the kernel's quotient lies within 1 + 1/2 + O(u) ulps of
+# the exact one; rounded to fp32 it is a whole number of ulps away from it, at most 2: the
+# relative error is at most 2 ULP32 = 4 u32 of |out| <= max(|oracle out|, FLOOR).
+# Measured on the H200 (torch 2.11): SDPA fp32 with one key (default dispatch = EFFICIENT) returns
+# v off by 2 ulps, where MATH is exact. There l = 1 and acc = v exactly, so the reference error is
+# 0, the score term is 0 for zero query rows, and EPS_ULPS u(fp32) (at most 1 ulp at the
+# largest |out|) was all the bound allowed: a false positive of the judge
+# (B=1 H=2 Nq=1 Nk=1 D=96 fp32 values=zero_query_rows).
+# The normalisation runs in the fp32 accumulator whatever the output dtype, so the term is in fp32
+# ulps for every dtype. For bf16/fp16 outputs it is 2^-22 relative before the final rounding,
+# which EPS_ULPS u(dtype) >= 2^-10 already covered; added anyway, it costs them nothing.
+NORM_ULPS = 2.0
+#
+# exp2 with the scale folded in (p = exp2(s * scale * log2 e - m')): the folded constant and the
+# score are rounded once more than the reference's, an absolute error of a few ulps of the score's
+# terms on the exponent: that is SCORE_ULPS u32 S above, not a new term. ex2.approx's own error
+# enters only through weights p != 1; where the reference is exact because every weight is exactly
+# 1 (one visible key, equal scores, zero query rows), the exponent is exactly 0 and ex2(0) = 1
+# exactly, so the kernel's weights are exact too. Elsewhere the reference's own exp rounding is of
+# the same size and K_OUT = 2 allows twice it.
+#
+# TF32 weights, TF32_WEIGHT_ULPS = 2 (fp32 kernels whose matmuls read TF32 operands). Tensor cores
+# read fp32 operands truncated to TF32 (measured on the H200 with triton 3.6, benchmarks/
+# tf32_probe.py: every operand, from memory or registers, 16x16 and 64x64 tiles). q, k and v are
+# inputs: kernel and reference truncate the same bits. The weights P are not: the kernel's fp32
+# p_j and the reference's differ by a few fp32 ulps (exp2 with a folded scale, a contracted
+# s * scale - m), and two fp32 values that close can truncate a whole TF32 ulp apart, which is
+# at most 2^-10 = 2 u_mm of p_j. Summed over the keys that moves out_i by at most
+# 2 u_mm sum_j p_j |v_j| / l = 2 u_mm A_i (A = oracle.Reference.out_magnitude), added absolutely
+# at max A. Seen without it on the H200: triton_fa2 fp32 at 1.04x on one-hot rows (values=
+# dominant_key) returned out = trunc(v) (1 - 2^-11) to within 3e-7 (measured), i.e. a weight
+# TF32 read as 1 - 2^-11, what any fp32 value just below 1 truncates to, where the reference's
+# exp(0) = 1 stayed 1. (Why the kernel's weight fell below 1 was not measured; an exp2 of a
+# tiny negative exponent left by a contracted s * scale - m would do it.) The reference, exact
+# in P there, could not count it.
+TF32_WEIGHT_ULPS = 2.0
+#
+# Other summation orders (split-K over key blocks, tree reductions in P @ V and in l): any order
+# of n fp32 additions, the reference's included, is within (n - 1) u32 sum|terms| of the exact
+# sum, and the reference's actual error is the measure K_OUT, K_LSE scale. No order-specific term:
+# where the reference is exact for lack of rounding (one key: nothing to reorder), so is every
+# order.
+
+
+# -- Deciding the rule tier by tier -------------------------------------------------------------
+# Every rule here is allowed = K * (the reference's error) + noise, with the reference's error
+# >= 0. So an error within the noise alone passes whatever the reference's error is, and the
+# judge asks for the same-precision reference (oracle.same_precision_reference, a second
+# attention) only when an error is above its noise (measured on the CPU, 300 ci cases each of
+# sdpa fp32 and bf16: no max-rule bound and no fp32 out_rms needed it; half of bf16's out_rms
+# did). A pass decided on the noise reports the noise as its `allowed` and NaN as the reference's
+# error; `margins=True` decides every bound on the whole rule instead, for tools reporting how
+# far a kernel is from each bound (`fuzzattn explain`, benchmarks/calibrate_error_stats.py). The
+# verdict is the same either way: the noise is at most the whole allowance, in floating point
+# too (each is a rounded sum of non-negative terms, the noise's a subset, and rounding is
+# monotonic). out_rms has one tier more between the two, from the oracle alone: a reference
+# rounded to bf16 or fp16 is no closer to the oracle than the oracle's own rounding to that
+# dtype (error_statistics.out_rms_bound).
+
+
+@dataclasses.dataclass(frozen=True)
+class Bound:
+    error: float                 # the implementation's worst |x - oracle| over finite entries
+    allowed: float               # the allowance it was judged against: the noise alone when the
+                                 # error is within it (and not `margins`), else the whole rule's
+    reference_error: float       # the same-precision reference's worst error (NaN: not needed)
+    row_errors: torch.Tensor     # (B, H, Nq) worst error per query row, for locating failures
+    # |got - oracle| (NaN as inf), |reference - oracle| (None when not formed) and |oracle| in
+    # float64, whole, for the error statistic of the same tensors (error_statistics.
+    # out_rms_bound) to square instead of forming again; None when entries were excluded (a
+    # non-finite oracle), which it judges apart.
+    differences: tuple | None = dataclasses.field(default=None, repr=False, compare=False)
+
+    @property
+    def ok(self) -> bool:
+        return self.error <= self.allowed
+
+
+@dataclasses.dataclass(frozen=True)
+class Differences:
+    """A bound's tensors before their maxima are read (`differences`, then `finish`): apart, so
+    that a judgement on an accelerator reads the maxima of several bounds in one transfer."""
+    err: torch.Tensor            # |got - oracle|, NaN as inf; 0 where the oracle is not finite
+    ref_err: torch.Tensor | None  # |reference - oracle|, the same entries left out; None until
+                                  # the reference is asked for (`with_reference`)
+    oracle_magnitude: torch.Tensor
+    rows: torch.Tensor           # err's worst per query row: (B, H, Nq), or err itself below 4-d
+    excluded: torch.Tensor | None
+    oracle64: torch.Tensor | None = dataclasses.field(repr=False)   # the oracle in float64,
+                                  # the excluded entries 0, while a reference is still to be
+                                  # compared with it (None once ref_err is formed)
+
+    @property
+    def maximised(self) -> tuple[torch.Tensor, ...]:
+        """What `finish` needs the maxima of, in its order (the worst error read from the rows'
+        maxima, the same value: one pass over err fewer); the reference's error last, when
+        formed."""
+        if self.ref_err is None:
+            return self.rows, self.oracle_magnitude
+        return self.rows, self.oracle_magnitude, self.ref_err
+
+
+def differences(got: torch.Tensor, reference: torch.Tensor | None,
+                oracle: torch.Tensor) -> Differences:
+    """The first phase of a bound: every tensor it compares, nothing read from a device. Entries
+    where the oracle is not finite (lse of rows with no visible key) are left out here and
+    checked exactly by the caller. `reference` None: its error is formed later, if the rule
+    needs it (`with_reference`)."""
+    # In place on fresh tensors where it can be: on the host each new tensor of a large case is
+    # fresh pages to fault in, which cost more than the arithmetic.
+    oracle64 = oracle.to(torch.float64)
+    excluded = None if all_finite(oracle64) else ~torch.isfinite(oracle)
+    if excluded is not None:
+        oracle64 = oracle64.masked_fill(excluded, 0.0)
+    # (got - oracle64: torch promotes got to float64 inside the subtraction, exactly, as .to()
+    # would, without a float64 copy of it first.)
+    err = (got - oracle64).abs_()
+    ref_err = None if reference is None else (reference - oracle64).abs_()
+    if excluded is not None:
+        err.masked_fill_(excluded, 0.0)
+        if ref_err is not None:
+            ref_err.masked_fill_(excluded, 0.0)
+    # NaN never satisfies <=, so a NaN error fails; keep it visible in the maximum too.
+    err.nan_to_num_(nan=float("inf"), posinf=float("inf"))
+    # |oracle| in place only on the masked copy, and only when no reference is left to compare
+    # with it: unmasked, oracle64 may be the caller's tensor.
+    if reference is None:
+        return Differences(err, None, oracle64.abs(), _rows(err), excluded, oracle64)
+    oracle_magnitude = oracle64.abs() if excluded is None else oracle64.abs_()
+    return Differences(err, ref_err, oracle_magnitude, _rows(err), excluded, None)
+
+
+def _rows(err: torch.Tensor) -> torch.Tensor:
+    return err.amax(dim=-1) if err.dim() == 4 else err
+
+
+def with_reference(d: Differences, reference: torch.Tensor) -> Differences:
+    """`d` with the reference's error |reference - oracle| formed (the excluded entries 0)."""
+    if d.ref_err is not None:
+        return d
+    ref_err = (reference - d.oracle64).abs_()
+    if d.excluded is not None:
+        ref_err.masked_fill_(d.excluded, 0.0)
+    return dataclasses.replace(d, ref_err=ref_err, oracle64=None)
+
+
+def finish(d: Differences, maximum: list[float], *, k: float, relative_noise: float,
+           absolute_noise: float = 0.0, margins: bool = False) -> Bound | None:
+    """The second phase of a bound: the rule, given the maxima of `d.maximised`, tier by tier
+    (the section above): None when the error is above the noise and the reference's error is
+    not formed yet (`with_reference`, then ask again with its maximum)."""
+    worst, magnitude = maximum[:2]
+    ref_worst = maximum[2] if len(maximum) > 2 else None
+    whole = (d.err, d.ref_err, d.oracle_magnitude) if d.excluded is None else None
+    noise = relative_noise * max(magnitude, FLOOR) + absolute_noise
+    if worst <= noise and not margins:
+        return Bound(worst, noise, math.nan, d.rows, whole)
+    if ref_worst is None:
+        return None
+    allowed = k * ref_worst + relative_noise * max(magnitude, FLOOR) + absolute_noise
+    return Bound(worst, allowed, ref_worst, d.rows, whole)
+
+
+def all_finite(t: torch.Tensor) -> bool:
+    """True when `t` (on the host) is certainly finite everywhere: one float64 sum instead of an
+    isfinite mask and the masking it drives (finite sums come only from finite entries; a sum
+    that overflows says False, and the caller masks as it would have). Always False off the
+    host, where the read would be one more wait for the device (fuzzattn/run/runs.py)."""
+    return t.device.type == "cpu" and math.isfinite(float(t.sum(dtype=torch.float64)))
+
+
+def maxima(*tensors: torch.Tensor) -> list[float]:
+    """The maximum of each tensor (0 for an empty one), read back in one transfer: on a GPU
+    time-sliced between fuzzing processes each read is a wait (fuzzattn/run/runs.py). On the host it
+    is also the fewest operations: n maxima (cast only where not float64 already), one stack
+    and one read, where reading each maximum on its own was two operations a maximum."""
+    live = [t.max() for t in tensors if t.numel()]
+    read = iter(torch.stack([m if m.dtype == torch.float64 else m.to(torch.float64)
+                             for m in live]).tolist() if live else ())
+    return [next(read) if t.numel() else 0.0 for t in tensors]
+
+
+def summed_for_tf32(dtype: torch.dtype, oracle, out_magnitude, fp32_matmul: str) -> torch.Tensor | None:
+    """What out's TF32 term is the maximum of (out_magnitude, or |oracle out| without it), for a
+    TF32 implementation; else None (`out_finish`'s `summed_max` is then unused)."""
+    if not reads_tf32(dtype, fp32_matmul):
+        return None
+    summed = oracle.abs() if out_magnitude is None else out_magnitude
+    return summed.to(torch.float64).nan_to_num(0.0)
+
+
+def out_finish(d: Differences, maximum: list[float], dtype: torch.dtype, score_magnitude: float,
+               fp32_matmul: str = "ieee", summed_max: float = 0.0, *,
+               margins: bool = False) -> Bound | None:
+    """The out rule on `d` (`differences`), given its maxima and the largest of
+    `summed_for_tf32` (read together by the caller: one wait on an accelerator); None as
+    `finish`."""
+    relative = (EPS_ULPS * unit_roundoff(dtype) + NORM_ULPS * ULP32
+                + SCORE_ULPS * U32 * score_magnitude)
+    absolute = TF32_WEIGHT_ULPS * TF32_ROUNDOFF * summed_max if reads_tf32(dtype, fp32_matmul) else 0.0
+    return finish(d, maximum, k=K_OUT, relative_noise=relative, absolute_noise=absolute,
+                  margins=margins)
+
+
+def lse_finish(d: Differences, maximum: list[float], score_magnitude: float, *,
+               margins: bool = False) -> Bound | None:
+    """The lse rule on `d`, given its maxima; None as `finish`."""
+    return finish(d, maximum, k=K_LSE, relative_noise=EPS_LSE_ULPS * U32,
+                  absolute_noise=SCORE_ULPS * U32 * score_magnitude, margins=margins)
+
+
+def out_bound(got, reference, oracle, score_magnitude: float = 0.0, *,
+              out_magnitude: torch.Tensor | None = None, fp32_matmul: str = "ieee",
+              margins: bool = False) -> Bound:
+    """The out rule on one output, its maxima read here (`reference`: a tensor)."""
+    d = differences(got, reference, oracle)
+    summed = summed_for_tf32(got.dtype, oracle, out_magnitude, fp32_matmul)
+    read = maxima(*d.maximised, *([] if summed is None else [summed]))
+    return out_finish(d, read[:3], got.dtype, score_magnitude, fp32_matmul,
+                      read[3] if summed is not None else 0.0, margins=margins)
+
+
+def lse_bound(got, reference, oracle, score_magnitude: float = 0.0, *,
+              margins: bool = False) -> Bound:
+    d = differences(got, reference, oracle)
+    return lse_finish(d, maxima(*d.maximised), score_magnitude, margins=margins)
+
+
+def grad_noise(dtype: torch.dtype, fp32_matmul: str, score_magnitude: float, terms: int) -> tuple[float, float, float]:
+    """The gradient rule's coefficients of (T, T_delta, T_mag) (module docstring)."""
+    u_mm = TF32_ROUNDOFF if reads_tf32(dtype, fp32_matmul) else 0.0
+    u_op = max(unit_roundoff(dtype), u_mm)
+    # A backward recomputes P = exp(s - lse) from scores and an lse computed apart (the forward's):
+    # each is off by up to SCORE_ULPS u32 S, so P is off by a factor of up to e^(+-2 d), d that
+    # bound, not by 1 + 2d. Linear while d is small (normal values: d ~ 1e-5); past u32 S ~ 1/8
+    # (scores beyond ~1e7, values=below_sentinel reaches 3e8) no fp32 recomputation can say
+    # anything about its P, and the allowance grows without bound accordingly. Seen before this:
+    # triton_fa2 (interpreted and compiled) and SDPA's CPU FLASH backward failing grad_dv on
+    # values=below_sentinel by factors up to 1e10 ~ e^23, while MATH (saved probabilities, no
+    # recomputation) and the float64 oracle agree.
+    recompute = math.expm1(min(2 * SCORE_ULPS * U32 * score_magnitude, 700.0))
+    return (GRAD_EPS_ULPS * u_op, u_op, recompute + (terms + GRAD_EXTRA_OPS) * U32)
+
+
+def grad_finish(d: Differences, maximum: list[float], allowance: float, *,
+                margins: bool = False) -> Bound | None:
+    """The gradient rule on one gradient's `d` (dq, dk or dv), given its maxima, `allowance` its
+    noise term (grad_allowance); row_errors are per query row (dq) or key row (dk, dv). None as
+    `finish`."""
+    return finish(d, maximum, k=K_GRAD, relative_noise=0.0, absolute_noise=allowance,
+                  margins=margins)
+
+
+def grad_allowance(dtype: torch.dtype, terms, *, fp32_matmul: str = "ieee",
+                   score_magnitude: float = 0.0, terms_summed: int = 0) -> float:
+    """The gradient rule's noise term (before K_GRAD times the reference's error). When it is
+    past the dtype's largest finite value, the rule says nothing: a backward that recomputes P
+    from fp32 scores this large may overflow to inf (or inf - inf = NaN) and still be correct."""
+    coeffs = grad_noise(dtype, fp32_matmul, score_magnitude, terms_summed)
+    return sum(c * m for c, m in zip(coeffs, maxima(terms.actual, terms.delta, terms.magnitude)))
+
+
+# -- error statistics (error_statistics.py: the `out_rms` check) --------------------------------
+# The max rule above bounds the worst element; this section bounds the rms of the output's error
+# over the whole tensor (n elements, rows with no visible key left out):
+#     allowed = K_RMS (1 + RMS_SAMPLING / sqrt(n)) rms|ref - oracle|
+#               + EPS_ULPS rms(u(dtype) |oracle| + u(fp32) A) / sqrt(n)
+#               + SCORE_ULPS u(fp32) S rms(A + |oracle|)
+# with A = sum_j p_j |v_j| / l per element (oracle.Reference.out_magnitude).
+# - K_RMS = 1.2. A correct kernel's output error is the final rounding R to the output dtype
+#   (shared with the reference: both round nearly the same fp32 value) plus pre-rounding noise of
+#   the reference's own kind (P rounded to the input dtype, fp32 sums in another order), of rms P
+#   in the reference. Independent errors add in variance, so with R ~ P a kernel carrying up to
+#   twice the reference's P variance (P rounded at another point of the online softmax) has ratio
+#   sqrt((R^2 + 2 P^2) / (R^2 + P^2)) = sqrt(3/2) ~ 1.22: the most noise of the reference's kind a
+#   correct kernel adds. One more rounding of the output per key block (a low-precision
+#   accumulator) adds about R^2 / 2 per block: 1.3-3x on multi-block cases, what this rule is for.
+# - RMS_SAMPLING = 2: the rms of n independent rounding errors fluctuates by ~0.45 / sqrt(n) of
+#   itself (uniform errors: sqrt(Var(e^2)) / (2 E e^2) = sqrt(0.8) / 2); the kernel's and the
+#   reference's fluctuate independently where their roundings differ, sqrt(2) of that, and
+#   2 / sqrt(n) is ~3 of those standard deviations. Seen without it: sdpa fp16 at 1.46x the
+#   reference's rms on a case of fewer than 16 elements, 1.38x below 256 (300 cases).
+# - The one-element term: one element EPS_ULPS roundings off where the reference is right, spread
+#   over n (the rms of an error in one element). An element rounds at two scales: the output
+#   dtype's rounding at |out| (a final rounding that fell the other way: at most one ulp, <= 2 u
+#   |out|), and the fp32 sum of the terms p_j v_j, whose rounding is relative to their size A,
+#   not to the result, which can cancel far below it. Seen with |out| alone as the scale: sdpa
+#   fp32 at 4.19e-8 against 3.9e-8 allowed on a 1-element output (Nq = 1, Nk = 43, D = 1,
+#   near_constant: a uniform average of 43 values, |out| ~ 0.1 A). Not the max rule's epsilon
+#   (2 u max(max|out|, FLOOR)), the worst element's scale: spread over n it is several times
+#   the typical element's; measured with it (400 bf16 and 400 fp16 cases), mutant_pv_low_precision
+#   stayed under the bound on every case (at most 0.97 of it) and the accumulator mutants reached
+#   1.21-1.29 at most, where the final rule fails 12-18% of their cases.
+K_RMS = 1.2
+# - K_RMS_TF32 = sqrt(2), for fp32 kernels whose matmuls read TF32 operands: there the final
+#   rounding R (to fp32) is ~2^13 times smaller than the reference's P noise (TF32 truncation of
+#   P and V), so the ratio above is sqrt((R^2 + 2 P^2) / (R^2 + P^2)) -> sqrt(2), not sqrt(3/2):
+#   nothing left to dilute a second P-type rounding. Seen with K_RMS on the H200: triton_fa2 fp32
+#   (TF32, 16x16 tiles) failed out_rms on dominant_key cases (B=1 H=1 Nq=1 Nk=17 D=16, and
+#   B=3 H=8/4 Nq=Nk=146 D=16 bottom-right), where its every element is within the max rule.
+K_RMS_TF32 = math.sqrt(2.0)
+RMS_SAMPLING = 2.0

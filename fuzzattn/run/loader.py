@@ -1,0 +1,95 @@
+"""Load an implementation that lives outside the repo: `path/to/file.py:NAME` or `module:NAME`.
+
+NAME may be an `Implementation` (its capabilities are used as declared) or a plain callable
+following the contract, which then gets the contract's base capabilities: fp32/bf16, D in
+{16, 32, 64, 128}, causal top-left, any strides, no GQA, deterministic; its lse is checked when a
+probe call shows it returns a pair. Every problem is one line naming the bad value.
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import importlib.util
+import sys
+from pathlib import Path
+
+import torch
+
+from fuzzattn.contract.capabilities import Capabilities
+from fuzzattn.contract.case import AttentionCase
+from fuzzattn.contract.implementation import Implementation
+from fuzzattn.run import execute
+from fuzzattn.inputs.materialize import materialize
+
+
+class ImplementationLoadError(ValueError):
+    """An --impl value that does not name a usable implementation."""
+
+
+def _import(target: str, spec: str):
+    if target.endswith(".py") or "/" in target or "\\" in target:
+        path = Path(target).expanduser().resolve()
+        if not path.is_file():
+            raise ImplementationLoadError(f"--impl {spec!r}: file {target!r} does not exist")
+        module_name = f"fuzzattn_external_{path.stem}_{abs(hash(str(path))) % 10**8}"
+        if module_name in sys.modules:
+            return sys.modules[module_name], str(path)
+        loader_spec = importlib.util.spec_from_file_location(module_name, path)
+        module = importlib.util.module_from_spec(loader_spec)
+        sys.modules[module_name] = module
+        try:
+            loader_spec.loader.exec_module(module)
+        except Exception as exc:
+            del sys.modules[module_name]
+            raise ImplementationLoadError(
+                f"--impl {spec!r}: importing {target!r} raised {type(exc).__name__}: {exc}") from None
+        return module, str(path)
+    try:
+        module = importlib.import_module(target)
+    except ImportError as exc:
+        raise ImplementationLoadError(f"--impl {spec!r}: cannot import module {target!r}: {exc}") from None
+    return module, getattr(module, "__file__", "") or ""
+
+
+def load_implementation(spec: str, *, probe: bool = True) -> Implementation:
+    """Resolve `FILE.py:NAME` / `module:NAME` to an Implementation."""
+    target, sep, name = spec.rpartition(":")
+    if not sep or not target or not name:
+        raise ImplementationLoadError(f"--impl {spec!r} must look like path/to/file.py:NAME or module:NAME")
+    module, source = _import(target, spec)
+    if not hasattr(module, name):
+        public = [n for n in vars(module) if not n.startswith("_")]
+        raise ImplementationLoadError(f"--impl {spec!r}: {target!r} has no attribute {name!r} "
+                                      f"(it defines: {', '.join(public[:12]) or 'nothing public'})")
+    obj = getattr(module, name)
+    if isinstance(obj, Implementation):
+        impl = dataclasses.replace(obj, sources=obj.sources or (source,), spec=spec)
+    elif callable(obj):
+        impl = Implementation(name=name, fn=obj, caps=Capabilities(),
+                              description=f"plain callable from {target}", sources=(source,),
+                              spec=spec, declares=False)
+    else:
+        raise ImplementationLoadError(f"--impl {spec!r}: {name!r} is a {type(obj).__name__}, "
+                                      "not callable and not an Implementation")
+    return _probe(impl, spec) if probe else impl
+
+
+def _probe(impl: Implementation, spec: str) -> Implementation:
+    """Call once on a tiny declared case to catch a wrong signature or return shape early, and
+    learn whether a plain callable returns lse."""
+    dtype = "float32" if "float32" in impl.caps.dtypes else sorted(impl.caps.dtypes)[0]
+    head_dim = 16 if impl.caps.accepts_head_dim(16) else min(impl.caps.head_dims or {16})
+    n = max(16, impl.caps.min_seq_len)
+    n += -n % impl.caps.seq_multiple
+    config = {name: choices[0] for name, choices in impl.caps.configs}
+    case = AttentionCase(1, 1, 1, n, n, head_dim, dtype=dtype, config=config)
+    inputs = materialize(case, "cuda" if torch.cuda.is_available() else "cpu")
+    call = execute.call(impl, *inputs.tensors(), case)
+    if call.status == execute.CONTRACT:
+        raise ImplementationLoadError(f"--impl {spec!r}: {call.summary.split(': ', 1)[-1]}")
+    if not call.answered:
+        raise ImplementationLoadError(f"--impl {spec!r}: probe call on {case} raised {call.summary}")
+    if not impl.declares:
+        impl = dataclasses.replace(impl, caps=dataclasses.replace(impl.caps,
+                                                                  returns_lse=call.lse is not None))
+    return impl
