@@ -16,17 +16,13 @@ its case (`regressions/<key>.json::sdpa`). A regression file that cannot be used
 item naming the file and the field; collection itself never errors. Everything it changes is
 put back at unconfigure, so a pytest run inside a test (pytester) leaves its host unchanged.
 
-`--fuzzattn-isolate` / `--fuzzattn-timeout S` judge the run's implementations (registered and
---fuzzattn-impl ones) in supervised worker processes, one per implementation per xdist worker,
-reused across tests: a hang, a dead process or a CUDA fault fails that test with its verdict and
-the run goes on. A regression file recording hang/segfault/device_fault replays in a worker
-whether or not isolation was asked for. Without isolation, a test after which the process's CUDA
-context is lost (a kernel faulted in-process) fails at teardown saying so, and its xdist worker
-exits so that xdist runs the rest in a fresh one (without xdist the run stops there): a CUDA
-fault is sticky, and every later test in that process would fail for a reason not its own. On a
-GPU shared through MPS a test meeting a device fault stops the whole run (every xdist worker, exit
-status 2, the fault named): MPS delivers the fault to every process, and admits no new one until
-they all exited (fuzzattn/platform/mps.py).
+`--fuzzattn-isolate` / `--fuzzattn-timeout S` judge the run's implementations in supervised
+worker processes (one per implementation per xdist worker, reused across tests): a hang, a dead
+process or a CUDA fault fails that test with its verdict and the run goes on. Files recording
+hang/segfault/device_fault always replay in a worker. In-process, a test after which the CUDA
+context is lost fails at teardown saying so, and its xdist worker exits so that the rest run in a
+fresh one (a CUDA fault is sticky). Under MPS a device fault stops the whole run
+(fuzzattn/platform/mps.py).
 """
 from __future__ import annotations
 
@@ -295,6 +291,15 @@ def pytest_unconfigure(config):
         state.restore()
 
 
+def isolated_judge(config, impl, needed: bool):
+    """The judge function a regression item replays with: a worker's when the run isolates or
+    the file needs it (a recorded hang, segfault or device fault), else None (in-process)."""
+    state = config.stash[_STATE_KEY]
+    if state.workers is not False or needed:
+        return state.worker_pool().get(impl).judge
+    return None
+
+
 def regressions_dir(config) -> Path:
     return (config.rootpath / config.getini(REGRESSIONS_INI)).resolve()
 
@@ -334,80 +339,8 @@ def pytest_report_header(config):
 def pytest_collect_file(file_path: Path, parent):
     if file_path.suffix == ".json" and not file_path.name.startswith(".") \
             and file_path.parent.resolve() == regressions_dir(parent.config):
-        return RegressionFileNode.from_parent(parent, path=file_path)
+        from fuzzattn.pytest_regressions import RegressionFileNode
+        config = parent.config
+        return RegressionFileNode.from_parent(
+            parent, path=file_path, judge_for=lambda impl, needed: isolated_judge(config, impl, needed))
     return None
-
-
-class RegressionFileNode(pytest.File):
-    def collect(self):
-        from fuzzattn import settings
-        from fuzzattn.campaigns.regression_file import RegressionFileError, load
-        try:
-            record = load(self.path)
-        except RegressionFileError as exc:
-            yield BrokenFileItem.from_parent(self, name="unreadable", message=str(exc))
-            return
-        except Exception as exc:      # collection never errors: this file fails, the rest run
-            yield BrokenFileItem.from_parent(self, name="unreadable",
-                                             message=f"{self.path}: {type(exc).__name__}: {exc}")
-            return
-        impls = [impl for impl in settings.implementations()
-                 if impl.supports(record.case) or impl.name in record.expected_failures]
-        if not impls:
-            yield BrokenFileItem.from_parent(
-                self, name="unsupported", skip=True,
-                message=f"no registered implementation declares {record.case}")
-        for impl in impls:
-            yield RegressionItem.from_parent(self, name=impl.name, record=record, impl=impl)
-
-
-class RegressionFailure(AssertionError):
-    pass
-
-
-class RegressionItem(pytest.Item):
-    def __init__(self, *, record, impl, **kwargs):
-        super().__init__(**kwargs)
-        self.record = record
-        self.impl = impl
-
-    def runtest(self):
-        from fuzzattn.campaigns.outcome import SKIP, XFAIL
-        from fuzzattn.campaigns.replay import needs_isolation, replay_one
-        state = self.config.stash[_STATE_KEY]
-        judge_fn = None
-        if state.workers is not False or needs_isolation(self.record):
-            judge_fn = state.worker_pool().get(self.impl).judge
-        outcome = replay_one(self.record, self.impl, judge_fn=judge_fn)
-        if outcome.verdict == SKIP:
-            pytest.skip(outcome.message)
-        if outcome.verdict == XFAIL:
-            pytest.xfail(outcome.message)
-        if not outcome.passed:
-            raise RegressionFailure(outcome.message)
-
-    def repr_failure(self, excinfo):
-        if isinstance(excinfo.value, RegressionFailure):
-            return str(excinfo.value)
-        return super().repr_failure(excinfo)
-
-    def reportinfo(self):
-        return self.path, None, f"replay {self.path.name} on {self.impl.name}"
-
-
-class BrokenFileItem(pytest.Item):
-    def __init__(self, *, message, skip=False, **kwargs):
-        super().__init__(**kwargs)
-        self.message = message
-        self.skip = skip
-
-    def runtest(self):
-        if self.skip:
-            pytest.skip(self.message)
-        raise RegressionFailure(self.message)
-
-    def repr_failure(self, excinfo):
-        return str(excinfo.value)
-
-    def reportinfo(self):
-        return self.path, None, f"regression file {self.path.name}"

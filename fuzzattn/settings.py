@@ -66,9 +66,9 @@ def load_profile(name: str | None = None) -> Profile:
 # -- threads ------------------------------------------------------------------------------------
 def wants_one_thread() -> bool:
     """Fuzzed cases are tiny (sequences up to ~80 on the CPU), so intra-op threads buy nothing,
-    and when another process holds a core they stall at their barriers: measured on the 2-core
-    machine, 60 torch_tiled cases took 0.45 s single-threaded every time but 8-13 s about one run
-    in three with torch's default two threads. OMP_NUM_THREADS, if set, wins."""
+    and when another process holds a core they stall at their barriers (60 torch_tiled cases:
+    0.45 s single-threaded, 8-13 s one run in three with two threads on a 2-core machine).
+    OMP_NUM_THREADS, if set, wins."""
     import torch
     return not torch.cuda.is_available() and "OMP_NUM_THREADS" not in os.environ
 

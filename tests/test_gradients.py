@@ -20,7 +20,7 @@ from fuzzattn import AttentionCase, Capabilities, Implementation
 from fuzzattn.campaigns.campaign import check_case
 from fuzzattn.contract import profiles
 from fuzzattn.contract.case import DTYPES
-from fuzzattn.gradients import judge as gradients_module
+from fuzzattn.gradients import runs as gradient_runs
 from fuzzattn.gradients.oracle import oracle_gradients, same_precision_gradients
 from fuzzattn.judge.oracle import oracle, same_precision_reference
 from fuzzattn.inputs.materialize import as_bits, inputs_sha256, materialize, materialize_dout
@@ -398,8 +398,8 @@ def test_an_unwritten_gradient_is_named_so_whatever_the_heap_hands_back(monkeypa
     (UninitializedMemoryIsZero), so a NaN block the heap hands back cannot make an unwritten dq
     read as grad_nonfinite. Here every priming, the clean re-runs' included, hands the allocator
     freed NaN blocks of the gradients' sizes: the heap a full suite run left once."""
-    monkeypatch.setattr(gradients_module, "_prime", lambda case, device, byte: prime_allocator(
-        gradients_module._gradient_bytes(case), device, 0xFF))
+    monkeypatch.setattr(gradient_runs, "_prime", lambda case, device, byte: prime_allocator(
+        gradient_runs._gradient_bytes(case), device, 0xFF))
     fn, c = BAD["grad_unwritten"]
     impl = Implementation("bad_grad_unwritten", sdpa_forward, CAPS, backward_fn=fn)
     for _ in range(5):

@@ -3,7 +3,7 @@
 FUZZATTN_PALETTE chooses: `auto` (the default) narrows only compiled Triton kernels, whose new
 variants are compiles; `off` draws from everything declared for every implementation (a
 campaign that values reach over speed); `on` narrows every Triton kernel, interpreted too (how
-the CPU measures what palettes cost in bugs found: benchmarks/THROUGHPUT.md).
+to measure on the CPU what palettes cost in bugs found).
 """
 from __future__ import annotations
 

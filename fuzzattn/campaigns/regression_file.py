@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from fuzzattn.contract.case import AttentionCase, CaseError
-from fuzzattn.inputs.materialize import CaseTooLargeError, check_budget
+from fuzzattn.inputs.budget import CaseTooLargeError, check_budget
 
 SCHEMA_VERSION = 2
 READABLE_SCHEMAS = (1, 2)

@@ -110,7 +110,7 @@ def main(argv=None) -> int:
             print(f"fuzzattn: error: {one_line(exc)}", file=sys.stderr)
             return SHARED_DEVICE_FAULT_STATUS
         except Exception as exc:
-            from fuzzattn.inputs.materialize import CaseTooLargeError
+            from fuzzattn.inputs.budget import CaseTooLargeError
             if isinstance(exc, CaseTooLargeError):
                 print(f"fuzzattn: error: {one_line(exc)}", file=sys.stderr)
                 return 2

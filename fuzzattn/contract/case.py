@@ -51,7 +51,7 @@ GENERATORS = ("torch_cpu", "counter")
 
 # Sane ranges, checked before anything is allocated: a value outside them is a typo or an
 # attack on the harness, never a case worth running. Sizes are also checked against a memory
-# budget by the engine (fuzzattn.inputs.materialize.check_budget) before materialising.
+# budget by the engine (fuzzattn.inputs.budget.check_budget) before materialising.
 MAX_SIZE = {"batch": 4096, "heads": 4096, "kv_heads": 4096, "seq_q": 1 << 20, "seq_k": 1 << 20,
             "head_dim": 4096}
 MAX_DATA_SEED = 2**63 - 1       # torch.Generator.manual_seed takes 64-bit seeds

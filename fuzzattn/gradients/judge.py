@@ -21,151 +21,23 @@ Runs, as for the forward:
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
-import math
 
 import torch
 
 from fuzzattn.contract.case import AttentionCase
-from fuzzattn.contract.dtypes import BY_NAME
 from fuzzattn.contract.implementation import Implementation
-from fuzzattn.run import execute
 from fuzzattn.gradients.oracle import NAMES, GradReference, oracle_gradients, same_precision_gradients
-from fuzzattn.inputs.materialize import (Inputs, as_bits, born_on_device, changed_flags, materialize,
-                                     materialize_dout, moved_with, place, place_flat, view_in)
-from fuzzattn.judge.placement import judging, moved, moved_together
-from fuzzattn.inputs.transfer import read_back, same_device
-from fuzzattn.inputs.nan_fill import (UninitializedMemoryIsZero, prime_allocator,
-                                    uninitialized_memory_is_nan)
+from fuzzattn.inputs.materialize import Inputs, as_bits, born_on_device, materialize, materialize_dout
+from fuzzattn.judge.placement import judging, moved_together
+from fuzzattn.inputs.transfer import same_device
 from fuzzattn.judge.tolerance import (all_finite, differences, grad_allowance, grad_finish,
                                        maxima, with_reference)
 from fuzzattn.judge.verdict import Verdict, heatmap, locate
+from fuzzattn.gradients.runs import GradRun, on_device, run_backward
 
 ROW_KIND = {"dq": "query rows", "dk": "key rows", "dv": "key rows"}
-
-
-@dataclasses.dataclass
-class _GradRun:
-    call: execute.Call
-    failure: Verdict | None = None
-    side_effects: list[Verdict] = dataclasses.field(default_factory=list)
-    inputs: Inputs | None = None            # q, k, v it ran on (their host copy: the oracle's)
-    delivered: tuple | None = None          # (device, grads): the gradients where they are judged
-    # dO as it was before the call (its snapshot, never handed to the implementation), read back
-    # with the gradients: the host oracle's, for inputs born on the device (a counter case).
-    dout_here: torch.Tensor | None = None
-
-    @property
-    def grads(self) -> dict[str, torch.Tensor]:
-        return dict(zip(NAMES, self.call.grads))
-
-
-def _gradient_bytes(case: AttentionCase) -> tuple[int, int, int]:
-    """The sizes of dq, of dk and dv, and of an fp32 per-row temporary such as Delta."""
-    item = BY_NAME[case.dtype].itemsize
-    return (math.prod(case.shape("q")) * item, math.prod(case.shape("k")) * item,
-            case.batch * case.heads * case.seq_q * 4)
-
-
-def _prime(case: AttentionCase, device, byte: int) -> None:
-    """Freed blocks of the gradients' sizes; off the CPU only, for the reason the forward's
-    priming gives (runs.prime_for_outputs): there every tensor the backward allocates is
-    NaN-filled or zeroed whatever malloc hands back, and the 24 fills a run made (host_ops.py)
-    bought nothing."""
-    if torch.device(device).type == "cpu":
-        return
-    prime_allocator(_gradient_bytes(case), device, byte)
-
-
-def _run(impl: Implementation, case: AttentionCase, device, forward, *, adversarial: bool,
-         pad_value: float = float("nan"), poison: bool = True, here=None,
-         source: Inputs | None = None, side_effects: bool = True,
-         dout_for: torch.device | None = None) -> _GradRun:
-    """One gradient call on fresh copies of q, k, v, dO (and of the forward's out and lse for an
-    explicit backward); the gradients are also delivered to `here` (default: `device`), in the
-    same transfer as the input-mutation check's verdicts. `source`: inputs of this case with NaN
-    padding that no implementation is ever handed (the judgement's pristine ones: on the host,
-    or on the device for a counter case), copied instead of materialised again; other padding
-    is always materialised anew.
-    `side_effects=False`: the gradients only (the determinism rerun: the first run's input
-    mutation check covers the backward), no snapshot of the storages and no flags.
-    `dout_for`: where the gradient oracle computes; when that is `here` and the case's dO exists
-    only on the device (a counter case), its snapshot comes back with the gradients (`dout_here`)."""
-    if born_on_device(case, device):
-        # A counter case: q, k, v (copied from `source`, then on the device) and dO computed on
-        # the device, nothing moved but an explicit backward's out and lse.
-        place_on = device
-        inputs = (source.copy() if source is not None and math.isnan(pad_value)
-                  else materialize(case, device, pad_value=pad_value))
-    else:
-        # Built on the CPU and moved in one transfer: q, k, v, dO and the forward's out and lse.
-        place_on = "cpu"
-        if source is not None and math.isnan(pad_value):
-            inputs = source.copy() if torch.device(device).type == "cpu" else source
-        else:
-            inputs = materialize(case, "cpu", pad_value=pad_value)
-    extra = {"dout": materialize_dout(case, place_on, pad_value)}
-    if forward is not None:
-        extra["out"] = place(forward[0], case.layout[0], forward[0].dtype, place_on, pad_value)
-        if forward[1] is not None:
-            extra["lse"] = place_flat(forward[1].to(place_on), place_on, pad_value)
-    inputs, extra_storages, views = moved_with(inputs, extra, device)
-    storages = {**inputs.storages, **extra_storages}
-    dout, out, lse = views["dout"], views.get("out"), views.get("lse")
-    snapshot = {name: s.clone() for name, s in storages.items()} if side_effects else None
-    if adversarial:
-        _prime(case, device, 0xFF if poison else 0x00)
-    # The attribution's clean re-runs (poison=False) zero every tensor the backward allocates, as
-    # the forward's do (fuzzattn/run/runs.py): zeroed freed blocks alone depend on which block malloc
-    # hands back, and a NaN block freed by the poisoned run made an unwritten dq read as
-    # grad_nonfinite (seen once in a full suite run on the CPU, after the collector's full
-    # passes became rarer and changed when such blocks were freed).
-    if not adversarial:
-        memory = contextlib.nullcontext()
-    else:
-        memory = uninitialized_memory_is_nan() if poison else UninitializedMemoryIsZero()
-    with memory:
-        # Not synchronised on its own (fuzzattn/run/runs.py): a device fault surfaces in the read-back.
-        call = execute.call_gradients(impl, *inputs.tensors(), dout, case, out=out, lse=lse,
-                                      synchronize=False)
-    run = _GradRun(call, inputs=inputs)
-    verdict = dict(impl=impl.name, case=case)
-    if not call.answered:
-        what = "refused a case its forward accepts" if call.status == execute.REFUSED else "raised"
-        detail = call.summary if call.status == execute.CONTRACT else f"backward {what}: {call.summary}"
-        run.failure = Verdict(check="grad_crash", passed=False, detail=detail, **verdict)
-        return run
-    names = list(storages)
-    here = torch.device(here or device)
-    # A counter case whose oracle computes on the host: its dO exists only on the device; the
-    # oracle's copy comes back with the gradients, in the same transfer.
-    dout_back = ([snapshot["dout"]] if side_effects and dout_for is not None
-                 and born_on_device(case, device) and not same_device(device, here)
-                 and same_device(dout_for, here) else [])
-    try:
-        flags = changed_flags(storages, snapshot) if side_effects else None
-        flags, *grads = read_back([flags, *call.grads, *dout_back], here)
-        if dout_back:
-            stored, grads = grads[-1], grads[:-1]
-            run_dout = view_in(stored, storages["dout"], dout)
-        flags = flags.tolist() if side_effects else None
-    except Exception as exc:           # an asynchronous fault of the backward, surfacing here
-        run.failure = Verdict(check="grad_crash", passed=False,
-                              detail=f"backward raised: {execute.one_line(exc)}", **verdict)
-        return run
-    run.delivered = (here, tuple(grads))
-    if dout_back:
-        run.dout_here = run_dout
-    if not side_effects:
-        return run
-    changed = [name for name, flag in zip(names, flags) if flag]
-    run.side_effects.append(Verdict(
-        check="grad_inputs_mutated", passed=not changed,
-        detail=f"storage of {', '.join(changed)} changed by the backward" if changed else "",
-        **verdict))
-    return run
 
 
 def _overflows(g: torch.Tensor, exact: torch.Tensor) -> torch.Tensor:
@@ -176,26 +48,14 @@ def _overflows(g: torch.Tensor, exact: torch.Tensor) -> torch.Tensor:
     return torch.isinf(rounded) & (g == rounded)
 
 
-def _on(run: _GradRun, device: torch.device) -> _GradRun:
-    """`run` with its gradients on `device`, where the judgement computes (judge_device.py)."""
-    if run.call.grads is None or all(same_device(g.device, device) for g in run.call.grads):
-        return run
-    if run.delivered is not None and same_device(run.delivered[0], device):
-        grads = run.delivered[1]
-    else:
-        grads = tuple(moved(g, device) for g in run.call.grads)
-    call = dataclasses.replace(run.call, grads=grads)
-    return dataclasses.replace(run, call=call)
-
-
-def _nonfinite(run: _GradRun, ref: GradReference,
+def _nonfinite(run: GradRun, ref: GradReference,
                vacuous=frozenset()) -> dict[str, torch.Tensor | None]:
     """Per gradient, rows with NaN/inf where the oracle's gradient rounded to the gradient's
     dtype is finite (an exact value too large for the dtype correctly rounds to inf); None where
     there are none for certain: gradients named in `vacuous` (the rule allows more than the
     dtype's range), and on the host a gradient one float64 sum finds finite
     (tolerance.all_finite: two operations instead of ten, as the forward's check asks)."""
-    run = _on(run, ref.grads["dq"].device)
+    run = on_device(run, ref.grads["dq"].device)
     rows = {}
     for name, g in run.grads.items():
         if name in vacuous or all_finite(g):
@@ -210,7 +70,7 @@ def _any_rows(rows: torch.Tensor | None) -> bool:
     return rows is not None and bool(rows.any())
 
 
-def _allowances(impl, case, run: _GradRun, ref: GradReference) -> dict[str, float]:
+def _allowances(impl, case, run: GradRun, ref: GradReference) -> dict[str, float]:
     """Each gradient's noise term (tolerance.grad_allowance), at its own dtype and with the
     number of terms each of its elements sums (its fp32 accumulation length)."""
     summed = {"dq": case.seq_k, "dk": case.seq_q * case.group_size,
@@ -220,7 +80,7 @@ def _allowances(impl, case, run: _GradRun, ref: GradReference) -> dict[str, floa
             for name, g in run.grads.items()}
 
 
-def _vacuous(run: _GradRun, allowances: dict[str, float]) -> frozenset[str]:
+def _vacuous(run: GradRun, allowances: dict[str, float]) -> frozenset[str]:
     """Gradients whose allowance is past their dtype's range: scores so large that fp32 cannot
     recompute P within it (measured on the H200: values=below_sentinel fp16 cases, scores ~1e8,
     where SDPA's default backward and triton_fa2's return inf in dk or dv while the exact values
@@ -231,21 +91,21 @@ def _vacuous(run: _GradRun, allowances: dict[str, float]) -> frozenset[str]:
 
 def _attribute(impl, case, device, forward, ref: GradReference,
                vacuous=frozenset()) -> tuple[str, str]:
-    def finite(run: _GradRun) -> bool:
+    def finite(run: GradRun) -> bool:
         return run.failure is None and not any(_any_rows(b) for b in
                                                _nonfinite(run, ref, vacuous).values())
 
     here = ref.grads["dq"].device
-    if finite(_run(impl, case, device, forward, adversarial=True, poison=False, here=here)):
+    if finite(run_backward(impl, case, device, forward, adversarial=True, poison=False, here=here)):
         return "grad_unwritten", "NaN appears only when the gradients' memory starts as NaN"
-    if finite(_run(impl, case, device, forward, adversarial=True, poison=False, pad_value=0.0,
+    if finite(run_backward(impl, case, device, forward, adversarial=True, poison=False, pad_value=0.0,
                    here=here)):
         return ("grad_out_of_bounds_read",
                 "NaN appears only when the storage around q, k, v, dO (out, lse) holds NaN")
     return "grad_nonfinite", "NaN/inf with clean padding and clean gradient memory"
 
 
-def _empty_rows(impl, case, run: _GradRun, ref: GradReference) -> Verdict | None:
+def _empty_rows(impl, case, run: GradRun, ref: GradReference) -> Verdict | None:
     """dq must be exactly 0 on rows with no visible key, dk and dv on keys no row sees."""
     where = []
     bad_rows = None
@@ -268,7 +128,7 @@ def _empty_rows(impl, case, run: _GradRun, ref: GradReference) -> Verdict | None
                           "dk = dv = 0" if where else "")
 
 
-def _values(impl, case, run: _GradRun, ref: GradReference, spr,
+def _values(impl, case, run: GradRun, ref: GradReference, spr,
             allowances: dict[str, float], vacuous=frozenset(), finite=frozenset(), *,
             margins: bool = False) -> list[Verdict]:
     """dq, dk, dv by the gradient rule; `finite`: gradients known to hold no NaN or inf (those
@@ -359,12 +219,12 @@ def judge_gradients(impl: Implementation, case: AttentionCase, device, forward=N
         # case, else on the host (a GPU case's CPU storages, moved with dO in one transfer).
         made_there = pristine.q.device.type == "cpu" or born_on_device(case, device)
         source = pristine if made_there else pristine.host
-    first = _run(impl, case, device, forward, adversarial=True, here=here, source=source,
+    first = run_backward(impl, case, device, forward, adversarial=True, here=here, source=source,
                  dout_for=references)
     if first.failure is not None:
         return [first.failure]
     verdicts = list(first.side_effects)
-    first = _on(first, here)
+    first = on_device(first, here)
 
     # The oracle's q, k, v: the first run's host copy when judging on the host (never handed to
     # the implementation), else materialised again.
@@ -419,12 +279,12 @@ def judge_gradients(impl: Implementation, case: AttentionCase, device, forward=N
                             margins=margins)
 
     if impl.caps.deterministic_backward:
-        second = _run(impl, case, device, forward, adversarial=False, here=here, source=source,
+        second = run_backward(impl, case, device, forward, adversarial=False, here=here, source=source,
                       side_effects=False)
         if second.failure is not None:
             return verdicts + [dataclasses.replace(second.failure,
                                                    detail="second run: " + second.failure.detail)]
-        second = _on(second, here)
+        second = on_device(second, here)
         differs = [name for name in NAMES
                    if not torch.equal(as_bits(first.grads[name]), as_bits(second.grads[name]))]
         verdicts.append(Verdict(impl=impl.name, case=case, check="grad_nondeterministic",

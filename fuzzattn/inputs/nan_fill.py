@@ -29,16 +29,16 @@ def prime_allocator(sizes_in_bytes, device, byte: int) -> None:
 def filled_blocks(sizes_in_bytes, device, byte: int) -> list[torch.Tensor]:
     """POISON_BLOCKS uint8 blocks of each non-zero size, every byte `byte`."""
     if torch.device(device).type == "cpu":
-        # One fill each: on the CPU the multi-tensor ops below loop per tensor, and measured
-        # ~2x slower than torch.full for the 16 blocks of a case (no launches to save here).
+        # One fill each: on the CPU the multi-tensor ops below loop per tensor (~2x slower
+        # than torch.full for the 16 blocks of a case), with no launches to save.
         return [torch.full((n,), byte, dtype=torch.uint8)
                 for n in sizes_in_bytes if n for _ in range(POISON_BLOCKS)]
     blocks = [torch.empty((n,), dtype=torch.uint8, device=device)
               for n in sizes_in_bytes if n for _ in range(POISON_BLOCKS)]
     if blocks:
         # Two multi-tensor kernels for all the blocks instead of one fill each (16-24 per run):
-        # on a GPU time-sliced between fuzzing processes every launch is a wait
-        # (benchmarks/launch_census.py). uint8 arithmetic: 0 + 255 is 0xFF.
+        # on a GPU time-sliced between fuzzing processes every launch is a wait.
+        # uint8 arithmetic: 0 + 255 is 0xFF.
         torch._foreach_zero_(blocks)
         if byte:
             torch._foreach_add_(blocks, byte)
@@ -52,8 +52,7 @@ class UninitializedMemoryIsZero(TorchDispatchMode):
     allocator zeroed blocks first (`prime_allocator(..., 0x00)`) is not enough on the CPU:
     whether malloc gives those blocks back depends on the process's whole heap history (which
     tests ran before in this xdist worker), so a kernel that never writes its output sometimes
-    got a freed NaN block and was judged `out_of_bounds_read` (measured: 8 of 40 judgements
-    after freeing NaN blocks of assorted sizes). Intercepting the allocation ops themselves is
+    got a freed NaN block and was judged `out_of_bounds_read`. Intercepting the allocation ops themselves is
     independent of the heap: their results are zeroed whatever memory backs them."""
 
     EMPTY = frozenset({torch.ops.aten.empty.memory_format, torch.ops.aten.empty_like.default,

@@ -1,14 +1,12 @@
 """Tensors between the host and an accelerator in one copy.
 
 On a GPU shared by several fuzzing processes (no MPS), each process gets the GPU in time slices,
-and every copy or synchronisation waits for this process's next slice (measured on the H200:
-benchmarks/THROUGHPUT.md). A judged case moves its three input storages to the device and reads
+and every copy or synchronisation waits for this process's next slice. A judged case moves its three input storages to the device and reads
 back its outputs and its check flags: packed into one buffer, each direction is one copy.
 
 Pinned memory with non-blocking copies would avoid the waits altogether, but a pinned block freed
 after a kernel left the CUDA context faulted aborts the process (c10::AcceleratorError thrown
-from a tensor's destructor, measured: one of 16 sdpa fuzzers died so on a known SDPA backward
-fault), and a fuzzer must outlive the faults it finds. Plain copies into pageable memory it is.
+from a tensor's destructor: a fuzzer died so on a known SDPA backward fault), and a fuzzer must outlive the faults it finds. Plain copies into pageable memory it is.
 """
 from __future__ import annotations
 

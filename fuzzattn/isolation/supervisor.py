@@ -10,19 +10,17 @@ In-process judging cannot survive three ways kernels fail:
 * a CUDA device fault (illegal memory access, device-side assert): the CUDA context stays poisoned
   for the rest of the process, so every later case fails for a reason that is not its own.
 
-`IsolatedJudge` keeps one long-lived worker process (fuzzattn.isolation.worker) per
-implementation and sends it one case at a time. The supervisor knows the case before the worker
-runs it, so:
+`IsolatedJudge` keeps one long-lived worker process (isolation/worker.py) per implementation
+and sends it one case at a time. The supervisor knows the case before the worker runs it, so:
 
     no answer within `timeout` s  -> worker killed (SIGTERM, SIGKILL after a grace), verdict `hang`
     the worker process ends       -> verdict `segfault`, naming the signal or exit code
     a CUDA error in the answer    -> verdict `device_fault`, and the worker is replaced
 
 Each verdict names the innermost frame of the implementation's own code where it stood (from the
-worker's faulthandler dump). A replacement worker is started right after a failure, so its import
-time overlaps the caller's work; a case's timeout never includes a worker's start-up, which has
-its own, generous, `start_timeout`. These are ordinary failing JudgedCases: Hypothesis shrinks
-them like any other failure, and the regression file they leave replays isolated again.
+worker's faulthandler dump). A case's timeout never includes a worker's start-up, which has its
+own `start_timeout`. These are ordinary failing JudgedCases: Hypothesis shrinks them like any
+other, and the regression file they leave replays isolated again.
 """
 from __future__ import annotations
 

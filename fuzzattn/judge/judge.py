@@ -29,7 +29,8 @@ from fuzzattn.run import execute
 from fuzzattn.run import runs
 from fuzzattn.platform import mps as shared_gpu
 from fuzzattn.gradients.judge import judge_gradients
-from fuzzattn.inputs.materialize import (Inputs, born_on_device, check_budget, inputs_sha256,
+from fuzzattn.inputs.budget import check_budget
+from fuzzattn.inputs.materialize import (Inputs, born_on_device, inputs_sha256,
                                      materialize)
 from fuzzattn.judge.placement import (check_device, judge_device, judging, moved_together,
                                           rebuilt, tensors_in)

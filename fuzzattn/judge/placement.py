@@ -1,36 +1,18 @@
 """Where a judgement's own arithmetic runs: the float64 oracle, the same-precision reference and
 every comparison of their results with the implementation's.
 
-The implementation always runs on the case's device. On an accelerator, a small case is judged
-on the host instead: its outputs are copied back once, and the oracle, the reference and the
-checks (a few hundred small tensor operations) run on the CPU rather than as as many kernel
-launches and synchronisations on the GPU. Measured on the H200 (benchmarks/gpu_probe.sh): one
-fuzzing process keeps the GPU about 10% busy, yet 16 concurrent ones scaled to only 2.2x one
-(59.8 -> 129 sdpa cases/s) with the GPU reported 99% busy: processes without MPS share the GPU
-by time-slicing between their contexts, and every tiny judging kernel and synchronisation costs
-a context switch. (MPS lets their kernels overlap; a fatal fault in one MPS client is delivered
-to every client on that GPU, so under MPS a device fault ends the run instead of becoming a
-verdict: fuzzattn/platform/mps.py.)
-
-HOST_JUDGE_MACS bounds the cases judged on the host by B * Hq * Nq * Nk * D, the multiply-adds
-of one attention matmul: 2^21 is about 0.1 ms per float64 matmul on one CPU core (30 GFLOP/s
-measured), and about 64% of the `gpu` profile's sdpa cases (600 drawn). Larger cases stay on
-the device, where float64 is fast. FUZZATTN_HOST_JUDGE_MACS overrides it (0: judge every case
-on its own device). Either way the oracle is float64 attention of the same input bits; results
-agree to float64 rounding, far below every tolerance.
+The implementation always runs on the case's device. On an accelerator a small case is judged on
+the host: its outputs come back in one copy and the oracle, the reference and the checks (a few
+hundred small tensor operations) run on the CPU, instead of as many kernel launches and
+synchronisations, each of which waits for this process's time slice when several processes share
+the GPU. HOST_JUDGE_MACS bounds those cases by B * Hq * Nq * Nk * D (FUZZATTN_HOST_JUDGE_MACS
+overrides it; 0 judges every case on its own device).
 
 A larger case whose outputs are still small (B * Hq * max(Nq, Nk) * D <= HOST_CHECK_ELEMENTS) is
-judged half and half: the references' matmuls run on the device, where float64 is fast, and are
-read back in one copy (`moved_together`) beside the implementation's outputs; the checks, a few
-dozen elementwise passes and the reads of their maxima, run on the host. On the device each of
-those reads is a wait for this process's time slice, ~2 ms each with 16 fuzzers sharing the GPU
-(benchmarks/contention_probe.py), and a device-judged case made about ten of them; judged half
-and half it makes four (the input copy, each run's read-back, the references'). Measured on the
-H200 (benchmarks/gpu_speed_call.sh checks, 16 sdpa fp32 fuzzers): 509 cases/s with every
-larger case checked on the device, 546 with the bound at 2^17 elements, 577 at 2^19 (one call);
-559 at 2^19, 478 at 2^20, 422 at 2^21 (the next call): 2^19 it is (~4 MB per float64 tensor;
-~88% of the gpu profile's sdpa cases with references on the device, 600 drawn).
-FUZZATTN_HOST_CHECK_ELEMENTS overrides it (0: every larger case checked on the device).
+judged half and half: the references' matmuls run on the device, where float64 is fast, and come
+back in one copy (`moved_together`) beside the implementation's outputs; the checks run on the
+host (FUZZATTN_HOST_CHECK_ELEMENTS overrides the bound; 0 checks every larger case on the
+device). Either way the oracle is float64 attention of the same input bits.
 """
 from __future__ import annotations
 
@@ -42,8 +24,10 @@ import torch
 from fuzzattn.contract.case import AttentionCase
 from fuzzattn.inputs.transfer import read_back, same_device
 
+# ~0.1 ms per float64 matmul on one CPU core; about 64% of the gpu profile's sdpa cases
 HOST_JUDGE_MACS = 2 ** 21
 ENV = "FUZZATTN_HOST_JUDGE_MACS"
+# the fastest of 2^17..2^21 for 16 sdpa fuzzers on one H200 (benchmarks/REPORT.md)
 HOST_CHECK_ELEMENTS = 2 ** 19
 CHECK_ENV = "FUZZATTN_HOST_CHECK_ELEMENTS"
 

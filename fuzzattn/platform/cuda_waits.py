@@ -3,8 +3,7 @@
 CUDA's default (`auto`) spins whenever a process has fewer contexts than the host has logical
 CPUs, which is always true of a fuzzing process: every read-back and synchronisation then keeps
 a core busy polling while the GPU works for the other processes that share it. With 16 fuzzers
-on a 16-core host the judges' own host work is what limits the rate (benchmarks/THROUGHPUT.md),
-so a core spent polling is a core taken from another fuzzer. `yield` polls but gives the core to
+on a 16-core host the judges' own host work is what limits the rate, so a core spent polling is a core taken from another fuzzer. `yield` polls but gives the core to
 any runnable thread; `block` sleeps until the device signals completion (a wake-up's latency per
 wait instead of a core).
 
@@ -12,7 +11,7 @@ wait instead of a core).
 
 Set on each device's primary context (the one torch uses) through the driver API, before torch
 creates it: `apply()` is called by every entry point (the CLI, the pytest plugin, the isolation
-worker, benchmarks/gpu_campaign.py) before anything runs on the GPU. It changes when the host
+worker) before anything runs on the GPU. It changes when the host
 thread is woken, never what any kernel computes.
 """
 from __future__ import annotations

@@ -1,23 +1,7 @@
-"""The process's long-lived heap, frozen out of the garbage collector's full passes, and those
-passes made rarer.
-
-A fuzzing process holds ~184,000 objects for its whole life (torch, triton, hypothesis and their
-modules, on a CPU-only machine), and every full (generation 2) collection walks all of them again:
-measured on the 2-core machine, 110-185 ms each, about one per 200 judged sdpa cases, i.e. up to
-0.9 ms of a 4 ms case, landing on whichever case (or whichever leg of a benchmark) triggered it.
-After `gc.freeze()` a full collection walks only what was created since (~30 ms, measured the same
-way). Called when judging starts: a campaign (campaigns/campaign.py) and a pytest session once
-its test modules are imported (pytest_plugin.py).
-
-What is created since keeps growing for the whole campaign (Hypothesis's tree of the choices it
-made, the verdict memo), and a full pass walks it all: measured over 2,000 judged sdpa fp32 ci
-cases after the freeze (benchmarks/gc_passes.py), 5 full passes of 40-52 ms each, 0.10-0.13 ms
-of a ~2.9 ms case, where every younger pass together cost 0.06 ms. A judged case leaves little
-cyclic garbage behind (~3,700 more objects tracked after those 2,000 cases without any full
-pass, 2.5%; a crashing kernel's traceback, which held its frames' tensors in a cycle, is dropped:
-execute._detached), so FULL_PASS_AFTER raises Python's default of a full pass per 10
-generation-1 passes to one per 100: no full pass in those 2,000 cases, GC time 0.16-0.20 -> 0.06
-ms a case.
+"""Garbage-collector tuning for a long fuzzing process: the long-lived heap (torch, triton,
+hypothesis and their modules, ~184,000 objects) frozen out of full passes, and full passes made
+rarer, since a judged case leaves little cyclic garbage behind. Called when judging starts: by a
+campaign, and by a pytest session once its test modules are imported.
 """
 from __future__ import annotations
 

@@ -3,8 +3,8 @@
 Without MPS every fuzzing process has a CUDA context of its own, and a device fault (an illegal
 address, a misaligned access, a device-side assert) ends the context of the process whose kernel
 caused it: that process's crash or device_fault verdict names the right implementation, and the
-others judge on. Under MPS (`nvidia-cuda-mps-control -d`; 16 sdpa fuzzers on one H200 judged
-1,164.9 cases/s under it against 838.9 without, benchmarks/THROUGHPUT.md) the processes are
+others judge on. Under MPS (`nvidia-cuda-mps-control -d`, which lets several
+fuzzers' kernels overlap on one GPU) the processes are
 clients of one server, and a fatal fault of one client reaches every client running on the GPU
 at the time (NVIDIA's MPS documentation, error containment on Volta and later). A process that
 sees a fault there cannot tell its own kernel's from another client's. A crash verdict would

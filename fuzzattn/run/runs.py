@@ -5,9 +5,8 @@ A run is *launched* (`launch`: the call, its memory poisoning and its check flag
 device) and then *delivered* (`deliver`: its flags and outputs read back, maybe together with
 another run's, and turned into side-effect verdicts). `run` does both. The split exists for the
 GPU: several fuzzing processes share it by CUDA's time-slicing between their contexts, and every
-wait for the device costs a turn of it (measured on the H200, benchmarks/contention_probe.py: 16
-processes make ~7,250 synchronisations per second in all, where one alone makes 57,000). So a
-run is never synchronised on its own, and two runs can share one read-back.
+wait for the device costs a turn of it. So a run is never synchronised on its own, and two runs
+can share one read-back.
 
 The adversarial run's inputs sit in NaN-padded storage, and its outputs are either caller-provided
 buffers pre-filled with NaN between canary guards (`out_buffer` implementations) or allocated right
@@ -122,12 +121,9 @@ def launch(impl: Implementation, case: AttentionCase, device, *, adversarial: bo
     `side_effects=False`: only the outputs are wanted (the judgement's second run, whose input
     mutation the first run's check already covers): no flags, no side-effect verdicts.
 
-    On a GPU shared by several fuzzing processes (no MPS) every wait for the device costs a turn
-    of CUDA's time-slicing between their contexts: measured on the H200, 16 processes share
-    ~7,250 synchronisations per second in all where one process alone makes 57,000
-    (benchmarks/contention_probe.py). So the call is not synchronised on its own: an
+    The call is not synchronised on its own (every wait costs a turn of a shared GPU): an
     asynchronous device fault surfaces in the read-back, which `deliver` turns into this run's
-    crash, exactly as a fault surfacing in the call used to be."""
+    crash."""
     if inputs is None:
         inputs = materialize(case, device, pad_value=pad_value)
         before = inputs.snapshot() if side_effects else None
