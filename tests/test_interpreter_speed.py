@@ -9,9 +9,11 @@ import pytest
 import torch
 
 import fuzzattn  # noqa: F401  (selects the interpreter before triton loads)
-from fuzzattn.triton_interpreter.backend import is_interpreted
+from fuzzattn.triton_interpreter import fence
+from fuzzattn.triton_interpreter.backend import ensure_backend, is_interpreted
 
-pytestmark = pytest.mark.skipif(not is_interpreted(), reason="compiled: nothing is patched")
+pytestmark = pytest.mark.skipif(not is_interpreted() or not fence.tested(),
+                                reason="compiled, or a triton outside fence.TESTED: nothing is patched")
 
 
 def test_the_overflow_sanitizer_is_off_unless_asked_for():
@@ -77,6 +79,7 @@ def test_tensors_get_their_own_tl_tuple_shape_and_numel():
 
 
 if is_interpreted():
+    ensure_backend()        # the edits, as kernels/ installs them before any kernel is decorated
     import triton
     import triton.language as tl
 

@@ -1,43 +1,29 @@
-"""Triton backend selection for this project, and the repair of bf16 `tl.dot` in the interpreter.
+"""Triton backend selection, and the repairs of bf16 arithmetic in Triton's CPU interpreter.
 
-Triton kernels run compiled on a CUDA GPU and under Triton's CPU interpreter (TRITON_INTERPRET=1)
-everywhere else. Three facts about the interpreter shape this module (see shared FACTS.md):
+Kernels run compiled on a CUDA GPU and under the interpreter (TRITON_INTERPRET=1) elsewhere.
+`@triton.jit` reads that variable when it decorates, so `ensure_backend()` runs before any kernel
+module is imported. Under the interpreter it also refuses numpy >= 2.3 with triton 3.6 (its
+`range(tl.cdiv(...))` raises), and, for a triton inside fence.TESTED, patches:
 
-* `@triton.jit` reads TRITON_INTERPRET when it decorates a function, so the variable must be set
-  before any kernel module is imported: `ensure_backend()` is the first thing kernels/ runs.
-* triton 3.6's interpreter fails on `range(tl.cdiv(N, BLOCK))` with numpy >= 2.3. Rather than let
-  kernels die mid-run with a TypeError, `ensure_backend()` refuses that combination up front.
-* The interpreter keeps bf16 tensors as uint16 and its `InterpreterBuilder.create_dot` hands those
-  raw bit patterns to `np.matmul`, so bf16 dots are wrong by ~1e9. We wrap `create_dot` to convert
-  bf16 operands to fp32 first (with the builder's own `cast_impl`, which converts correctly).
-  bf16 x bf16 products are exact in fp32 and the sum is accumulated in fp32, which is the GPU's
-  bf16-in / fp32-accumulate semantics.
-* The same interpreter converts fp32 -> bf16 (`x.to(tl.bfloat16)`, and the implicit cast of a
-  bf16 store) by truncating the mantissa, while compiled Triton rounds to nearest even. Truncation
-  is biased toward zero and up to 1 ulp off (3e-2 at |x| ~ 4), which the fuzzer would report as
-  a kernel error that the GPU does not have. We wrap `cast_impl` so that conversion rounds to
-  nearest even, like the GPU and like torch.
+* `InterpreterBuilder.create_dot`: bf16 operands are kept as uint16 and their raw bits multiplied
+  (~1e9 off). They are cast to fp32 first: bf16 products are exact in fp32, as on the GPU.
+* `InterpreterBuilder.cast_impl`: fp32 -> bf16 truncates; compiled Triton and torch round to
+  nearest even. Truncation would show as kernel errors (up to 1 ulp) the GPU does not have.
+* speed.py's and semantic.py's edits, which remove costs without changing results.
 
-A tiny self-check kernel confirms both repairs took effect; `bf16_dot_status()` reports the
-outcome so the harness can skip bf16 Triton cases with a reason instead of reporting garbage as
-kernel bugs.
-
-Nothing is patched when kernels run compiled.
+A self-check kernel confirms both repairs; `bf16_dot_status()` reports it, and the judge skips
+bf16 Triton cases with its reason when they cannot be trusted (also on a triton outside TESTED,
+where nothing is patched). Nothing is patched when kernels run compiled.
 """
 from __future__ import annotations
 
 import os
-import re
 import sys
+
+from fuzzattn.triton_interpreter import fence
 
 _REPAIR_MARK = "_fuzzattn_bf16_repair"   # attribute set on our wrapper: makes patching idempotent
 _bf16_status: tuple[bool, str] | None = None  # cached result of the self-check
-
-
-def _version_tuple(version: str) -> tuple[int, int]:
-    """(major, minor) of a version string such as '3.6.0' or '2.3.0rc1'; unknown parts read as 0."""
-    parts = [int(m) for m in re.findall(r"\d+", version)[:2]]
-    return tuple(parts + [0] * (2 - len(parts)))  # type: ignore[return-value]
 
 
 def is_interpreted() -> bool:
@@ -67,7 +53,9 @@ def select_backend() -> None:
 
 
 def ensure_backend() -> None:
-    """select_backend(), then refuse broken setups and repair bf16 dot and casts.
+    """select_backend(), then, under the interpreter, refuse broken setups and (on a triton
+    inside fence.TESTED) install the bf16 repairs and the speed edits; outside it, patch
+    nothing and say so once on stderr.
 
     Idempotent and cheap after the first call. Must run before any @triton.jit decoration.
     """
@@ -75,10 +63,13 @@ def ensure_backend() -> None:
     if not is_interpreted():
         return
     _check_numpy_compatible()
+    if not fence.tested():
+        fence.say_untested_once()
+        return
     _install_bf16_dot_repair()
     _install_bf16_cast_repair()
-    from fuzzattn.triton_interpreter import speed as interpreter_speed
-    interpreter_speed.install()
+    from fuzzattn.triton_interpreter import speed
+    speed.install()
 
 
 def _check_numpy_compatible() -> None:
@@ -86,7 +77,7 @@ def _check_numpy_compatible() -> None:
     import numpy
     import triton
 
-    if _version_tuple(triton.__version__) < (3, 7) and _version_tuple(numpy.__version__) >= (2, 3):
+    if fence.release(triton.__version__) < (3, 7) and fence.release(numpy.__version__) >= (2, 3):
         raise RuntimeError(
             f"triton {triton.__version__}'s interpreter fails with numpy {numpy.__version__} "
             f"(range(tl.cdiv(N, BLOCK)) raises TypeError): install 'numpy<2.3' (pip install 'numpy<2.3')")
@@ -213,12 +204,19 @@ def _run_bf16_dot_check() -> tuple[bool, str]:
 
 
 def bf16_dot_status() -> tuple[bool, str]:
-    """(ok, reason): can Triton kernels be trusted with bf16 tl.dot on this backend?
+    """(ok, reason): can Triton kernels be trusted with bf16 tl.dot and casts on this backend?
 
-    Compiled: (True, "compiled"). Interpreted: the cached outcome of a one-off self-check.
+    Compiled: (True, "compiled"). Interpreted: the cached outcome of a one-off self-check, or,
+    on a triton outside fence.TESTED (no repairs installed), (False, the version's reason).
     """
     global _bf16_status
     if _bf16_status is None:
         ensure_backend()
-        _bf16_status = _run_bf16_dot_check() if is_interpreted() else (True, "compiled")
+        if not is_interpreted():
+            _bf16_status = (True, "compiled")
+        elif not fence.tested():
+            _bf16_status = (False, fence.untested(
+                "the interpreter's bf16 tl.dot and fp32->bf16 cast repairs are not applied"))
+        else:
+            _bf16_status = _run_bf16_dot_check()
     return _bf16_status

@@ -1,33 +1,22 @@
 """TritonSemantic, as the interpreter drives it, deciding on plain int shapes and per-type keys.
 
-Part of fuzzattn/triton_interpreter/speed.py's edits (installed by its install(), under the same
-rules: triton's own function kept as `__wrapped__` and given anything not recognised, nothing
-changed when triton's internals are not where expected). Profiled with cProfile over the twelve
-timed forwards of benchmarks/bench_interpreter.py; each figure is that function's cumulative
-profiled time, before -> after:
-
-* `broadcast_impl_value` (~30,000 calls, 1.34 s): shapes compared as tl.tuples (each `!=`
-  unwraps both), a new block type and IR type per splat. Now decided on plain int lists with
-  block types shared per (element type, shape) (`_broadcast_by_shape`, `_block_type_for`): 0.42 s.
-* `binary_op_type_checking_impl` (~24,000 calls, 1.72 s with the broadcast): pointer checks,
-  computation type and casts re-derived from the same two types per call. Decided once per key
-  (`_binary_type_decisions_once`): 0.70 s with the broadcast.
-* `expand_dims` (every `x[:, None]`, ~7,000 calls, 0.28 s): the same shared block types, 0.17 s.
-* `to_tensor` on every assignment (~34,000 calls, 0.14 s): a tensor returned first
-  (`_tensors_kept_first`): 0.10 s.
-
-Types are keyed by `_type_key` (scalar dtypes and pointers); anything else goes to triton.
+Part of speed.py's edits (speed.install() installs these, only on a triton inside
+fence.TESTED), under the same rules: triton's own function kept as `__wrapped__` and given
+anything not recognised, nothing changed when triton's internals are not where expected.
+TritonSemantic re-derives, on every operation, decisions that depend only on the operands'
+types and shapes; here they are taken on plain values and kept. Types are keyed by `_type_key`
+(scalar dtypes and pointers); anything else goes to triton.
 """
 from __future__ import annotations
 
-from fuzzattn.triton_interpreter.speed import _MARK   # one mark for every edit of the interpreter
+from fuzzattn.triton_interpreter.fence import MARK as _MARK
 
 _scalar_type = _pointer_type = None     # triton.language.core's dtype and pointer_type, once installed
 _block_types: dict = {}     # (element type key, dims) -> (block_type, its IR type under the interpreter)
 
 
 def install(interp) -> None:
-    """Idempotent; called by interpreter_speed.install() with triton's interpreter module."""
+    """Idempotent; called by speed.install() with triton's interpreter module."""
     global _scalar_type, _pointer_type
     from triton.language import core
     _scalar_type, _pointer_type = getattr(core, "dtype", None), getattr(core, "pointer_type", None)
@@ -68,13 +57,12 @@ def _block_type_for(element_ty, dims: tuple, builder):
 
 
 def _broadcast_by_shape(interp) -> None:
-    """TritonSemantic.broadcast_impl_value (~30,000 calls per bench_interpreter run, a third of
-    the profiled time) compares block shapes as tl.tuples (each `!=` unwraps both into new
-    tuples) and builds a new block_type and its IR type for each splat and broadcast. Here the
-    same decisions are taken on the shapes' plain int lists, with block types shared per (element
-    type, shape); the builder calls are triton's own. Scalar/scalar, equal shapes, scalar/block
-    and same-rank broadcasts take this path; different ranks, mismatches (errors), builders
-    other than the interpreter's and types without a key go to triton's own."""
+    """TritonSemantic.broadcast_impl_value compares block shapes as tl.tuples (each `!=` unwraps
+    both into new tuples) and builds a new block_type and its IR type for each splat and
+    broadcast. Here the same decisions are taken on the shapes' plain int lists, with block types
+    shared per (element type, shape); the builder calls are triton's own. Scalar/scalar, equal
+    shapes, scalar/block and same-rank broadcasts take this path; different ranks, mismatches
+    (errors), builders other than the interpreter's and types without a key go to triton's own."""
     semantic_cls = getattr(interp, "TritonSemantic", None)
     builder_cls = getattr(interp, "InterpreterBuilder", None)
     original = getattr(semantic_cls, "broadcast_impl_value", None)
@@ -129,15 +117,15 @@ def _broadcast_by_shape(interp) -> None:
 
 
 def _binary_type_decisions_once(interp) -> None:
-    """TritonSemantic.binary_op_type_checking_impl (every binary op: ~24,000 calls per
-    bench_interpreter run) re-derives, per call, the pointer checks, the computation type and
-    which operand needs a cast, all functions of the two scalar types (by name), which operand
-    is a Python number and the call's flags; here they are derived by triton's own functions
-    once per such key and kept. Per call, as triton does: Python numbers become tensors,
-    value-dependent checks (a negative or out-of-range number for an integer type; on failure
-    triton's own function runs and raises its own error), the casts that change a type, and the
-    broadcast. A cast to the type a value already has is skipped: triton's cast returns its
-    input unchanged then. Types without a key (not a plain dtype or pointer) go to triton's own."""
+    """TritonSemantic.binary_op_type_checking_impl (every binary op) re-derives, per call, the
+    pointer checks, the computation type and which operand needs a cast, all functions of the two
+    scalar types (by name), which operand is a Python number and the call's flags; here they are
+    derived by triton's own functions once per such key and kept. Per call, as triton does:
+    Python numbers become tensors, value-dependent checks (a negative or out-of-range number for
+    an integer type; on failure triton's own function runs and raises its own error), the casts
+    that change a type, and the broadcast. A cast to the type a value already has is skipped:
+    triton's cast returns its input unchanged then. Types without a key (not a plain dtype or
+    pointer) go to triton's own."""
     import numbers
     semantic_cls = getattr(interp, "TritonSemantic", None)
     original = getattr(semantic_cls, "binary_op_type_checking_impl", None)
@@ -205,11 +193,10 @@ def _binary_type_decisions_once(interp) -> None:
 
 
 def _expand_dims_by_shape(interp) -> None:
-    """TritonSemantic.expand_dims (every `x[:, None]`: ~7,000 calls per bench_interpreter run)
-    unwraps the tensor's constexpr shape and builds a new block_type; here the new shape is the
-    block type's own int list with the 1 inserted as triton inserts it, its block type shared
-    (_block_type_for), the builder call triton's own. Scalars (splat), other builders and types
-    without a key go to triton's own."""
+    """TritonSemantic.expand_dims (every `x[:, None]`) unwraps the tensor's constexpr shape and
+    builds a new block_type; here the new shape is the block type's own int list with the 1
+    inserted as triton inserts it, its block type shared (_block_type_for), the builder call
+    triton's own. Scalars (splat), other builders and types without a key go to triton's own."""
     from triton.language import core
     semantic_cls = getattr(interp, "TritonSemantic", None)
     builder_cls = getattr(interp, "InterpreterBuilder", None)
@@ -235,10 +222,10 @@ def _expand_dims_by_shape(interp) -> None:
 
 def _tensors_kept_first(interp) -> None:
     """The interpreter rewrites every assignment in a kernel `x = value` into
-    `x = interpreter_semantic.to_tensor(value, False)` (~34,000 calls per bench_interpreter run),
-    and TritonSemantic.to_tensor tests bool, int, float and constexpr before it returns a tensor
-    as it is. A value whose class is exactly the semantic's tensor class is returned at once,
-    as triton's tests end for it; anything else goes to triton's own."""
+    `x = interpreter_semantic.to_tensor(value, False)`, and TritonSemantic.to_tensor tests bool,
+    int, float and constexpr before it returns a tensor as it is. A value whose class is exactly
+    the semantic's tensor class is returned at once, as triton's tests end for it; anything else
+    goes to triton's own."""
     semantic_cls = getattr(interp, "TritonSemantic", None)
     original = getattr(semantic_cls, "to_tensor", None)
     if original is None or getattr(original, _MARK, False) or not hasattr(semantic_cls, "tensor"):

@@ -1,74 +1,30 @@
-"""Costs of Triton's CPU interpreter that change no result, removed.
+"""Costs of Triton's CPU interpreter removed without changing a result.
 
-Measured with cProfile on 30 ci-profile cases of triton_fa2 (fp32, two interpreted forwards per
-case; `python benchmarks/throughput.py` reproduces the rates): 55 s in all, of which
-
-* 21 s were the interpreter's integer-overflow sanitizer. Every `+`, `-`, `*` on int32 tensors
-  (pointer offsets, masks) is recomputed in int64 and range-checked with a device assert. Compiled
-  Triton emits these asserts only with debug=True, so a compiled kernel is never checked this
-  way; and under the interpreter fuzzattn's tensors are small (the memory budget caps a case at a
-  few million elements), far from 2**31. Off by default; FUZZATTN_SANITIZE_OVERFLOW=1 keeps it.
-* 11 s were re-patching triton.language on every call of a @triton.jit helper (the interpreter
-  runs `inspect.getmembers` over tl, tl.core, tl.math and tl.tensor per call, for a kernel whose
-  launch patched the same modules already). Inside a launch, a helper whose language modules the
-  launch patched skips the repeat; any other helper is patched as before.
-
-* `_get_np_dtype` (~58,000 calls per 30 cases) rebuilds its 18-entry dtype table on every call;
-  the same table is built once.
-* The interpreter builds a `tl.tuple` for every block shape it touches (~7,000 per interpreted
-  forward), and each one formats its type's name string on construction, which only printing
-  and error messages read. The name is computed when first read instead.
-
-Then, on 200 ci cases of triton_fa2 fp32 (the CI's differential campaign, 142 s profiled), the
-language frontend the interpreter drives: `tl.tensor.__init__` (680,000 calls, 23 s) rebuilt a
-tuple of fresh constexpr objects per value, and `block_type.__init__` (405,000 calls, 26 s)
-unwrapped, re-validated and formatted the name of shapes it had seen thousands of times. Both
-now share what a shape determines (`_shared_tensor_shapes`, `_plain_block_types`): an
-interpreted forward over four fixed cases went from 1.70 s to 1.52 s, then, with shapes given as
-constexprs taking the fast path too, ~17% faster again (alternating runs, same machine).
-
-Then the per-operation cost of the language frontend, profiled with cProfile over the twelve
-timed forwards of benchmarks/bench_interpreter.py (4.4 s and 6.7 million Python calls profiled
-before, 2.5 s and 3.1 million after, with interpreter_semantic.py's edits; each figure below is
-that function's cumulative profiled time):
-
-* `tl.tensor.__init__` (~75,000 calls, 0.51 s): shape and numel, which semantic rarely reads
-  (it reads `.type`), now built on first read (`_shared_tensor_shapes`): 0.06 s.
-* Each patched builtin's lambda and @builtin wrapper (~67,000 calls, 0.25 s of their own time):
-  one closure calling the wrapped function (`_lean_builtin_calls`): 0.07 s.
-* `_unwrap_if_constexpr` (~160,000 calls, 0.22 s): exact classes answered first
-  (`_plain_values_unwrapped_first`): 0.08 s.
-* TritonSemantic's broadcasts, binary-op type checks, expand_dims and to_tensor: see
-  fuzzattn/triton_interpreter/semantic.py (1.72 s -> 0.70 s for the binary-op checks).
-
-Together, alternating runs of `benchmarks/bench_interpreter.py` (main tree, then this one):
-2.01 -> 1.29, 1.57 -> 1.04, 1.45 -> 0.94, 1.41 -> 0.81 s. `benchmarks/throughput.py --impl
-triton_fa2 --dtype float32 --gradient-every 1000000 --cases 100`, three alternating pairs: 14.9 ->
-23.3, 15.3 -> 18.6 (the machine slowed during the second run: its drawing took 1.5x longer), 15.2
--> 20.5 judged cases/s; implementation runs (profiled) 316 -> 155, 269 -> 223, 294 -> 152 ms/case.
-
-Every edit keeps triton's own function (`__wrapped__` on the patched one, where a test compares
-the two) and hands it anything it does not recognise: other builders, types without a key
-(`interpreter_semantic._type_key`), errors (triton raises its own). FUZZATTN_INTERPRETER_SPEED=0
-installs none of them (triton's interpreter as shipped, sanitizer included), which the tests use
-to check that triton_fa2 gives the same bits either way.
-
-These edits are wrappers around triton 3.6's interpreter and language internals; if those are
-not where this module expects them it changes nothing (the interpreter is then merely slower).
+Each edit wraps or replaces one private function of triton 3.6's interpreter or language
+frontend (what each removes is in its docstring; semantic.py holds those of TritonSemantic).
+Every edit keeps triton's own function (`__wrapped__`, which the tests compare against) and hands
+it anything not recognised: other builders, other types, errors (triton raises its own). If
+Triton's internals are not where expected an edit changes nothing. `install()` applies them only
+on a triton inside fence.TESTED; FUZZATTN_INTERPRETER_SPEED=0 installs none (triton as shipped,
+the baseline the tests compare bits against); FUZZATTN_SANITIZE_OVERFLOW=1 keeps the sanitizer.
 """
 from __future__ import annotations
 
 import dataclasses
 import os
 
-_MARK = "_fuzzattn_speed"
+from fuzzattn.triton_interpreter import semantic
+from fuzzattn.triton_interpreter.fence import MARK as _MARK
+from fuzzattn.triton_interpreter.fence import tested
+
 _patched_in_launch: set | None = None      # module ids patched by the launch now running
 
 
 def install() -> None:
-    """Idempotent; call only under the interpreter, before kernels run."""
-    if os.environ.get("FUZZATTN_INTERPRETER_SPEED", "1") in ("0", "false", "no"):
-        return                                  # triton's interpreter as shipped (to compare with)
+    """Idempotent; call only under the interpreter, before kernels run. Nothing on a triton
+    outside fence.TESTED."""
+    if os.environ.get("FUZZATTN_INTERPRETER_SPEED", "1") in ("0", "false", "no") or not tested():
+        return                                  # triton's interpreter as shipped
     try:
         from triton.runtime import interpreter as interp
     except ImportError:
@@ -82,11 +38,13 @@ def install() -> None:
     _shared_tensor_shapes()
     _lean_builtin_calls(interp)
     _plain_values_unwrapped_first()
-    from fuzzattn.triton_interpreter import semantic as interpreter_semantic
-    interpreter_semantic.install(interp)
+    semantic.install(interp)
 
 
 def _sanitizer_off(interp) -> None:
+    """The interpreter recomputes every int32 `+`, `-`, `*` in int64 and range-checks it with a
+    device assert. Compiled Triton does so only with debug=True, and fuzzattn's tensors (capped by
+    its memory budget) are far from 2**31, so the check is turned off."""
     builder = getattr(interp, "interpreter_builder", None)
     options = getattr(builder, "options", None)
     if options is not None and dataclasses.is_dataclass(options) and \
@@ -101,6 +59,9 @@ def _languages(fn) -> set[int]:
 
 
 def _patch_once_per_launch(interp) -> None:
+    """Every call of a @triton.jit helper re-patches triton.language (`inspect.getmembers` over
+    tl, tl.core, tl.math, tl.tensor) although the kernel's launch patched the same modules. Inside
+    a launch a helper whose language modules are already patched skips the repeat."""
     original_patch = getattr(interp, "_patch_lang", None)
     executor = getattr(interp, "GridExecutor", None)
     scope_cls = getattr(interp, "_LangPatchScope", None)
@@ -134,6 +95,8 @@ def _patch_once_per_launch(interp) -> None:
 
 
 def _lazy_tuple_type_names() -> None:
+    """tuple_type formats its name in __init__ for every block shape; only printing and error
+    messages read it, so it is formatted when first read."""
     try:
         from triton.language import core
     except ImportError:
@@ -214,14 +177,11 @@ def _plain_block_types() -> None:
 
 def _shared_tensor_shapes() -> None:
     """tl.tensor.__init__ rebuilds its shape as a tl.tuple of new constexpr objects (with its
-    tuple type) and its numel for every value the interpreter makes (~680,000 per 200 ci cases
-    of triton_fa2); the constexprs, the tuple type and the numel a shape determines are built
-    once (constexpr values are never mutated), each tensor still gets its own tl.tuple.
-
-    Most values are never asked for their shape (~75,000 tensors per bench_interpreter run;
-    semantic reads `.type`), so `shape` and `numel` are properties built from the tensor's type
-    on first read, then kept; assigning them still works. Nothing in triton reassigns a tensor's
-    `type`, so the type read later is the one the tensor was made with."""
+    tuple type) and its numel for every value the interpreter makes. The constexprs, tuple type
+    and numel a shape determines are built once (constexprs are never mutated); each tensor still
+    gets its own tl.tuple. Most values are never asked for their shape (semantic reads `.type`),
+    so `shape` and `numel` are properties built from the type on first read, then kept;
+    assigning them still works. Nothing in triton reassigns a tensor's `type`."""
     from triton.language import core
     tensor, constexpr = getattr(core, "tensor", None), getattr(core, "constexpr", None)
     tl_tuple, tuple_type_of = getattr(core, "tuple", None), getattr(core, "_type_for_tuple_values", None)
@@ -269,6 +229,7 @@ def _shared_tensor_shapes() -> None:
 
 
 def _np_dtype_table_once(interp) -> None:
+    """`_get_np_dtype` rebuilt its dtype table on every call; triton's answer is kept per type."""
     original = getattr(interp, "_get_np_dtype", None)
     if original is None or getattr(original, _MARK, False):
         return
@@ -291,12 +252,12 @@ def _np_dtype_table_once(interp) -> None:
 
 
 def _lean_builtin_calls(interp) -> None:
-    """Every tl builtin the interpreter patches (~67,000 calls per bench_interpreter run) ran
-    through a lambda that copied its keyword arguments without `_semantic` into a new dict, then
-    through @builtin's wrapper, which only checks that `_semantic` was given. The patched
-    function sets `_semantic` in the keyword dict Python built for the call and, for a plain
-    @builtin wrapper, calls the function it wraps (the check always passes: `_semantic` is
-    set). Same function, same arguments, same semantic object per member as triton's."""
+    """Every tl builtin the interpreter patches ran through a lambda that copied its keyword
+    arguments without `_semantic` into a new dict, then through @builtin's wrapper, which only
+    checks that `_semantic` was given. The patched function sets `_semantic` in the keyword dict
+    Python built for the call and, for a plain @builtin wrapper, calls the function it wraps (the
+    check always passes: `_semantic` is set). Same function, arguments and semantic object per
+    member as triton's."""
     from triton.language import core
     original = getattr(interp, "_patch_attr", None)
     semantic_cls = getattr(interp, "TritonSemantic", None)
@@ -323,9 +284,9 @@ def _lean_builtin_calls(interp) -> None:
 
 
 def _plain_values_unwrapped_first() -> None:
-    """triton.language.core._unwrap_if_constexpr (~160,000 calls per bench_interpreter run: every
-    builtin unwraps its flags and axes, every dtype `==` its operand) tests a value against list,
-    tuple, tl.tuple and constexpr in turn. A value whose class is exactly constexpr gives its
+    """triton.language.core._unwrap_if_constexpr (every builtin unwraps its flags and axes,
+    every dtype `==` its operand) tests a value against list, tuple, tl.tuple and constexpr in
+    turn. A value whose class is exactly constexpr gives its
     value and one whose class is exactly a tensor, a dtype, None, bool, int, float or str comes
     back as it is, as triton's tests end for them (none is a list, a tuple or a constexpr);
     anything else, subclasses included, goes to triton's own. core's functions look the name up
