@@ -5,70 +5,30 @@ logsumexp of the scaled, masked scores. It is therefore an fp32 reference value,
 internal statistic (which the public API does not expose).
 
 Causal: top-left is SDPA's `is_causal=True` (key j visible to query i iff j <= i); bottom-right
-(j <= i + Nk - Nq, FlashAttention >= 2.1) is an explicit boolean mask, tril with diagonal Nk - Nq.
+(j <= i + Nk - Nq, FlashAttention >= 2.1) is an explicit mask, tril with diagonal Nk - Nq, passed
+as a boolean keep-mask or an additive float mask (the mask form, kernels/sdpa_backends.py).
 
-Rows with no visible key (bottom-right with Nq > Nk): measured on torch 2.13.0+cpu, SDPA returns
-0 for them (default dispatch, and the MATH and FLASH_ATTENTION backends alike, for fp32, bf16 and
-fp16); older releases' math path gave NaN (softmax of an all -inf row). We do not rely on either:
-such rows are set to out 0 and lse -inf explicitly, the project's convention.
+Rows with no visible key (bottom-right with Nq > Nk) and Nk == 0: what SDPA returns for them
+differs between releases and backends (0 or NaN), so such rows are set to out 0 and lse -inf
+here, the project's convention.
 
-Zero lengths (torch 2.13.0+cpu): Nq == 0 returns an empty (B, H, 0, D) tensor and Nk == 0 returns
-zeros, with or without is_causal; the adapter still forces Nk == 0 to out 0 / lse -inf itself.
-
-Per backend: besides `sdpa` (default dispatch), `sdpa_flash`, `sdpa_efficient`, `sdpa_cudnn` and
-`sdpa_math` run one backend each under `torch.nn.attention.sdpa_kernel`. Default dispatch silently
-falls back to another backend, so a bug in one backend (cuDNN leaking a masked key through a
-boolean mask, H200) shows only for the inputs that happen to pick it; restricting dispatch fuzzes
-each backend on everything it accepts. What each accepts is not written down by hand: it is
-probed at import, on this torch and this device, with tiny cases (`probe_backend`), and the
-declaration names the torch version and device it was probed on. Names the engine reads:
-
-    BACKEND_IMPLS  the per-backend Implementations that can run here (registered by kernels/)
-    UNAVAILABLE    name -> why a backend is not registered here (e.g. EFFICIENT on a CPU build)
-    PROBES         name -> ProbeResult: every probe that failed, for listings
-    REFUSALS       name -> substrings of the RuntimeError a backend raises at call time for a
-                   declared case it cannot run (a limit no other Capabilities field can express);
-                   the same tuple is each implementation's `Capabilities.refusals`, so campaigns
-                   count such draws as refused (never passes, never crashes)
-    CONFIG_SPACE   the configuration axis: how bottom-right causality is passed (mask_form)
-
-Mask form: the contract leaves open how bottom-right causality reaches SDPA. `config={"mask_form":
-"bool"}` passes a boolean keep-mask, `"float"` an additive 0/-inf mask in q's dtype. They are
-different code paths in the backends (measured on the H200, torch 2.11: CUDNN_ATTENTION with a
-boolean mask let a masked key through, as a float mask it was exact), so each per-backend
-implementation declares the forms it runs as `Capabilities(configs={"mask_form": ...})`: the
-strategies draw one per case, shrink toward "bool", and the case records it. Top-left is always
-SDPA's own `is_causal`, for which no mask is built, so the form only matters for bottom-right.
-
-A case that names no configuration runs an implementation's default (the contract's rule), here
-the first declared form, "bool": so the configless regression files replay on every backend too.
-The default `sdpa` declares no configuration: it always passes a boolean mask (what a user calling
-SDPA with a keep-mask gets), and its mutants keep its calling convention.
+`IMPL` is SDPA under torch's default dispatch. `BACKEND_IMPLS` restrict it to one backend each,
+declared by probing at import (kernels/sdpa_backends.py, whose results are re-exported here with
+UNAVAILABLE, PROBES and REFUSALS).
 """
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import functools
 import math
-import warnings
 
 import torch
 import torch.nn.functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention import sdpa_kernel
 
 from fuzzattn.contract import Capabilities, Implementation, refuse
-from fuzzattn.contract.dtypes import DTYPES
+from fuzzattn.kernels import sdpa_backends, sdpa_defects
+from fuzzattn.kernels.sdpa_backends import CONFIG_SPACE, DEFAULT_MASK_FORM, MAX_HEAD_DIM
 from fuzzattn.kernels.sdpa_defects import KNOWN_DEFECTS
-
-MAX_HEAD_DIM = 256
-
-# The configuration axis. The engine passes `config=` (one point of the declared space) to an
-# implementation whose Capabilities declare one: the per-backend implementations below, each with
-# the forms its probes ran. sdpa_forward takes it from any caller; None means DEFAULT_MASK_FORM.
-CONFIG_SPACE = {"mask_form": ("bool", "float")}
-DEFAULT_MASK_FORM = "bool"
-
 
 CAPS = Capabilities(
     dtypes={"float32", "bfloat16", "float16"},
@@ -79,19 +39,15 @@ CAPS = Capabilities(
     strides="any",
     zero_length=True,
     returns_lse=True,
-    # Gradients by autograd of the forward. (The CPU FLASH backward once looked broken here, dv
-    # off by ~8e10 on values=below_sentinel: that was the gradient rule, which allowed linear
-    # rather than exponential error for P recomputed from an lse at scores ~3e8; see
-    # tolerance.grad_noise.)
-    backward=True,
+    backward=True,                   # gradients by autograd of the forward
     fp32_matmul="ieee",
     # CPU SDPA reruns are bitwise identical; CUDA flash/cuDNN forwards are too (no atomics in
     # the forward pass).
     deterministic=True,
     out_buffer=False,
-    # CPU autograd reruns are bitwise identical (measured: every gradient test here). On CUDA the
-    # flash and memory-efficient backwards accumulate dq with atomic adds (the FA #359 class), so
-    # reruns may differ in the last bits: not declared there (not yet measured on the H200).
+    # CPU autograd reruns are bitwise identical. On CUDA the flash and memory-efficient
+    # backwards accumulate dq with atomic adds (the FA #359 class), so reruns may differ in the
+    # last bits: not declared there.
     deterministic_backward=not torch.cuda.is_available(),
     known_defects=KNOWN_DEFECTS["sdpa"],       # CUDA only (kernels/sdpa_defects.py)
 )
@@ -111,10 +67,10 @@ def sdpa_forward(q, k, v, *, causal, scale, config=None, backend=None, caps=CAPS
     # visible[i, j]: may query i see key j? None when every key is visible.
     visible = _visible_keys(seq_q, seq_k, causal, q.device)
 
-    # CUDA flash backend (torch 2.11 on an H200) faults with "misaligned address" when a base
-    # pointer is not 16-byte aligned (fp16, storage offset 91 elements); the fault poisons the
-    # CUDA context and ends the whole run. Copy such inputs to fresh (aligned) memory: this moves
-    # bytes, never changes values, and leaves SDPA's arithmetic under test.
+    # The CUDA flash backend faults with "misaligned address" on a base pointer that is not
+    # 16-byte aligned, and the fault poisons the CUDA context for the whole run. Copy such inputs
+    # to fresh (aligned) memory: this moves bytes, never values, and leaves SDPA's arithmetic
+    # under test.
     q, k, v = (_aligned_for_cuda(t) for t in (q, k, v))
     gqa = dict(enable_gqa=True) if kv_heads != heads else {}   # torch >= 2.5: no k/v copy
     with _dispatch_to(backend):
@@ -209,234 +165,11 @@ IMPL = Implementation(
     caps=CAPS,
     description="torch.nn.functional.scaled_dot_product_attention (is_causal for top-left, a "
                 "boolean tril mask for bottom-right), lse computed beside it in fp32.",
-    sources=(__file__,),
+    sources=(__file__, sdpa_backends.__file__, sdpa_defects.__file__),
 )
 
 
-# -- one backend each, declared by probing ----------------------------------------------------------
-BACKENDS = {
-    "sdpa_flash": SDPBackend.FLASH_ATTENTION,
-    "sdpa_efficient": SDPBackend.EFFICIENT_ATTENTION,
-    "sdpa_cudnn": SDPBackend.CUDNN_ATTENTION,
-    "sdpa_math": SDPBackend.MATH,
-}
-
-# What SDPA raises when the backend it is restricted to cannot run a case: "No available kernel"
-# (CUDA, torch 2.11 on the H200: FLASH with is_causal and Nq != Nk, EFFICIENT with enable_gqa,
-# cuDNN for some head dims and shapes) and "No viable backend for scaled_dot_product_attention"
-# (CPU, torch 2.13: a backend the CPU build does not have).
-NO_KERNEL_MESSAGES = ("No available kernel", "No viable backend")
-
-# Head dims probed: those fuzzattn.strategies.lengths draws (powers of two, then odd sizes) and the larger
-# ones up to MAX_HEAD_DIM where fused kernels change tile configuration.
-PROBE_HEAD_DIMS = (1, 3, 8, 16, 24, 32, 40, 48, 64, 72, 80, 96, 128, 160, 192, 256)
-
-# Probes call sdpa_forward itself (alignment copies, masks and lse included) under a declaration
-# that lets every input through, so only the backend can refuse.
-_PROBE_CAPS = Capabilities(dtypes=set(DTYPES), head_dims=None, max_head_dim=MAX_HEAD_DIM,
-                           causal=("top_left", "bottom_right"), gqa=True, strides="any",
-                           zero_length=True)
-_TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-@dataclasses.dataclass(frozen=True)
-class ProbeResult:
-    backend: str                              # SDPBackend member name
-    where: str                                # "torch <version> on <device>"
-    caps: Capabilities | None                 # None: the backend runs nothing here
-    reason: str = ""                          # why caps is None
-    failed: tuple[tuple[str, str], ...] = ()     # (probe, one-line error) for every failed probe
-
-
-def _probe_device() -> str:
-    """The device the judge runs on (fuzzattn.judge.judge.default_device, not imported: it loads the
-    oracle, which implementation code must not)."""
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def _where(device: str) -> str:
-    name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
-    return f"torch {torch.__version__} on {name}"
-
-
-def _probe_tensors(dtype, device, *, batch, heads, kv_heads, seq_q, seq_k, head_dim, layout):
-    """Small deterministic q, k, v in fresh (hence aligned) memory, laid out as asked:
-    contiguous, transposed ((B, N, H, D) storage), broadcast (k/v stride 0 over the batch) or
-    last_dim_strided (every other element of a (.., 2D) row)."""
-    g = torch.Generator().manual_seed(0)
-    shapes = ((batch, heads, seq_q, head_dim), (batch, kv_heads, seq_k, head_dim),
-              (batch, kv_heads, seq_k, head_dim))
-    out = []
-    for i, (b, h, n, d) in enumerate(shapes):
-        if layout == "transposed":
-            t = torch.randn(b, n, h, d, generator=g).transpose(1, 2)
-        elif layout == "last_dim_strided":
-            t = torch.randn(b, h, n, 2 * d, generator=g)[..., ::2]
-        elif layout == "broadcast" and i > 0:
-            t = torch.randn(1, h, n, d, generator=g).expand(b, h, n, d)
-        else:
-            t = torch.randn(b, h, n, d, generator=g)
-        # Moved to the device and dtype with its strides kept (empty_strided + copy_: a plain
-        # .to() may return a contiguous copy); a stride-0 broadcast is rebuilt there with expand.
-        if layout == "broadcast" and i > 0:
-            t = t[:1].to(device=device, dtype=_TORCH_DTYPES[dtype]).expand(b, h, n, d)
-        else:
-            t = torch.empty_strided(t.shape, t.stride(), dtype=_TORCH_DTYPES[dtype],
-                                    device=device).copy_(t)
-        out.append(t)
-    return out
-
-
-def _run_probe(backend, dtype: str, device: str, *, batch=1, heads=2, kv_heads=2, seq_q=4,
-               seq_k=4, head_dim=64, causal=False, mask_form=DEFAULT_MASK_FORM,
-               layout="contiguous") -> str | None:
-    """None when the backend runs this tiny case, else the error's first line. Only the errors a
-    backend raises for inputs it cannot take are caught (RuntimeError, NotImplementedError);
-    anything else is a bug in this module and propagates."""
-    q, k, v = _probe_tensors(dtype, device, batch=batch, heads=heads, kv_heads=kv_heads,
-                             seq_q=seq_q, seq_k=seq_k, head_dim=head_dim, layout=layout)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")      # sdpa_kernel's "kernel not used because ..." notes
-            sdpa_forward(q, k, v, causal=causal, scale=head_dim ** -0.5,
-                         config={"mask_form": mask_form}, backend=backend, caps=_PROBE_CAPS)
-            if device == "cuda":
-                torch.cuda.synchronize()        # an asynchronous error belongs to this probe
-    except (RuntimeError, NotImplementedError) as exc:
-        lines = str(exc).strip().splitlines()
-        return f"{type(exc).__name__}: {lines[0] if lines else ''}"
-    return None
-
-
-def probe_backend(backend, device: str | None = None) -> ProbeResult:
-    """What `backend` accepts on this torch and `device`, from tiny cases (well under a second on
-    the CPU). A dtype is declared when the basic case (B=1 H=2 Nq=Nk=4 D=64) runs in it; every
-    other property is declared only when it runs in every declared dtype. A causal alignment that
-    runs square but not with Nq != Nk is declared with causal_equal_lengths (drawn square)."""
-    device = device or _probe_device()
-    where = _where(device)
-    failed: list[tuple[str, str]] = []
-
-    def attempt(label, dtype, **kwargs) -> bool:
-        error = _run_probe(backend, dtype, device, **kwargs)
-        if error is not None:
-            failed.append((f"{label} {dtype}", error))
-        return error is None
-
-    dtypes = [d for d in DTYPES if attempt("basic", d)]
-    if not dtypes:
-        return ProbeResult(backend.name, where, None, reason=f"{failed[0][1]} ({where})",
-                           failed=tuple(failed))
-
-    def runs(label, **kwargs) -> bool:
-        return all([attempt(label, d, **kwargs) for d in dtypes])   # a list: probe every dtype
-
-    dims = [d for d in PROBE_HEAD_DIMS if runs(f"head_dim={d}", head_dim=d)]
-    causal, square_causal = [], False
-    if runs("top_left Nq=Nk", causal="top_left"):
-        causal.append("top_left")
-        rectangular = [runs(f"top_left Nq={nq} Nk={nk}", causal="top_left", seq_q=nq, seq_k=nk)
-                       for nq, nk in ((3, 5), (5, 3))]
-        square_causal = not all(rectangular)      # declared: causal cases are drawn square
-    # Bottom-right is a mask: a form is declared when it runs Nq < Nk and Nq > Nk (rows with no
-    # visible key) in every declared dtype; bottom-right is declared when some form does, and the
-    # forms that do become the configuration space the engine draws from (bool first when it runs:
-    # the simplest, and the form default dispatch is called with).
-    forms = tuple(form for form in CONFIG_SPACE["mask_form"]
-                  if all([runs(f"bottom_right {form} Nq={nq} Nk={nk}", causal="bottom_right",
-                               mask_form=form, seq_q=nq, seq_k=nk) for nq, nk in ((3, 5), (5, 3))]))
-    if forms:
-        causal.append("bottom_right")
-    gqa = runs("gqa H=4/2", heads=4, kv_heads=2)
-    zero_length = all([runs(f"zero length Nq={nq} Nk={nk}", seq_q=nq, seq_k=nk)
-                       for nq, nk in ((0, 4), (4, 0))])
-    if not runs("transposed", layout="transposed") or not runs("broadcast", batch=2, layout="broadcast"):
-        strides = "contiguous"
-    elif not runs("last_dim_strided", layout="last_dim_strided"):
-        strides = "unit_last"
-    else:
-        strides = "any"
-    every_dim = len(dims) == len(PROBE_HEAD_DIMS)
-    caps = Capabilities(
-        dtypes=set(dtypes),
-        # Every probed dim runs: any dim up to MAX_HEAD_DIM, like `sdpa`; otherwise exactly the
-        # dims seen running (the only ones the fuzzer draws, and all check_inputs lets through).
-        head_dims=None if every_dim else frozenset(dims),
-        max_head_dim=MAX_HEAD_DIM,
-        causal=tuple(causal),
-        causal_equal_lengths=square_causal,
-        gqa=gqa,
-        strides=strides,
-        zero_length=zero_length,
-        returns_lse=True,
-        # Gradients by autograd for MATH, exact wherever measured; the other backends' gradients
-        # are judged through `sdpa`'s default dispatch.
-        backward=backend == SDPBackend.MATH,
-        # ieee: no backend is known to round fp32 operands to TF32 (measured on the H200: fp32
-        # EFFICIENT off by 2 ulps with one key, MATH exact; TF32 would be ~2^-11 relative).
-        fp32_matmul="ieee",
-        # Forward passes of all four backends reduce without atomics: bitwise-identical reruns.
-        deterministic=True,
-        out_buffer=False,
-        # What the backend raises for a declared case it cannot run (FLASH and is_causal with
-        # Nq != Nk, say): counted as refused by the engine, never as a pass or a crash.
-        refusals=NO_KERNEL_MESSAGES,
-        # The mask forms that ran; none declared without bottom-right, where the form is unused.
-        configs={"mask_form": forms} if forms else {},
-    )
-    return ProbeResult(backend.name, where, caps, failed=tuple(failed))
-
-
-def _summary(caps: Capabilities) -> str:
-    dims = (f"head dims 1..{caps.max_head_dim}" if caps.head_dims is None
-            else "head dims " + ",".join(map(str, sorted(caps.head_dims))))
-    return (f"{'/'.join(d for d in DTYPES if d in caps.dtypes)}; {dims}; "
-            f"causal {'+'.join(caps.causal) or 'none'}"
-            f"{' (Nq == Nk only)' if caps.causal_equal_lengths else ''}; "
-            f"gqa {'yes' if caps.gqa else 'no'}; "
-            f"strides {caps.strides}; zero length {'yes' if caps.zero_length else 'no'}"
-            + "".join(f"; {name} {'/'.join(choices)}" for name, choices in caps.configs))
-
-
-@contextlib.contextmanager
-def _one_cpu_thread():
-    """Probes are ~100 tiny calls: one intra-op thread each. With torch's default thread pool on a
-    loaded machine, every tiny CPU op waits for its threads (measured: 11 ms per probe call with 2
-    shared cores under load, against 0.25 ms single-threaded), and the probes took seconds."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
-
-
-def _register(device: str | None = None):
-    """(implementations that run here, UNAVAILABLE, PROBES, REFUSALS), probing each backend once."""
-    impls, unavailable, probes, refusals = [], {}, {}, {}
-    for name, backend in BACKENDS.items():
-        with _one_cpu_thread():
-            result = probe_backend(backend, device)
-        probes[name] = result
-        if result.caps is None:
-            unavailable[name] = result.reason
-            continue
-        caps = dataclasses.replace(result.caps, known_defects=KNOWN_DEFECTS.get(name, ()))
-        impls.append(Implementation(
-            name=name,
-            fn=functools.partial(sdpa_forward, backend=backend, caps=caps),
-            caps=caps,
-            description=(f"F.scaled_dot_product_attention restricted to SDPBackend.{backend.name} "
-                         f"(sdpa_kernel); declaration probed on {result.where}: "
-                         f"{_summary(result.caps)}."),
-            sources=(__file__,),
-        ))
-        refusals[name] = result.caps.refusals
-    return tuple(impls), unavailable, probes, refusals
-
-
-# Conditional limits no other Capabilities field can express (a backend's size or memory limits,
-# say) reach the engine as the backend's own RuntimeError at call time; each
-# implementation declares their substrings as `Capabilities.refusals` (REFUSALS lists them by
-# name), and the engine counts a draw refused that way (Campaign.refused), never as a pass.
-BACKEND_IMPLS, UNAVAILABLE, PROBES, REFUSALS = _register()
+# One implementation per SDPA backend that runs here, each declared by probing it through
+# sdpa_forward; the backends' runtime refusals are each one's `Capabilities.refusals`, so the
+# engine counts a draw refused that way (Campaign.refused), never as a pass.
+BACKEND_IMPLS, UNAVAILABLE, PROBES, REFUSALS = sdpa_backends.register(sdpa_forward)

@@ -5,15 +5,12 @@ L = logsumexp (natural log) of the scaled, masked scores. Both of the article's 
 place: keys past N_KEYS are masked out of the softmax, and the P cast is assigned
 (`p = p.to(v.dtype)`) before the second dot.
 
-Configurations. The tile sizes and launch options are a configuration, one choice per axis of
-`CONFIG_SPACE`; the first choice of every axis is the article's kernel (16x16 tiles, 4 warps,
-no pipelining), so a fuzzer that shrinks configurations shrinks toward it. `config_invalid`
-says which configurations cannot run a head dim. `triton_fa2_forward(..., config=...)` pins one;
-with `config=None` the compiled kernel is autotuned over AUTOTUNE_CONFIGS, a dozen of them (the
-interpreter runs the baseline). A pinned configuration may be any point of the space, so it
-launches the plain kernel with that configuration's meta-parameters and launch options;
-examples/square_fp16_attention.py shows the other recipe, `fuzzattn.contract.autotune`, for a
-kernel whose autotuner list is the whole space.
+Configurations (kernels/triton_fa2_configs.py): tile sizes and launch options are one choice per
+axis of CONFIG_SPACE, the article's kernel first. `triton_fa2_forward(..., config=...)` pins one
+and launches the plain kernel with its meta-parameters and launch options, so any point of the
+space runs; with `config=None` the compiled kernel is autotuned over AUTOTUNE_CONFIGS and the
+interpreter runs BASELINE_CONFIG. examples/square_fp16_attention.py shows the other recipe,
+`fuzzattn.contract.autotune`, for a kernel whose autotuner list is the whole space.
 
 What a production kernel does, each for a reason (comments at each place say more):
 * Both causal alignments: top-left (key j visible to query i iff j <= i) and bottom-right
@@ -22,8 +19,8 @@ What a production kernel does, each for a reason (comments at each place say mor
   mask; the diagonal blocks run with the causal mask; key blocks hidden from every row are
   never loaded.
 * exp2 with the softmax scale folded into log2(e); lse is converted back to natural log.
-* p = exp2(min(s - m, 0)): p <= 1 however the compiler contracts s - m (an FMA of the unrounded
-  product gave the max key p = 2**32 near s = -1e9, inf once cast to fp16).
+* p = exp2(min(s - m, 0)): p <= 1 however the compiler contracts s - m, so the cast of P to
+  fp16 cannot overflow.
 * Key blocks wholly inside Nk load without bounds masks; only a ragged last block pays for them.
 
 Kept from the article's port:
@@ -37,126 +34,30 @@ Kept from the article's port:
   computes exp2(-inf - 0) = 0 instead of exp2(-inf + inf) = NaN.
 * int64 (batch, head) base offsets; out / lse written into caller buffers when given.
 
-fp32 inputs use tl.dot's default precision: TF32 compiled on CUDA, IEEE fp32 in the interpreter.
-Measured on the H200 (triton 3.6): tl.dot(a, I) == a with its low 13 mantissa bits cleared, i.e.
-TF32 operands are truncated, not rounded to nearest.
+fp32 inputs use tl.dot's default precision: IEEE fp32 in the interpreter; TF32 compiled on CUDA,
+whose operands are truncated (not rounded to nearest) to 10 mantissa bits on the H200.
 
 Seeded-bug variants (kernels/mutants/) are this file's kernel with one source edit and the same
 signature; they reuse this launcher through `triton_fa2_forward(..., kernel=...)`.
 """
 from __future__ import annotations
 
-import itertools
-
 import torch
 import triton
 import triton.language as tl
 
-from fuzzattn.contract import autotune
 from fuzzattn.contract import Capabilities, Implementation, refuse
 from fuzzattn.triton_interpreter.backend import ensure_backend, is_interpreted
-from fuzzattn.kernels.triton_fa2_backward import config_invalid as backward_config_invalid
+from fuzzattn.kernels import triton_fa2_configs
 from fuzzattn.kernels.triton_fa2_backward import triton_fa2_backward
+# The configuration space is part of this kernel's interface: its names are re-exported here.
+from fuzzattn.kernels.triton_fa2_configs import (  # noqa: F401
+    ALL_CONFIGS, AUTOTUNE_CONFIGS, BACKWARD_CONFIGS, BASELINE_CONFIG, CONFIG_SPACE, MAX_HEAD_DIM,
+    autotuned, block_d, config_invalid, config_problem, forward_and_backward_rule)
 
 # Idempotent; kernels/__init__ already called it, but importing this module directly must also
 # decorate the kernels below under the right backend.
 ensure_backend()
-
-MAX_HEAD_DIM = 256     # largest D verified (interpreted and compiled on an H200)
-
-# Every axis a kernel engineer tunes. The FIRST choice of each axis is the simplest: together
-# they are the article's kernel (16x16 tiles, 4 warps, no software pipelining), which a
-# shrinking fuzzer reaches by shrinking each axis to its first choice.
-CONFIG_SPACE = {
-    "BLOCK_M": (16, 32, 64, 128),      # query rows per program
-    "BLOCK_N": (16, 32, 64, 128),      # keys per inner-loop step
-    "num_warps": (4, 1, 2, 8),
-    "num_stages": (1, 2, 3),           # K/V tiles in flight (software pipelining of the loops)
-}
-BASELINE_CONFIG = {axis: choices[0] for axis, choices in CONFIG_SPACE.items()}
-
-# Resource limits of the H200 (sm_90) that decide whether a configuration compiles and runs.
-SMEM_LIMIT_BYTES = 227 * 1024      # opt-in shared memory per block on sm_90
-REGISTER_BUDGET = 192              # fp32 tile values per thread we allow (of 255 registers)
-
-
-def config_invalid(config: dict, head_dim: int, *, dtype: torch.dtype | None = None) -> str | None:
-    """Why `config` cannot run `head_dim` on an H200, or None when it can.
-
-    Checks the keys and values against CONFIG_SPACE, then two conservative resource estimates.
-    `dtype` is the input dtype; None assumes the widest (fp32), so a configuration valid for
-    None is valid for every dtype (what a fuzzer drawing configurations before dtypes needs).
-    """
-    problem = _config_problem(config)
-    if problem:
-        return problem
-    if not 1 <= head_dim <= MAX_HEAD_DIM:
-        return f"head_dim={head_dim} is outside 1..{MAX_HEAD_DIM}"
-    block_m, block_n = config["BLOCK_M"], config["BLOCK_N"]
-    warps, stages = config["num_warps"], config["num_stages"]
-    block_d = _block_d(head_dim)
-    elem = 4 if dtype is None else torch.empty((), dtype=dtype).element_size()
-    # Shared memory: tl.dot reads its operands from shared memory, so Q (BLOCK_M x BLOCK_D) is
-    # staged once, K and V tiles (BLOCK_N x BLOCK_D each) once per pipeline stage, and P
-    # (BLOCK_M x BLOCK_N) is converted through it for the second dot. Triton reuses some of
-    # these buffers; counting all of them over-estimates, which is the safe side: a launch over
-    # the limit fails with OutOfResources.
-    smem = elem * (block_m * block_d + stages * 2 * block_n * block_d + block_m * block_n)
-    if smem > SMEM_LIMIT_BYTES:
-        return (f"needs ~{smem // 1024} KiB of shared memory (Q + {stages} stage(s) of K and V + P "
-                f"at BLOCK_D={block_d}, {elem}-byte elements) > {SMEM_LIMIT_BYTES // 1024} KiB")
-    # Registers: each thread holds its share of the fp32 accumulator (BLOCK_M x BLOCK_D), of the
-    # scores and probabilities (2 x BLOCK_M x BLOCK_N) and of Q as a dot operand. Past ~192 fp32
-    # values per thread (of 255 registers, the rest go to pointers and indices) ptxas spills the
-    # tiles to local memory: compiles take minutes and the kernel is useless, so refuse it.
-    per_thread = (block_m * block_d + 2 * block_m * block_n
-                  + block_m * block_d * elem // 4) // (32 * warps)
-    if per_thread > REGISTER_BUDGET:
-        return (f"needs ~{per_thread} fp32 registers per thread with {warps} warp(s) "
-                f"(BLOCK_M={block_m}, BLOCK_N={block_n}, BLOCK_D={block_d}) > {REGISTER_BUDGET}")
-    return None
-
-
-# The backward's configuration space, drawn per case as "bwd_" keys. Interpreted: tiles of 16
-# to 64 rows only, which keeps the interpreter's cost down (larger tiles cost it no more: it
-# pays per op, not per element). The first choices (what Hypothesis starts from and shrinks
-# toward) are unequal, 32 x 16, and
-# BLOCK_M > BLOCK_N is drawn in half the cases: a class of tile-bound bug (a loop bound using
-# BLOCK_N where BLOCK_M belongs) shows only then, on causal cases longer than 16. Measured with
-# `fuzzattn mutants --only mutant_bwd_dq_skips_key_block --profile ci --max-examples 60`: with
-# (16, 32) x (16, 32) it survived 60 cases; with these choices it is killed at case 47 of 60
-# (hypothesis seed 0): still the zoo's slowest kill. Warps and stages, which the interpreter
-# ignores, have one choice there, so a file written on either machine names the same four keys
-# and replays on the other. Compiled: the tiles, warps and stages of the real space, filtered by
-# the H200 shared-memory estimate.
-if is_interpreted():
-    BACKWARD_CONFIGS = (("bwd_BLOCK_M", (32, 64, 16)), ("bwd_BLOCK_N", (16, 32)),
-                        ("bwd_num_warps", (4,)), ("bwd_num_stages", (1,)))
-else:
-    BACKWARD_CONFIGS = (("bwd_BLOCK_M", (64, 32, 16, 128)), ("bwd_BLOCK_N", (64, 32, 16, 128)),
-                        ("bwd_num_warps", (4, 8)), ("bwd_num_stages", (2, 1, 3)))
-
-
-def backward_config_rule(config: dict, case) -> str | None:
-    """Why the drawn backward tiles cannot run this case (compiled: shared memory), or None."""
-    prefix = len("bwd_")
-    backward = {name[prefix:]: value for name, value in config.items() if name.startswith("bwd_")}
-    if not backward or is_interpreted():
-        return None
-    return backward_config_invalid(backward, case.head_dim,
-                                   element_size=2 if case.dtype in ("bfloat16", "float16") else 4)
-
-
-def _forward_and_backward_rule(config: dict, case) -> str | None:
-    """The forward's tiles (keys without a prefix) and the backward's (bwd_ keys), each by its
-    own resource estimate."""
-    forward = {name: value for name, value in config.items() if not name.startswith("bwd_")}
-    if forward:
-        why = config_invalid(forward, case.head_dim)
-        if why:
-            return why
-    return backward_config_rule(config, case)
-
 
 CAPS = Capabilities(
     dtypes={"float32", "bfloat16", "float16"},
@@ -177,37 +78,13 @@ CAPS = Capabilities(
     # kernel), recorded in regression files and replayed pinned; invalid tiles are never drawn.
     # Keys starting with bwd_ configure the backward (see BACKWARD_CONFIGS).
     configs={**CONFIG_SPACE, **dict(BACKWARD_CONFIGS)},
-    config_rule=_forward_and_backward_rule,
+    config_rule=forward_and_backward_rule,
     # A case naming no configuration runs the article's tiles in both passes, compiled or
-    # interpreted. Without this, compiled, it ran the autotuner's pick (forward) and 64x64
-    # (backward): on the H200, configless files and cases written on the CPU no longer showed
-    # their tile-bound mutants (mutant_skip_off_by_one_block, mutant_tile_index_as_row, ...).
+    # interpreted: a configless file or case replays the same tiles on every machine, where the
+    # autotuner's pick would differ by machine and could hide a tile-bound bug.
     default_config={**BASELINE_CONFIG, "bwd_BLOCK_M": 16, "bwd_BLOCK_N": 16, "bwd_num_warps": 4,
                     "bwd_num_stages": 1},
 )
-
-
-def _config_problem(config) -> str | None:
-    """What is structurally wrong with `config` (keys, values), or None."""
-    if not isinstance(config, dict):
-        return f"config must be a dict with keys {sorted(CONFIG_SPACE)}, not {type(config).__name__}"
-    unknown = sorted(set(config) - set(CONFIG_SPACE), key=str)
-    if unknown:
-        return f"unknown key {unknown[0]!r} (keys: {sorted(CONFIG_SPACE)})"
-    missing = sorted(set(CONFIG_SPACE) - set(config))
-    if missing:
-        return f"missing key {missing[0]!r} (a configuration names all of {sorted(CONFIG_SPACE)})"
-    for axis, choices in CONFIG_SPACE.items():
-        value = config[axis]
-        if isinstance(value, bool) or value not in choices:
-            return f"{axis}={value!r} is outside {choices}"
-    return None
-
-
-def _block_d(head_dim: int) -> int:
-    return max(16, triton.next_power_of_2(head_dim))   # tl.dot wants K >= 16 and a power of two
-
-
 
 
 @triton.jit
@@ -261,9 +138,9 @@ def _attend_key_blocks(
         # p <= 1 is what makes the fp16 cast below safe, and it holds only for the rounded s the
         # max was taken over. Compiled, s - m may be contracted into one FMA of the unrounded
         # product, so the row's own max key gives its rounding error instead of 0: up to half an
-        # ulp of s, i.e. 2**32 for scores near -1e9, and p = 2**32 is inf in fp16 (finding 10 of
-        # benchmarks/GPU_REPORT.md; regressions/0763cfda3c65.json). Clamping at 0 restores the
-        # bound whatever the compiler contracts; NaN still propagates (a NaN score stays NaN).
+        # ulp of s, i.e. 2**32 for scores near -1e9, and p = 2**32 is inf in fp16
+        # (regressions/0763cfda3c65.json). Clamping at 0 restores the bound whatever the
+        # compiler contracts; NaN still propagates (a NaN score stays NaN).
         p = tl.math.exp2(tl.minimum(s - m_safe[:, None], 0.0, propagate_nan=tl.PropagateNan.ALL))
         alpha = tl.math.exp2(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, axis=1)
@@ -396,46 +273,6 @@ def fa2_fwd_kernel(
     tl.store(l_base + offs_m * stride_lm, lse, mask=mask_m)
 
 
-def _config_dicts_to_triton(configs) -> list[triton.Config]:
-    return [triton.Config({"BLOCK_M": c["BLOCK_M"], "BLOCK_N": c["BLOCK_N"]},
-                          num_warps=c["num_warps"], num_stages=c["num_stages"]) for c in configs]
-
-
-# The whole space, baseline first: what the fuzzer draws from.
-ALL_CONFIGS = [dict(zip(CONFIG_SPACE, values)) for values in itertools.product(*CONFIG_SPACE.values())]
-# What the autotuner times when the caller names no configuration: a dozen of the shapes fast
-# Hopper attention kernels use, as real kernels list a handful rather than the whole space
-# (timing all ~190 would compile each of them for every size key). Which of these fit a head dim
-# is decided per call by the prune below; the fuzzer still draws from ALL_CONFIGS.
-AUTOTUNE_CONFIGS = [dict(zip(CONFIG_SPACE, values)) for values in (
-    (128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (128, 32, 4, 3), (128, 64, 4, 2),
-    (128, 128, 8, 2), (64, 64, 4, 3), (64, 64, 4, 2), (64, 128, 4, 2), (64, 32, 4, 3),
-    (64, 64, 8, 3), (32, 32, 4, 2))]
-
-
-def _prune_invalid(configs, named_args, **meta):
-    """The autotuner's early prune: keep the configurations that fit this head dim and dtype."""
-    head_dim, dtype = named_args["HEAD_DIM"], named_args["Q"].dtype
-    return [c for c in configs
-            if config_invalid(autotune.config_dict(c), head_dim, dtype=dtype) is None]
-
-
-def autotuned(kernel):
-    """`kernel` (fa2_fwd_kernel or a mutant of it) wrapped in @triton.autotune over AUTOTUNE_CONFIGS.
-
-    Built once per kernel and kept: the autotuner's cache of winners lives on this object.
-    Tuned per (Nq, Nk, BLOCK_D, causal, dtype); compiled binaries are shared across keys.
-    """
-    tuner = _AUTOTUNERS.get(kernel)
-    if tuner is None:
-        tuner = triton.autotune(configs=_config_dicts_to_triton(AUTOTUNE_CONFIGS),
-                                key=["N_QUERIES", "N_KEYS", "BLOCK_D", "IS_CAUSAL"],
-                                prune_configs_by={"early_config_prune": _prune_invalid})(kernel)
-        _AUTOTUNERS[kernel] = tuner
-    return tuner
-
-
-_AUTOTUNERS: dict = {}
 fa2_fwd_autotuned = autotuned(fa2_fwd_kernel)
 
 
@@ -460,7 +297,7 @@ def triton_fa2_forward(q, k, v, *, causal, scale, out=None, lse=None, config=Non
     if config is None and is_interpreted():
         config = BASELINE_CONFIG
     if config is not None:
-        problem = _config_problem(config)
+        problem = config_problem(config)
         if problem:
             refuse("config", config, f"dicts over CONFIG_SPACE; {problem}")
         why = config_invalid(config, head_dim, dtype=q.dtype)
@@ -489,7 +326,7 @@ def triton_fa2_forward(q, k, v, *, causal, scale, out=None, lse=None, config=Non
             seq_q, seq_k, head_dim, heads // kv_heads,
             seq_k - seq_q if causal == "bottom_right" else 0,    # CAUSAL_SHIFT
             float(scale))
-    meta = dict(BLOCK_D=_block_d(head_dim), IS_CAUSAL=causal != "none")
+    meta = dict(BLOCK_D=block_d(head_dim), IS_CAUSAL=causal != "none")
     kernel = kernel or fa2_fwd_kernel
     if config is None and not is_interpreted():
         autotuned(kernel)[grid](*args, **meta)        # the production path: the autotuner picks
@@ -521,6 +358,6 @@ IMPL = Implementation(
     description="FlashAttention-2 forward in Triton: configurable tiles (article's 16x16 baseline), "
                 "autotuned when compiled, staged causal skipping (both alignments), exp2, GQA, any strides.",
     backend="triton",
-    sources=(__file__, triton_fa2_backward.__code__.co_filename),
+    sources=(__file__, triton_fa2_configs.__file__, triton_fa2_backward.__code__.co_filename),
     backward_fn=triton_fa2_backward,
 )

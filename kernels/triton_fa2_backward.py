@@ -1,10 +1,9 @@
 """FlashAttention-2 backward in Triton: dq, dk, dv from q, k, v, out, lse and dout.
 
 Same conventions as the forward (kernels/triton_fa2.py): (B, H, N, D) tensors with every stride
-honoured (the last dim, stride-0 broadcasts), plain pointer arithmetic + masks (block pointers are
-gone in triton 3.9), D padded to a power-of-two BLOCK_D >= 16, int64 (batch, head) base offsets,
-GQA with query head h reading kv head h // (Hq // Hkv), lse the natural-log logsumexp of the
-scaled, masked scores, -inf for a row that sees no key.
+honoured, pointer arithmetic + masks, D padded to a power-of-two BLOCK_D >= 16, int64 (batch,
+head) base offsets, GQA with query head h reading kv head h // (Hq // Hkv), lse the natural-log
+logsumexp of the scaled, masked scores, -inf for a row that sees no key.
 
 Three kernels, as in FA2:
 
@@ -18,27 +17,16 @@ Three kernels, as in FA2:
 3. `bwd_dq_kernel`: one program per (query block, query head, batch) that loops over key blocks
    and accumulates dQ = dS K * scale.
 
-Why dQ is a second pass and not atomics in the dK/dV kernel. The single-pass alternative adds
-each (key block, query block) partial dS K into an fp32 dQ buffer with `tl.atomic_add`. The
-order of those adds is the GPU's scheduling order, so fp32 rounding makes dQ differ from run to
-run (FA #359 / #1678 class), and a fuzzer that requires bitwise-identical reruns (the
-`deterministic` capability) would have to exempt it. It also needs an fp32 scratch buffer and a
-cast pass. The second pass is deterministic because every program owns its dQ rows and sums
-their key blocks in one fixed order. Its price is recomputation: S = Q K^T and dP = dO V^T are
-done twice, 7 block matmuls per (query block, key block) instead of 5, i.e. at most 40% more
-tensor-core work (the atomic path instead spends memory traffic: B*Hq*Nq*D fp32 read-modify-writes
-per key block, contended between the programs of one head). The interpreter cannot measure
-that trade-off (programs run one at a time in Python, its cost is per op, not per byte or per
-FLOP), so benchmarks/bench_backward.py measures the whole backward on a GPU against SDPA instead.
-Because there is no atomic path, the "dQ race" class of bug cannot be planted in this kernel.
+dQ is a second pass, not atomics in the dK/dV kernel: fp32 `tl.atomic_add`s in the GPU's
+scheduling order make dQ differ from run to run (FA #359 / #1678 class). Each program of the
+second pass owns its dQ rows and sums their key blocks in one fixed order: deterministic, at the
+price of computing S = Q K^T and dP = dO V^T twice (7 block matmuls per block pair instead of 5;
+benchmarks/bench_backward.py times the whole backward against SDPA). With no atomic path, the
+"dQ race" class of bug cannot be planted in this kernel.
 
 Precision, as FA2: fp32 accumulation everywhere; P and dS are rounded to the input dtype before
 their matmuls (dV += P^T dO, dK += dS^T Q, dQ += dS K), because tensor cores take both operands
 in one dtype. fp32 inputs use tl.dot's default: TF32 compiled on CUDA, IEEE in the interpreter.
-
-Rows with no visible key (bottom-right alignment with Nq > Nk) have lse = -inf: the kernels
-subtract 0 instead, so exp(-inf - 0) = 0 for their (all masked) scores rather than
-exp(-inf + inf) = NaN, and such rows contribute nothing to dk/dv and get dq = 0.
 
 Causal block skipping: the dK/dV kernel starts at the first query block that can see any key of
 its block; the dQ kernel stops after the last key block its last row can see. Blocks wholly
@@ -53,19 +41,12 @@ import triton.language as tl
 
 from fuzzattn.contract import Capabilities, refuse
 from fuzzattn.triton_interpreter.backend import ensure_backend, is_interpreted
+# The configuration space and its shared-memory rule: re-exported, part of this kernel's interface.
+from fuzzattn.kernels.triton_fa2_configs import (  # noqa: F401
+    BACKWARD_CONFIG_SPACE, MAX_HEAD_DIM, block_d, backward_config_invalid as config_invalid)
 
 # Must precede the @triton.jit decorations below (they read TRITON_INTERPRET when they run).
 ensure_backend()
-
-MAX_HEAD_DIM = 256
-
-# Tuning space; the first choice of each knob is the simplest (and the interpreter's default).
-BACKWARD_CONFIG_SPACE = {
-    "BLOCK_M": (16, 32, 64, 128),    # query rows per tile
-    "BLOCK_N": (16, 32, 64, 128),    # key rows per tile
-    "num_warps": (4, 1, 2, 8),
-    "num_stages": (1, 2, 3),         # software-pipelining depth of the inner loops (compiled)
-}
 
 # Preference order for config=None when compiled: the first one config_invalid accepts for the
 # head dim and element size is used. 64x64 / 4 warps / 2 stages is FA2's usual middle ground.
@@ -77,54 +58,6 @@ _COMPILED_DEFAULTS = (
 )
 # The interpreter pays per op, not per byte: the smallest tiles keep tests fast there.
 _INTERPRETED_DEFAULT = {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1}
-
-# H200 (sm_90): 228 KiB shared memory per SM, of which at most 227 KiB (232448 bytes) can be
-# given to one thread block as dynamic shared memory.
-H200_MAX_SHARED_BYTES = 227 * 1024
-
-
-def config_invalid(config: dict, head_dim: int, *, element_size: int = 4) -> str | None:
-    """Why `config` would not fit on an H200 for this head dim, or None if it should.
-
-    A conservative shared-memory estimate of the larger of the two main kernels (compiled; the
-    interpreter has no limit). Triton stages in shared memory every operand of a tensor-core dot
-    that is not already in registers, and with num_stages > 1 it multi-buffers the tiles the
-    inner loop loads. For the dK/dV kernel (the dQ kernel is the same with M and N swapped):
-
-      * the streamed Q and dO tiles, BLOCK_M x BLOCK_D each, times num_stages buffers;
-      * the resident K and V tiles, BLOCK_N x BLOCK_D each (loaded once, reused every step);
-      * P^T and dS^T, BLOCK_N x BLOCK_M each, re-staged as the A operand of dV += P^T dO and
-        dK += dS^T Q.
-
-    Everything is counted at `element_size` bytes, 4 by default (fp32 inputs, whose TF32 dot
-    operands are 4 bytes): the estimate then holds for every supported dtype; pass 2 for
-    bf16/fp16. It ignores buffer reuse Triton may find, so it over-estimates (a rejected config
-    might in fact fit); it does not count layout-conversion scratch, which is reused between
-    conversions and smaller than the tiles counted. Not yet checked against compiles on an H200
-    (no GPU run of this kernel so far): treat it as the first filter, not a guarantee.
-    """
-    unknown = sorted(set(config) - set(BACKWARD_CONFIG_SPACE))
-    if unknown:
-        return f"unknown config keys {unknown} (known: {sorted(BACKWARD_CONFIG_SPACE)})"
-    full = {key: config.get(key, choices[0]) for key, choices in BACKWARD_CONFIG_SPACE.items()}
-    for key, value in full.items():
-        if value not in BACKWARD_CONFIG_SPACE[key]:
-            return f"{key}={value!r} is not one of {BACKWARD_CONFIG_SPACE[key]}"
-    if not 1 <= head_dim <= MAX_HEAD_DIM:
-        return f"head_dim={head_dim} is outside 1..{MAX_HEAD_DIM}"
-    block_d = _block_d(head_dim)
-    m, n, stages = full["BLOCK_M"], full["BLOCK_N"], full["num_stages"]
-
-    def kernel_bytes(streamed, resident):
-        return element_size * (stages * 2 * streamed * block_d + 2 * resident * block_d + 2 * m * n)
-
-    need = max(kernel_bytes(m, n), kernel_bytes(n, m))   # dK/dV kernel, dQ kernel
-    if need > H200_MAX_SHARED_BYTES:
-        return (f"needs ~{need // 1024} KiB shared memory (BLOCK_M={m}, BLOCK_N={n}, "
-                f"BLOCK_D={block_d}, num_stages={stages}, {element_size}-byte elements); "
-                f"an H200 block gets at most {H200_MAX_SHARED_BYTES // 1024} KiB")
-    return None
-
 
 CAPS = Capabilities(
     dtypes={"float32", "bfloat16", "float16"},
@@ -142,9 +75,8 @@ CAPS = Capabilities(
 )
 
 
-# As in the forward (kernels/triton_fa2.py: FORWARD_UNSPECIALIZED): lengths, the group, the
-# shift and batch/head strides are per-program scalars, not specialised; row and element strides
-# are.
+# As in the forward (FORWARD_UNSPECIALIZED): lengths, the group, the shift and batch/head strides
+# are per-program scalars, not specialised; row and element strides are.
 _SCALARS = ("N_QUERIES", "N_KEYS", "HEAD_DIM", "GROUP_SIZE", "CAUSAL_SHIFT")
 PREPROCESS_UNSPECIALIZED = ("stride_ob", "stride_oh", "stride_dob", "stride_doh", "N_QUERIES",
                             "HEAD_DIM")
@@ -372,10 +304,6 @@ def bwd_dq_kernel(
 KERNELS = {"preprocess": bwd_preprocess_kernel, "dkdv": bwd_dkdv_kernel, "dq": bwd_dq_kernel}
 
 
-def _block_d(head_dim: int) -> int:
-    return max(16, triton.next_power_of_2(head_dim))   # tl.dot wants K >= 16, a power of two
-
-
 def default_config(head_dim: int, element_size: int = 4) -> dict:
     """The config used for config=None: 16x16 interpreted, else the first compiled default that
     config_invalid accepts for this head dim and element size."""
@@ -445,7 +373,7 @@ def triton_fa2_backward(q, k, v, out, lse, dout, *, causal, scale, config=None, 
     cfg = _resolve_config(config, head_dim, q.element_size())
     block_m, block_n = cfg["BLOCK_M"], cfg["BLOCK_N"]
     launch = {"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]}
-    block_d = _block_d(head_dim)
+    padded_d = block_d(head_dim)
     is_causal = causal != "none"
     shift = seq_k - seq_q if causal == "bottom_right" else 0
     chosen = dict(KERNELS, **(kernels or {}))
@@ -457,11 +385,11 @@ def triton_fa2_backward(q, k, v, out, lse, dout, *, causal, scale, config=None, 
 
     chosen["preprocess"][(triton.cdiv(seq_q, block_m), heads, batch)](
         out, dout, delta, *out.stride(), *dout.stride(), seq_q, head_dim,
-        BLOCK_M=block_m, BLOCK_D=block_d, **launch,
+        BLOCK_M=block_m, BLOCK_D=padded_d, **launch,
     )
     common = (*q.stride(), *k.stride(), *v.stride(), *dout.stride(), *lse.stride())
     sizes = (seq_q, seq_k, head_dim, heads // kv_heads, shift, float(scale))
-    meta = dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, IS_CAUSAL=is_causal, **launch)
+    meta = dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=padded_d, IS_CAUSAL=is_causal, **launch)
     chosen["dkdv"][(triton.cdiv(seq_k, block_n), kv_heads, batch)](
         q, k, v, dout, lse, delta, dk, dv, *common, *dk.stride(), *dv.stride(), *sizes, **meta,
     )

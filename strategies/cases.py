@@ -35,8 +35,7 @@ def attention_cases(caps: Capabilities = Capabilities(), *, dtype: str | None = 
 
 class _Parts:
     """The sub-strategies of one (declaration, dtypes, profile), built once: a strategy object
-    built inside the composite on every draw costs more than drawing from it (measured: 5.3 ms
-    per sdpa draw with them rebuilt, see benchmarks/throughput.py)."""
+    built inside the composite on every draw costs more than drawing from it."""
 
     def __init__(self, caps: Capabilities, dtypes: tuple[str, ...], profile: Profile,
                  palette: int | None):
@@ -50,8 +49,8 @@ class _Parts:
         self.causal = {family: st.sampled_from(_causal_choices(caps, family))
                        for family in ("decode", "chunk", "tall", None)}
         self.scale = st.one_of(st.none(), st.sampled_from(OTHER_SCALES))
-        # Head dims are never narrowed: bugs that only some head dims show (a mask past D, a
-        # truncated head dim) survived a palette that kept two (strategies/palette.py).
+        # Head dims are never narrowed by a palette: bugs that only some head dims show (a mask
+        # past D, a truncated head dim) need them all (strategies/palette.py).
         self.head_dim = head_dims(caps.head_dims, max_head_dim=caps.max_head_dim)
         if palette is None:
             self.layout = layouts(caps)
@@ -124,9 +123,9 @@ def _causal_choices(caps: Capabilities, family: str) -> tuple[str, ...]:
     """Decode and chunked prefill are where the causal alignment decides which keys a query sees
     (top-left lets a lone decode query see key 0 only): draw them causal, in each declared
     alignment. The tall family is there for the empty-row convention, which only bottom-right
-    alignment produces, so it is drawn bottom-right whenever that is declared (measured: left to
-    a coin, the ci mutant campaigns drew no Nq > Nk >= 1 bottom-right case in 60). Non-causal
-    and top-left versions of these shapes still come from the independent, multi_block and
+    alignment produces, so it is drawn bottom-right whenever that is declared (left to a coin,
+    a short campaign may draw no Nq > Nk >= 1 bottom-right case at all). Non-causal and
+    top-left versions of these shapes still come from the independent, multi_block and
     tile_edges families."""
     if not caps.causal or family not in ("decode", "chunk", "tall"):
         return ("none",) + caps.causal
@@ -167,9 +166,8 @@ def _label(case: AttentionCase) -> None:
 def _strides_show_layout(case: AttentionCase) -> bool:
     """Whether q's strides in `case` show its layout: an implementation sees strides, not layout
     names, and torch ignores the stride of a size-1 dimension (its own contiguity rule), so with
-    D = 1 `last_dim_strided` is unit-last, and with H = 1 or Nq = 1 `transposed` is contiguous.
-    (Seen on the H200: sdpa_flash, declared unit-last there, answered a D = 1 last_dim_strided q
-    and failed the refusal property for an input no kernel could tell apart from a declared one.)"""
+    D = 1 `last_dim_strided` is unit-last, and with H = 1 or Nq = 1 `transposed` is contiguous:
+    an input no kernel can tell apart from a declared one is no refusal case."""
     layout = case.layout[0]
     if layout == "last_dim_strided":
         return case.head_dim > 1

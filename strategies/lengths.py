@@ -53,9 +53,9 @@ SHAPE_FAMILIES = ("independent", "decode", "square", "chunk", "tall", "multi_blo
 MAX_CHUNK = 16      # chunked prefill / speculative decoding: a few new queries against a long cache
 # Families drawn twice as often as the others. Hypothesis spends most of a 60-case campaign
 # mutating a dozen or so fresh draws, so a family's share of fresh draws decides how soon it is
-# seen: tall (bottom-right empty rows, measured first at case 37 of 60 with equal weights) and
-# multi_block (where accumulator precision bugs show; the only family besides chunk and decode
-# that always spans several key tiles).
+# seen: tall (bottom-right empty rows, otherwise seen late in a short campaign) and multi_block
+# (where accumulator precision bugs show; the only family besides chunk and decode that always
+# spans several key tiles).
 EXTRA_WEIGHT = ("tall", "multi_block")
 
 

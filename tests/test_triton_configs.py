@@ -198,7 +198,18 @@ def test_lse_base2_shows_in_every_configuration():
 
 
 def test_every_triton_mutant_accepts_a_configuration():
+    """Every mutant of triton_fa2 takes `config=` and hands it to the real launcher: pinned to a
+    point of the space it is judged (passes or is caught, never skipped, refused or a crash),
+    and a point outside the space is refused by the launcher's validation, which a mutant that
+    dropped the configuration (and ran the baseline) would not reach."""
     the_case = case(3, 5)
-    for mutant in mutants().values():
-        if mutant.mutant_of == "triton_fa2":
-            judge(pinned(mutant, cfg(32, 64)), the_case)       # runs: passes or is caught
+    inputs = materialize(the_case, DEVICE)
+    outside = {**BASELINE_CONFIG, "BLOCK_M": 48}
+    triton_mutants = [m for m in mutants().values() if m.mutant_of == "triton_fa2"]
+    assert triton_mutants
+    for mutant in triton_mutants:
+        report = judge(pinned(mutant, cfg(32, 64)), the_case)
+        assert report.skipped is None and report.refused is None, report.describe()
+        assert "crash" not in [v.check for v in report.failures], report.describe()
+        with pytest.raises(UnsupportedCaseError, match="BLOCK_M=48 is outside"):
+            mutant.fn(inputs.q, inputs.k, inputs.v, causal=False, scale=0.25, config=outside)

@@ -44,7 +44,7 @@ from fuzzattn.kernels.triton_fa2 import CONFIG_SPACE, _attend_key_blocks, fa2_fw
 
 from .edit import mutate
 
-_SOURCES = (str(Path(__file__).resolve()), str(Path(triton_fa2.__file__).resolve()))
+_SOURCES = (str(Path(__file__).resolve()),) + triton_fa2.IMPL.sources
 _ARG_NAMES = [name for name, p in inspect.signature(fa2_fwd_kernel.fn).parameters.items()
               if p.annotation is inspect.Parameter.empty or "constexpr" not in str(p.annotation)]
 
