@@ -75,7 +75,7 @@ class _State:
 
     def worker_pool(self):
         if self.pool is None:
-            from fuzzattn.isolation.supervisor import DEFAULT_TIMEOUT, WorkerPool
+            from fuzzattn.isolation.pool import DEFAULT_TIMEOUT, WorkerPool
             self.pool = WorkerPool(self.timeout or DEFAULT_TIMEOUT)
         return self.pool
 

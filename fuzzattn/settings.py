@@ -190,7 +190,7 @@ def load_outside(spec: str, *, isolated: bool = False, timeout: float | None = N
     anyway and its failure left to the isolated tests to find."""
     if spec not in _LOADED:
         if isolated:
-            from fuzzattn.isolation.supervisor import DEFAULT_TIMEOUT, load_isolated
+            from fuzzattn.isolation.pool import DEFAULT_TIMEOUT, load_isolated
             _LOADED[spec] = load_isolated(spec, timeout=timeout or DEFAULT_TIMEOUT)
         else:
             from fuzzattn.run.loader import load_implementation

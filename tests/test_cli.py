@@ -7,6 +7,7 @@ points there for the whole module, so nothing can land in regressions/.
 from __future__ import annotations
 
 import io
+import time
 import re
 from contextlib import redirect_stdout
 import os
@@ -385,7 +386,7 @@ def test_main_restores_the_profile(capsys, monkeypatch):
     assert os.environ["FUZZATTN_PROFILE"] == "dev"
 
 
-def test_progress_only_on_a_terminal(monkeypatch):
+def test_progress_is_live_on_a_terminal_and_periodic_lines_elsewhere(monkeypatch):
     from hypothesis import given, settings
     from hypothesis import strategies as st
 
@@ -393,21 +394,34 @@ def test_progress_only_on_a_terminal(monkeypatch):
         def isatty(self):
             return True
 
+    def campaign(progress):
+        @settings(max_examples=3, database=None)
+        @given(progress.track(st.integers(), "fuzz demo float32", 3, cap=60,
+                              counts=lambda: (2, 1, 0)))
+        def draw(_):
+            time.sleep(0.02)
+        draw()
+        progress.clear()
+
     stream = Terminal()
     progress = report.Progress(stream=stream)
-    assert progress.enabled
+    assert progress.live
+    campaign(progress)
+    shown = stream.getvalue()
+    assert "\r" in shown and "fuzz demo float32  2/3 judged" in shown
+    assert "1 refused  0 failed" in shown and "/60 s" in shown
 
-    @settings(max_examples=3, database=None)
-    @given(progress.track(st.integers(), "fuzz demo", 3))
-    def draw(_):
-        pass
-
-    draw()
-    progress.clear()
-    assert "fuzz demo" in stream.getvalue() and "/3 cases" in stream.getvalue()
     monkeypatch.setenv("CI", "true")
-    assert not report.Progress(stream=Terminal()).enabled
-    assert not report.Progress(stream=io.StringIO()).enabled
+    assert not report.Progress(stream=Terminal()).live
+    # Not a terminal: whole lines, one per interval (10 s by default; 0.01 s here).
+    log = io.StringIO()
+    campaign(report.Progress(stream=log, every=0.01))
+    lines = log.getvalue().splitlines()
+    assert lines and all(line.startswith("fuzz demo float32  2/3 judged") for line in lines)
+    assert "\r" not in log.getvalue()
+    quiet = io.StringIO()
+    campaign(report.Progress(stream=quiet))           # a fast campaign prints no line at all
+    assert quiet.getvalue() == ""
 
 
 def test_junit_xml_and_markdown_render_every_outcome():

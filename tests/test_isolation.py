@@ -246,7 +246,7 @@ def test_cli_fuzz_isolated_finds_a_segfault_and_its_replay_hint_replays_it(tmp_p
     printed replay command (no isolation option) replays it in a worker: exit 1, same check,
     and this process is still here to say so."""
     from fuzzattn.cli import main
-    code = main(["fuzz", "--impl", f"{KERNELS}:SEGFAULT", "--timeout", "60", "--seconds", "5",
+    code = main(["fuzz", "--impl", f"{KERNELS}:SEGFAULT", "--isolate", "--timeout", "60", "--seconds", "5",
                  "--max-examples", "20", "--profile", "ci", "--regressions-dir", str(tmp_path)])
     out = capsys.readouterr().out
     assert code == 1, out

@@ -107,7 +107,7 @@ def test_cli_exit_status_3_and_one_line(mps, tmp_path, capsys):
     """Isolated (--timeout), as a kernel that may fault is fuzzed: the probe, the campaign's
     judgements in the worker and the supervisor's rule, end to end."""
     from fuzzattn.cli import main
-    code = main(["fuzz", "--impl", f"{KERNELS}:DEVICE_FAULT", "--timeout", "60", "--seconds", "20",
+    code = main(["fuzz", "--impl", f"{KERNELS}:DEVICE_FAULT", "--isolate", "--timeout", "60", "--seconds", "20",
                  "--max-examples", "40", "--profile", "ci", "--regressions-dir", str(tmp_path)])
     err = capsys.readouterr().err
     assert code == 3, err

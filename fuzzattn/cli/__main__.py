@@ -1,6 +1,6 @@
 """`python -m fuzzattn.cli ...`, the same as the `fuzzattn` command."""
 import sys
 
-from fuzzattn.cli import main
+from fuzzattn.cli.watched import console_main
 
-sys.exit(main())
+sys.exit(console_main())

@@ -12,6 +12,7 @@ from fuzzattn.campaigns.outcome import ERROR, FAIL, OK, SKIP, Outcome
 from fuzzattn.campaigns.regression_file import display_path, replay_command
 from fuzzattn.cli import tables
 from fuzzattn.contract.dtypes import DTYPES
+from fuzzattn.platform import flight
 from fuzzattn.contract.profiles import PROFILES, ProfileError
 
 IMPL_METAVAR = "NAME|FILE.py:NAME|module:NAME"
@@ -66,23 +67,27 @@ def budget_options(p: argparse.ArgumentParser, examples_help: str, seconds_help:
 
 def isolation_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--isolate", action="store_true",
-                   help="judge cases in a supervised worker process (one per implementation, reused): "
-                        "a hang, a dead process or a CUDA fault becomes a verdict (hang, segfault, "
-                        "device_fault) instead of ending the run")
+                   help="judge each case in a worker process (one per implementation, reused): a "
+                        "hang, a dead process or a CUDA fault is a verdict and the run goes on. "
+                        "Without it cases are judged at full speed in one watched process, and such "
+                        "a case is saved and ends the run (see --keep-going)")
     p.add_argument("--timeout", type=seconds, metavar="S",
-                   help="per-case limit in seconds for --isolate (implies it; default 60); "
-                        "in-process, a hanging kernel cannot be stopped")
+                   help="seconds a kernel call may take before it is a hang (default: derived "
+                        "from the implementation's measured speed and the case's size, at least "
+                        "60; isolated: 60)")
+    p.add_argument("--keep-going", action="store_true",
+                   help="after a hang, a dead process or a device fault, save the case and run "
+                        "the command again isolated, so every campaign finishes")
 
 
 def isolation(args) -> tuple[bool, float | None]:
-    """(isolate, timeout) from --isolate / --timeout: a timeout implies isolation."""
-    timeout = getattr(args, "timeout", None)
-    return bool(getattr(args, "isolate", False) or timeout is not None), timeout
+    """(isolate, timeout) from --isolate / --timeout."""
+    return bool(getattr(args, "isolate", False)), getattr(args, "timeout", None)
 
 
 def isolation_flags(isolate: bool, timeout: float | None) -> str:
     """The options that repeat this run's isolation in a printed command."""
-    return f" --timeout {timeout:g}" if timeout else " --isolate" if isolate else ""
+    return (" --isolate" if isolate else "") + (f" --timeout {timeout:g}" if timeout else "")
 
 
 # -- set-up ---------------------------------------------------------------------------------------
@@ -101,7 +106,7 @@ def resolve(spec: str, isolate: bool = False, timeout: float | None = None):
     from fuzzattn.run.registry import UnknownImplementationError, get
     try:
         if ":" in spec and isolate:
-            from fuzzattn.isolation.supervisor import DEFAULT_TIMEOUT, load_isolated
+            from fuzzattn.isolation.pool import DEFAULT_TIMEOUT, load_isolated
             return load_isolated(spec, timeout=timeout or DEFAULT_TIMEOUT)
         if ":" in spec:
             return load_implementation(spec)
@@ -171,7 +176,15 @@ def run_campaign(impl, dtype: str | None, *, profile, max_examples: int, seconds
                                    palette=campaign_palette(impl, hypothesis_seed))
     except HypothesisException as exc:
         return Outcome(stage, label, ERROR, False, detail=one_line(exc), message=one_line(exc))
-    strategy = progress.track(strategy, f"{stage} {label}", max_examples)
+    from fuzzattn.campaigns import campaign as campaigns
+    judged_before = campaigns.judged_total
+    refused_before = sum(n for (name, _), n in campaigns.refusal_counts.items() if name == impl.name)
+
+    def counts():
+        refused = sum(n for (name, _), n in campaigns.refusal_counts.items() if name == impl.name)
+        return campaigns.judged_total - judged_before, refused - refused_before, 0
+
+    strategy = progress.track(strategy, f"{stage} {label}", max_examples, cap=seconds, counts=counts)
     # A command that works as printed: an outside mutant is named by its spec (--only knows
     # registered mutants only), and the run's isolation is repeated.
     if stage == "mutant":
@@ -182,6 +195,10 @@ def run_campaign(impl, dtype: str | None, *, profile, max_examples: int, seconds
              f"{hypothesis_seed} --max-examples {max_examples}"
              f"{' --seconds %g' % seconds if seconds else ''} --profile {profile.name}"
              f"{isolation_flags(isolate, timeout)}")
+    # what a watchdog needs to run this campaign again isolated, should a case end the process
+    flight.set_context(hypothesis_seed=hypothesis_seed, max_examples=max_examples, seconds=seconds,
+                       profile=profile.name, dtype=dtype, stage=stage,
+                       regressions_dir=str(regressions_dir) if save and regressions_dir else None)
     start = time.perf_counter()
     try:
         result = fuzz(impl, strategy, max_examples=max_examples, seconds=seconds,

@@ -61,7 +61,7 @@ def replay_all(paths, subjects, *, only_given: bool, progress, isolate: bool = F
     """Replay each file on each supporting subject; a file that cannot be read is one failing row.
     With `isolate`, and always for a file recording hang/segfault/device_fault, a file is judged
     in a worker process (one per implementation, reused across files)."""
-    from fuzzattn.isolation.supervisor import DEFAULT_TIMEOUT, WorkerPool
+    from fuzzattn.isolation.pool import DEFAULT_TIMEOUT, WorkerPool
     outcomes = [] if outcomes is None else outcomes      # filled as files are replayed
     with WorkerPool(timeout or DEFAULT_TIMEOUT) as pool:
         return _replay_all(paths, subjects, only_given=only_given, progress=progress,

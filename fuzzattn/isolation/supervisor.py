@@ -28,6 +28,7 @@ import contextlib
 import dataclasses
 import multiprocessing
 import os
+import pickle
 import signal
 import sys
 import tempfile
@@ -39,14 +40,14 @@ from fuzzattn.contract.case import AttentionCase
 from fuzzattn.contract.implementation import Implementation
 from fuzzattn.platform import mps as shared_gpu
 from fuzzattn.inputs.materialize import inputs_sha256, materialize
-from fuzzattn.isolation.worker import (IsolationError, declared, is_device_fault, spec_of,
+from fuzzattn.platform.device_faults import is_device_fault
+from fuzzattn.isolation.worker import (FIELDS, IsolationError, declared, spec_of,
                                               where, worker_main)
 from fuzzattn.judge.judge import JudgedCase, default_device
 from fuzzattn.judge.verdict import Verdict
 from fuzzattn.platform.versions import versions
 
-__all__ = ["DEFAULT_TIMEOUT", "IsolatedJudge", "IsolationError", "WorkerPool", "is_device_fault",
-           "load_isolated", "spec_of"]
+__all__ = ["DEFAULT_TIMEOUT", "IsolatedJudge", "IsolationError", "is_device_fault", "spec_of"]
 
 DEFAULT_TIMEOUT = 60.0     # per case, when isolation is asked for without a timeout
 START_TIMEOUT = 300.0      # importing torch, triton and a kernel module on a loaded machine, plus CUDA init
@@ -89,6 +90,18 @@ def _main_module_hidden():
         yield
     finally:
         sys.modules["__main__"] = main
+
+
+def _pickled(fields: dict | None) -> bytes | None:
+    """The declared fields as bytes the worker unpickles once it has imported the implementation's
+    own module (a config rule is pickled by reference to it); None when something in them is not
+    importable by name (a lambda, a closure): the worker then uses the declaration it imports."""
+    if fields is None:
+        return None
+    try:
+        return pickle.dumps(fields)
+    except (pickle.PicklingError, AttributeError, TypeError):
+        return None
 
 
 class IsolatedJudge:
@@ -138,7 +151,7 @@ class IsolatedJudge:
         parent, child = self._ctx.Pipe(duplex=True)
         self._proc = self._ctx.Process(
             target=worker_main, name=f"fuzzattn-isolated-{self.spec}", daemon=True,
-            args=(child, self.spec, self.fields, self.device, torch.get_num_threads(), self._log,
+            args=(child, self.spec, _pickled(self.fields), self.device, torch.get_num_threads(), self._log,
                   dict(os.environ)))
         with _main_module_hidden():
             self._proc.start()
@@ -167,8 +180,20 @@ class IsolatedJudge:
                 raise shared_gpu.SharedDeviceFault(shared_gpu.describe(
                     f"starting a worker for {self.spec}", payload.splitlines()[0]))
             raise IsolationError(f"worker for {self.spec} could not start: {payload}")
-        self.fields = payload
+        self.fields = self._merged(payload)
         self._ready = True
+
+    def _merged(self, fields: dict) -> dict:
+        """The worker's fields, completed by this process's declaration where one could not
+        travel (worker.portable)."""
+        if all(name in fields for name in FIELDS):
+            return fields
+        if self.fields is None:
+            from fuzzattn.run.loader import load_implementation
+            from fuzzattn.run.registry import get
+            local = load_implementation(self.spec, probe=False) if ":" in self.spec else get(self.spec)
+            self.fields = declared(local)
+        return {**self.fields, **fields}
 
     def _ensure_ready(self) -> None:
         if self._closed:
@@ -345,8 +370,8 @@ class IsolatedJudge:
         and shrink on its own). A probe that raises is an IsolationError, as it is a load error."""
         kind, payload = self._exchange("probe", None)
         if kind == "declared":
-            self.fields = payload
-            return payload
+            self.fields = self._merged(payload)
+            return self.fields
         if kind == "error":
             headline, text = payload
             if shared_gpu.is_fault(text) and shared_gpu.mps_active():
@@ -358,44 +383,3 @@ class IsolatedJudge:
                 return None
             raise IsolationError(headline)
         return None
-
-
-class WorkerPool:
-    """One IsolatedJudge per implementation, started on first use and kept for the run (the
-    replay commands, the pytest plugin's --fuzzattn-isolate: one per xdist worker process)."""
-
-    def __init__(self, timeout: float | None = DEFAULT_TIMEOUT, device: str | None = None):
-        self.timeout, self.device = timeout, device
-        self._judges: dict[str, IsolatedJudge] = {}
-
-    def get(self, impl: Implementation) -> IsolatedJudge:
-        key = impl.cli_name
-        if key not in self._judges:
-            self._judges[key] = IsolatedJudge(impl, timeout=self.timeout, device=self.device)
-        return self._judges[key]
-
-    def close(self) -> None:
-        judges, self._judges = self._judges, {}
-        for isolated in judges.values():
-            isolated.close()
-
-    def __enter__(self) -> "WorkerPool":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-
-def load_isolated(spec: str, *, timeout: float | None = DEFAULT_TIMEOUT) -> Implementation:
-    """`loader.load_implementation(spec)` with its probe call run in a worker process, so an
-    implementation that hangs or crashes the process on the probe's case can still be fuzzed (and
-    that failure found and shrunk by the campaign). The module itself is imported in this process
-    too: its import-time code is not isolated."""
-    from fuzzattn.run.loader import ImplementationLoadError, load_implementation
-    impl = load_implementation(spec, probe=False)
-    try:
-        with IsolatedJudge(spec, timeout=timeout) as isolated:
-            probed = isolated.probe()
-    except IsolationError as exc:
-        raise ImplementationLoadError(f"--impl {spec!r}: {exc}") from None
-    return dataclasses.replace(impl, caps=probed["caps"]) if probed else impl

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import pickle
 import re
 import signal
 import sys
 import sysconfig
 from pathlib import Path
 
-from fuzzattn.platform.device_faults import CUDA_FAULT, context_fault, is_device_fault
+from fuzzattn.platform.device_faults import context_fault
 from fuzzattn.contract.case import AttentionCase
 from fuzzattn.contract.implementation import Implementation
 
@@ -30,6 +31,23 @@ FIELDS = ("name", "caps", "description", "mutant_of", "backend", "sources", "spe
 
 class IsolationError(RuntimeError):
     """The worker could not be started, or the harness itself (not the kernel) raised in it."""
+
+
+def portable(fields: dict) -> dict:
+    """The fields that can travel back by pickle: a closure in a declaration (an autotuned
+    kernel's configuration rule) cannot, and the supervisor keeps its own declaration of those."""
+    try:
+        pickle.dumps(fields)
+        return fields
+    except (pickle.PicklingError, AttributeError, TypeError):
+        kept = {}
+        for name, value in fields.items():
+            try:
+                pickle.dumps(value)
+                kept[name] = value
+            except (pickle.PicklingError, AttributeError, TypeError):
+                pass
+        return kept
 
 
 def declared(impl: Implementation) -> dict:
@@ -71,7 +89,7 @@ def spec_of(impl: Implementation) -> str:
 
 
 # -- the worker process ---------------------------------------------------------------------------
-def worker_main(conn, spec: str, fields: dict | None, device: str, threads: int | None,
+def worker_main(conn, spec: str, fields: bytes | None, device: str, threads: int | None,
                 fault_log: str, environ: dict | None = None) -> None:
     """Resolve the implementation, say ready, then judge every case sent until told to stop."""
     import faulthandler
@@ -84,6 +102,8 @@ def worker_main(conn, spec: str, fields: dict | None, device: str, threads: int 
         # one a case must be judged under.
         os.environ.clear()
         os.environ.update(environ)
+    from fuzzattn.platform import flight
+    flight.disable()               # this worker's supervisor watches it, not the run's
 
     log = open(fault_log, "w")     # kept open for the process's life: faulthandler writes to its fd
     faulthandler.enable(log, all_threads=False)
@@ -117,7 +137,7 @@ def worker_main(conn, spec: str, fields: dict | None, device: str, threads: int 
     except BaseException as exc:       # a start-up failure is reported, not left to a timeout
         conn.send(("error", f"{type(exc).__name__}: {exc}"))
         return
-    conn.send(("ready", declared(impl)))
+    conn.send(("ready", portable(declared(impl))))
     while True:
         try:
             request, payload = conn.recv()
@@ -128,7 +148,7 @@ def worker_main(conn, spec: str, fields: dict | None, device: str, threads: int 
         try:
             if request == "probe":
                 from fuzzattn.run.loader import _probe
-                conn.send(("declared", declared(_probe(impl, spec))))
+                conn.send(("declared", portable(declared(_probe(impl, spec)))))
             else:
                 case, expected_sha256, gradients = payload
                 judged = judge(impl, AttentionCase.from_dict(case), device=device,
@@ -154,14 +174,14 @@ def _warm_up_impl() -> Implementation:
     return Implementation(name="isolation-warm-up", fn=attention)
 
 
-def _resolve(spec: str, fields: dict | None) -> Implementation:
+def _resolve(spec: str, fields: bytes | None) -> Implementation:
     from fuzzattn.run.loader import load_implementation
     from fuzzattn.run.registry import get
     # When the supervisor sends `fields` it already knows the declaration (probed or given):
     # probing here would run the kernel outside any timeout. A bare spec is probed on request.
     impl = load_implementation(spec, probe=False) if ":" in spec else get(spec)
-    if fields is not None:
-        impl = dataclasses.replace(impl, **fields)
+    if fields is not None:         # unpickled now that the implementation's module is imported
+        impl = dataclasses.replace(impl, **pickle.loads(fields))
     return impl
 
 

@@ -35,6 +35,8 @@ import torch
 from fuzzattn.contract.capabilities import UnsupportedCaseError
 from fuzzattn.contract.case import AttentionCase
 from fuzzattn.contract.implementation import ContractError, Implementation
+from fuzzattn.platform import flight
+from fuzzattn.platform.device_faults import is_device_fault
 
 OK, REFUSED, CONTRACT, CRASH = "ok", "refused", "contract", "crash"
 
@@ -189,8 +191,12 @@ def call(impl: Implementation, q, k, v, case: AttentionCase, *, out=None, lse=No
     """Call `impl` the contract's way on (q, k, v); never raises for what the kernel does.
 
     On CUDA the call is synchronised before returning, so an asynchronous kernel fault surfaces
-    here, as this call's crash, not in whatever touches the device next."""
+    here, as this call's crash, not in whatever touches the device next. Under a supervisor the
+    call is recorded in flight (fuzzattn/platform/flight.py) while it runs."""
+    record = flight.recorder()
     with _captured_output() as output_text:
+        if record is not None:
+            record.begin(impl, case, "forward")
         try:
             got_out, got_lse = impl(q, k, v, case, out=out, lse=lse)
             if synchronize and q.device.type == "cuda":
@@ -204,7 +210,11 @@ def call(impl: Implementation, q, k, v, case: AttentionCase, *, out=None, lse=No
                           declared_refusal=declared)
         else:
             result = Call(OK, out=got_out, lse=got_lse)
+        if record is not None:
+            record.end(impl, case)
         printed = output_text()
+    if record is not None:
+        _end_on_device_fault(record, impl, case, "forward", result, q.device)
     if result.status == CRASH and is_compile_error(result.error):
         log = _compile_log(impl, case, result.error, printed)
         config = f" config={case.config_dict}" if case.config else ""
@@ -220,15 +230,33 @@ def call_gradients(impl: Implementation, q, k, v, dout, case: AttentionCase, *, 
                    lse=None, synchronize: bool = True) -> Call:
     """`Implementation.gradients` (explicit backward or autograd), summarised like `call`:
     whatever it raises is this call's crash, refusal or contract violation, never the harness's."""
+    record = flight.recorder()
+    if record is not None:
+        record.begin(impl, case, "backward")
     try:
         grads = impl.gradients(q, k, v, dout, case, out=out, lse=lse)
         if synchronize and q.device.type == "cuda":
             torch.cuda.synchronize(q.device)
     except ContractError as exc:
-        return Call(CONTRACT, error=_detached(exc), summary=one_line(exc))
+        result = Call(CONTRACT, error=_detached(exc), summary=one_line(exc))
     except Exception as exc:       # a backward that raises is a verdict, not a harness error
         declared = is_declared_refusal(impl, exc)
         status = REFUSED if declared or isinstance(exc, UnsupportedCaseError) else CRASH
-        return Call(status, error=_detached(exc), summary=one_line(exc),
-                    declared_refusal=declared)
-    return Call(OK, grads=tuple(grads))
+        result = Call(status, error=_detached(exc), summary=one_line(exc),
+                      declared_refusal=declared)
+    else:
+        result = Call(OK, grads=tuple(grads))
+    if record is not None:
+        record.end(impl, case)
+        _end_on_device_fault(record, impl, case, "backward", result, q.device)
+    return result
+
+
+def _end_on_device_fault(record, impl, case, stage: str, result: Call, device) -> None:
+    """A supervised process whose call faulted the GPU ends here, the case recorded: its CUDA
+    context is lost for every later case (under MPS the fault may be another process's, and
+    fuzzattn/platform/mps.py ends the run instead)."""
+    if result.status == CRASH and device.type == "cuda" and is_device_fault(result.summary):
+        from fuzzattn.platform import mps
+        if not mps.mps_active():
+            record.device_fault(impl, case, stage, result.summary)

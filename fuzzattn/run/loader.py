@@ -8,8 +8,10 @@ probe call shows it returns a pair. Every problem is one line naming the bad val
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import importlib
 import importlib.util
+import re
 import sys
 from pathlib import Path
 
@@ -31,7 +33,11 @@ def _import(target: str, spec: str):
         path = Path(target).expanduser().resolve()
         if not path.is_file():
             raise ImplementationLoadError(f"--impl {spec!r}: file {target!r} does not exist")
-        module_name = f"fuzzattn_external_{path.stem}_{abs(hash(str(path))) % 10**8}"
+        # The same name in every process (no hash() salt): a worker process and its supervisor
+        # can then pickle references to the file's functions (a config rule) by name.
+        digest = hashlib.sha256(str(path).encode()).hexdigest()[:10]
+        stem = re.sub(r"\W", "_", path.stem)
+        module_name = f"fuzzattn_external_{stem}_{digest}"
         if module_name in sys.modules:
             return sys.modules[module_name], str(path)
         loader_spec = importlib.util.spec_from_file_location(module_name, path)

@@ -1,0 +1,151 @@
+"""The installed `fuzzattn` command: every judging command (fuzz, gate, mutants, replay, explain)
+runs watched in a child process (fuzzattn/isolation/watchdog.py), at full in-process speed.
+
+When the child dies by a signal, faults the GPU or overruns a call's deadline, the case in flight
+is written as a regression file with the verdict segfault / device_fault / hang, the verdict and
+the replay command are printed, and the exit status is 1. A segfault or device fault found by a
+campaign is then shrunk by running that campaign again isolated (each case in a worker process);
+a hang is kept as found, since every try of a shrink would wait out the deadline. With
+--keep-going the whole command then runs again isolated, so that every campaign finishes.
+
+FUZZATTN_SUPERVISE=off runs the command in this process (a crash then ends the run), as
+`fuzzattn.cli.main(argv)` always does.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+WATCHED = ("fuzz", "gate", "mutants", "replay", "explain")
+OFF_ENV = "FUZZATTN_SUPERVISE"
+SHRINK_SECONDS = 120.0      # the most an isolated shrink of a found crash may take
+
+
+def console_main(argv=None) -> int:
+    from fuzzattn.cli import build_parser, main
+    from fuzzattn.cli.common import CLIError, one_line
+    from fuzzattn.isolation import watchdog
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if os.environ.get(watchdog.SUPERVISED_ENV):
+        watchdog.install_fault_log()
+        return main(argv)
+    if os.environ.get(OFF_ENV, "").lower() in ("0", "off", "no", "false"):
+        return main(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except CLIError as exc:
+        print(f"fuzzattn: error: {one_line(exc)}", file=sys.stderr)
+        return 2
+    except SystemExit as exc:          # --help, --version
+        return exc.code if isinstance(exc.code, int) else 0
+    if args.command not in WATCHED:
+        return main(argv)
+    ending = watchdog.run_watched(command(argv), timeout=_watch_timeout(args))
+    if ending.check is None:
+        return ending.returncode
+    if ending.check == "died" or ending.record is None:
+        print(f"fuzzattn: error: {ending.detail}", file=sys.stderr)
+        return 2
+    written = save_crash(ending, args)
+    if ending.check != "hang" and ending.record.get("context"):
+        shrink(ending, written)
+    if getattr(args, "keep_going", False):
+        again = argv if "--isolate" in argv else argv + ["--isolate"]
+        print("fuzzattn: carrying on, isolated: fuzzattn " + " ".join(again), file=sys.stderr)
+        rerun = watchdog.run_watched(command(again), timeout=_watch_timeout(args))
+        return max(1, rerun.returncode) if rerun.returncode >= 0 else 1
+    return 1
+
+
+def command(argv: list[str]) -> list[str]:
+    return [sys.executable, "-m", "fuzzattn.cli", *argv]
+
+
+def _watch_timeout(args) -> float | None:
+    # Isolated, the workers keep their own deadline: the watched child makes no kernel call.
+    return None if getattr(args, "isolate", False) else getattr(args, "timeout", None)
+
+
+def _judged(ending):
+    """The crash as a failing JudgedCase, its inputs materialised here for the sha256."""
+    from fuzzattn.contract.case import AttentionCase
+    from fuzzattn.inputs.materialize import inputs_sha256, materialize
+    from fuzzattn.judge.judge import JudgedCase
+    from fuzzattn.judge.verdict import Verdict
+    from fuzzattn.platform.versions import versions
+    record = ending.record
+    case = AttentionCase.from_dict(record["case"])
+    stage = "in the backward: " if record.get("stage") == "backward" else ""
+    verdict = Verdict(impl=record["impl"], case=case, check=ending.check, passed=False,
+                      detail=stage + ending.detail)
+    return JudgedCase(record["impl"], case, [verdict], cli_name=record["spec"],
+                      versions=versions(), inputs_sha256=inputs_sha256(materialize(case, "cpu")))
+
+
+def save_crash(ending, args):
+    """Write the case in flight as a regression file (unless --no-save) and print the verdict
+    and the replay command; returns the Written file or None."""
+    from fuzzattn.campaigns.campaign import save
+    from fuzzattn.campaigns.regression_file import default_dir, display_path, replay_command
+    judged = _judged(ending)
+    context = ending.record.get("context") or {}
+    directory = context.get("regressions_dir") or getattr(args, "regressions_dir", None) or default_dir()
+    print("\n" + judged.describe(), flush=True)
+    written = None
+    if not getattr(args, "no_save", False):
+        written = save(judged, directory)
+        print(f"  regression file: {display_path(written.path)}")
+        if written.fallback_reason:
+            print(f"  (fallback location: {written.fallback_reason})")
+        replay = replay_command(written.path, judged.cli_name)
+        if ending.check == "hang":       # the replay waits as long as the run did, no longer
+            replay += f" --timeout {ending.record['timeout']:g}"
+        print(f"  replay:  {replay}", flush=True)
+    return written
+
+
+def shrink(ending, written) -> None:
+    """Run the crashed campaign again isolated, from the same Hypothesis seed, so Hypothesis
+    reaches the case again and shrinks it in worker processes; the shrunk file replaces the one
+    just written when it records the same check."""
+    from fuzzattn.campaigns.regression_file import RegressionFileError, display_path, load
+    from fuzzattn.isolation import watchdog
+    context = ending.record["context"]
+    scratch = tempfile.mkdtemp(prefix="fuzzattn-shrink-")
+    try:
+        argv = ["fuzz", "--impl", ending.record["spec"], "--isolate",
+                "--hypothesis-seed", str(context["hypothesis_seed"]),
+                "--max-examples", str(context["max_examples"]), "--profile", context["profile"],
+                "--regressions-dir", scratch]
+        if context.get("dtype"):
+            argv += ["--dtype", context["dtype"]]
+        if context.get("seconds"):
+            argv += ["--seconds", f"{context['seconds']:g}"]
+        print(f"fuzzattn: shrinking the {ending.check} isolated: fuzzattn {' '.join(argv)}",
+              flush=True)
+        done = watchdog.run_watched(command(argv), limit=SHRINK_SECONDS)
+        found = []
+        for path in Path(scratch).glob("*.json"):
+            try:
+                found.append((path, load(path)))
+            except RegressionFileError:
+                pass
+        same = [(p, r) for p, r in found if r.check == ending.check]
+        if done.check == "limit" or not same or written is None:
+            print(f"fuzzattn: the {ending.check} was not shrunk; the case as found is kept", flush=True)
+            return
+        path, record = min(same, key=lambda pr: (pr[1].case.batch * pr[1].case.heads
+                                                  * pr[1].case.seq_q * pr[1].case.seq_k))
+        target = Path(written.path).parent / path.name
+        if not target.exists():
+            shutil.copyfile(path, target)
+        if written.new and Path(written.path) != target:
+            Path(written.path).unlink(missing_ok=True)
+        print(f"fuzzattn: shrunk to {record.case}\n  regression file: {display_path(target)}",
+              flush=True)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)

@@ -1,0 +1,184 @@
+"""The flight record: which case a supervised process is judging right now, and by when that call
+should have returned, written where its supervisor can read it after the process hung or died.
+
+The judging process maps a small file (the supervisor names it in FUZZATTN_FLIGHT) and, around
+every call of an implementation (`execute.call`, `execute.call_gradients`), writes the case and a
+deadline into it: no message, no round trip, a few microseconds a call. The supervisor
+(fuzzattn/isolation/watchdog.py) polls the file; when the process dies by a signal, or a deadline passes,
+the record names the case that was in flight.
+
+A call's deadline is `timeout_for`: the --timeout given, else derived from the implementation's
+measured speed in this process (the median seconds per multiply-add of its recent calls) times
+the case's size, with a floor that covers a compile, and a generous first call.
+"""
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import statistics
+import struct
+import time
+from collections import defaultdict, deque
+
+ENV = "FUZZATTN_FLIGHT"                 # path of the record file; unset: nothing is recorded
+TIMEOUT_ENV = "FUZZATTN_CASE_TIMEOUT"   # seconds per call, set from --timeout
+SIZE = 1 << 16
+MAGIC = b"FZFLIGHT"
+# magic, sequence number, pid, deadline (time.monotonic(); 0: no call in flight), the call's
+# timeout in seconds, payload bytes
+HEADER = struct.Struct("<8sQQddI")
+_DEADLINE_AT = struct.calcsize("<8sQQ")
+
+FLOOR = 60.0            # seconds: no call is declared hung sooner (a Triton compile fits in it)
+FIRST_CALL = 300.0      # an implementation's first call: imports, CUDA start-up, first compiles
+SLOWDOWN = 50.0         # a call may take this many times its expected time before it is a hang
+MIN_WORK = 1 << 16      # multiply-adds below which a call's time is overhead, not work
+FAULTED = -1.0          # the deadline field of a call that faulted the device
+DEVICE_FAULT_EXIT = 86  # the exit status of a process that ended on a device fault
+
+
+def work(case) -> int:
+    """Multiply-adds of one attention matmul of the case: what a call's time grows with."""
+    return max(case.batch * case.heads * case.seq_q * case.seq_k * case.head_dim, MIN_WORK)
+
+
+class Speeds:
+    """Seconds per multiply-add of each implementation's recent calls, for its next deadline."""
+
+    def __init__(self, recent: int = 64):
+        self._rates = defaultdict(lambda: deque(maxlen=recent))
+
+    def note(self, name: str, case, seconds: float) -> None:
+        self._rates[name].append(seconds / work(case))
+
+    def timeout(self, name: str, case) -> float:
+        rates = self._rates.get(name)
+        if not rates:
+            return FIRST_CALL
+        return max(FLOOR, SLOWDOWN * statistics.median(rates) * work(case))
+
+
+class Recorder:
+    """The judging process's side: `begin` before a call, `end` after it."""
+
+    def __init__(self, path: str, timeout: float | None = None):
+        fd = os.open(path, os.O_RDWR)
+        try:
+            self._map = mmap.mmap(fd, SIZE)
+        finally:
+            os.close(fd)
+        self._seq = 0
+        self._pid = os.getpid()
+        self._fixed = timeout
+        self.speeds = Speeds()
+        self.context: dict = {}          # what the campaign in progress is: set by campaigns
+        self._payload_for = (None, None, None, b"")      # (case, impl name, stage, payload)
+        self._started = 0.0
+
+    def begin(self, impl, case, stage: str) -> None:
+        cached_case, cached_impl, cached_stage, payload = self._payload_for
+        if cached_case is not case or cached_impl != impl.name or cached_stage != stage:
+            payload = json.dumps({"impl": impl.name, "spec": impl.cli_name, "stage": stage,
+                                  "case": case.to_dict(), "context": self.context}).encode()
+            payload = payload[:SIZE - HEADER.size]
+            self._payload_for = (case, impl.name, stage, payload)
+        timeout = self._fixed or self.speeds.timeout(impl.name, case)
+        self._map[HEADER.size:HEADER.size + len(payload)] = payload
+        self._seq += 1
+        self._started = time.monotonic()
+        HEADER.pack_into(self._map, 0, MAGIC, self._seq, self._pid, self._started + timeout,
+                         timeout, len(payload))
+
+    def end(self, impl, case) -> None:
+        struct.pack_into("<d", self._map, _DEADLINE_AT, 0.0)
+        self.speeds.note(impl.name, case, time.monotonic() - self._started)
+
+    def device_fault(self, impl, case, stage: str, summary: str) -> None:
+        """Record that this call faulted the GPU, and end the process: its CUDA context is lost,
+        and the supervisor saves the case and carries on in a fresh one."""
+        payload = json.dumps({"impl": impl.name, "spec": impl.cli_name, "stage": stage,
+                              "case": case.to_dict(), "context": self.context,
+                              "fault": summary}).encode()[:SIZE - HEADER.size]
+        self._map[HEADER.size:HEADER.size + len(payload)] = payload
+        self._seq += 1
+        HEADER.pack_into(self._map, 0, MAGIC, self._seq, self._pid, FAULTED, 0.0, len(payload))
+        self._map.flush()
+        import sys
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(DEVICE_FAULT_EXIT)
+
+
+_recorder: Recorder | None = None
+_checked_pid: int | None = None
+
+
+def recorder() -> Recorder | None:
+    """This process's recorder, or None when no supervisor asked for one (made once per process:
+    a forked or spawned isolation worker never writes its parent's record)."""
+    global _recorder, _checked_pid
+    if _checked_pid != os.getpid():
+        _checked_pid = os.getpid()
+        path = os.environ.get(ENV)
+        timeout = os.environ.get(TIMEOUT_ENV)
+        _recorder = Recorder(path, float(timeout) if timeout else None) if path else None
+    return _recorder
+
+
+def set_context(**context) -> None:
+    """Name the campaign in progress in every later record (how the supervisor shrinks a case)."""
+    rec = recorder()
+    if rec is not None:
+        rec.context = context
+
+
+def disable() -> None:
+    """Stop recording in this process (an isolation worker, whose own supervisor watches it)."""
+    global _recorder, _checked_pid
+    os.environ.pop(ENV, None)
+    _recorder, _checked_pid = None, os.getpid()
+
+
+# -- the supervisor's side -----------------------------------------------------------------------
+def create(path: str) -> None:
+    with open(path, "wb") as f:
+        f.write(b"\0" * SIZE)
+
+
+class Flight(dict):
+    """One record as read: impl, spec, stage, case (a dict), context, plus seq, pid, deadline
+    and timeout (and fault, for a call that faulted the device)."""
+
+    @property
+    def in_flight(self) -> bool:
+        return self["deadline"] > 0
+
+    @property
+    def faulted(self) -> bool:
+        return self["deadline"] == FAULTED
+
+
+def read(path: str) -> Flight | None:
+    """The last record written, or None before the first (read until two reads agree: the
+    writer may be mid-record)."""
+    with open(path, "rb") as f:
+        data = f.read(SIZE)
+    for _ in range(10):
+        with open(path, "rb") as f:
+            again = f.read(SIZE)
+        if again == data:
+            break
+        data = again
+    magic, seq, pid, deadline, timeout, n = HEADER.unpack_from(data, 0)
+    if magic != MAGIC:
+        return None
+    try:
+        record = Flight(json.loads(data[HEADER.size:HEADER.size + n]))
+    except ValueError:
+        return None
+    record.update(seq=seq, pid=pid, deadline=deadline, timeout=timeout)
+    return record

@@ -1,0 +1,213 @@
+"""Safe by default: the installed command judges in a watched child process, so a kernel that
+hangs or kills the process loses no case (fuzzattn/isolation/watchdog.py, fuzzattn/cli/watched.py,
+fuzzattn/platform/flight.py)."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from fuzzattn.contract.case import AttentionCase
+from fuzzattn.platform import flight
+
+HERE = Path(__file__).resolve().parent
+KERNELS = HERE / "isolation_kernels.py"
+TIMEOUT = 3          # seconds a call may take in these tests before it is a hang
+START_UP = 90        # seconds allowed for the child's imports on a loaded CI machine
+
+
+def fuzzattn(*args, cwd, env=None):
+    """The installed command, as a user runs it (watched by default)."""
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "fuzzattn.cli", *map(str, args)], cwd=cwd,
+                          capture_output=True, text=True, timeout=600,
+                          env={**os.environ, **(env or {})})
+    return done, time.monotonic() - started
+
+
+def leftovers(marker: str) -> list[str]:
+    """Command lines of live processes that mention `marker` (a test's private directory)."""
+    found = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit() and int(pid) != os.getpid():
+            try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except OSError:
+                continue
+            if marker in cmdline:
+                found.append(cmdline)
+    return found
+
+
+def saved(directory: Path) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted(directory.glob("*.json"))]
+
+
+def replay_line(out: str) -> str:
+    return re.search(r"replay:\s+fuzzattn (.+)", out).group(1)
+
+
+# -- the flight record ----------------------------------------------------------------------------
+def test_the_flight_record_names_the_call_in_flight_and_its_deadline(tmp_path):
+    path = str(tmp_path / "flight")
+    flight.create(path)
+    assert flight.read(path) is None
+    recorder = flight.Recorder(path, timeout=7.0)
+    recorder.context = {"dtype": "float32"}
+    case = AttentionCase(batch=1, heads=2, kv_heads=1, seq_q=5, seq_k=9, head_dim=16)
+
+    class Impl:
+        name, cli_name = "demo", "demo.py:DEMO"
+
+    recorder.begin(Impl, case, "forward")
+    record = flight.read(path)
+    assert record.in_flight and not record.faulted
+    assert record["timeout"] == 7.0 and record["deadline"] > time.monotonic()
+    assert AttentionCase.from_dict(record["case"]) == case
+    assert (record["spec"], record["stage"], record["context"]) == ("demo.py:DEMO", "forward",
+                                                                      {"dtype": "float32"})
+    recorder.end(Impl, case)
+    assert not flight.read(path).in_flight
+
+
+def test_a_derived_deadline_grows_with_the_case_and_never_falls_below_the_floor():
+    speeds = flight.Speeds()
+    small = AttentionCase(batch=1, heads=1, kv_heads=1, seq_q=8, seq_k=8, head_dim=16)
+    huge = AttentionCase(batch=64, heads=32, kv_heads=32, seq_q=4096, seq_k=4096, head_dim=128)
+    assert speeds.timeout("k", small) == flight.FIRST_CALL       # nothing measured yet
+    speeds.note("k", small, 0.001)
+    assert speeds.timeout("k", small) == flight.FLOOR
+    assert speeds.timeout("k", huge) > 100 * flight.FLOOR        # 0.001 s per 2^16 MACs, scaled
+    assert speeds.timeout("other", small) == flight.FIRST_CALL
+
+
+# -- the command, watched -------------------------------------------------------------------------
+def test_a_hanging_kernel_is_saved_as_a_hang_with_no_flag(tmp_path):
+    done, seconds = fuzzattn("fuzz", "--impl", f"{KERNELS}:HANG", "--max-examples", 30,
+                             "--timeout", TIMEOUT, "--regressions-dir", tmp_path / "reg",
+                             cwd=tmp_path)
+    out = done.stdout + done.stderr
+    assert done.returncode == 1, out
+    assert seconds < 2 * TIMEOUT + START_UP, seconds
+    assert "hang: no result from the forward call after 3 s" in out, out
+    assert "isolation_kernels.py:54 in hang_at_5" in out          # where it stood
+    [record] = saved(tmp_path / "reg")
+    assert record["check"] == "hang" and record["case"]["seq_q"] >= 5
+    assert leftovers(str(tmp_path)) == []
+    # The printed replay reproduces it, in a worker process.
+    again, _ = fuzzattn(*replay_line(out).split(), cwd=tmp_path)
+    assert again.returncode == 1 and "hang" in again.stdout, again.stdout + again.stderr
+    assert leftovers(str(tmp_path)) == []
+
+
+SEGFAULT_LATER = '''
+import ctypes
+import torch
+from fuzzattn import Capabilities, Implementation
+
+def attention(q, k, v, *, causal, scale):
+    if q.shape[2] >= 3 and k.shape[2] % 2 == 1:        # passes the probe (16 x 16), not the search
+        ctypes.string_at(0)
+    s = (q @ k.transpose(-1, -2)) * scale
+    if causal:
+        s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool).triu(1), float("-inf"))
+    return torch.softmax(s, -1) @ v, torch.logsumexp(s, -1)
+
+ODD_KEYS = Implementation("odd_keys", attention, Capabilities(dtypes={"float32"}, head_dims={16},
+                                                             causal=("top_left",)))
+'''
+
+
+def test_a_segfault_is_saved_then_shrunk_isolated(tmp_path):
+    (tmp_path / "odd.py").write_text(SEGFAULT_LATER)
+    done, seconds = fuzzattn("fuzz", "--impl", "odd.py:ODD_KEYS", "--max-examples", 40,
+                             "--regressions-dir", "reg", cwd=tmp_path)
+    out = done.stdout + done.stderr
+    assert done.returncode == 1, out
+    assert "segfault: the process died with SIGSEGV at odd.py:8 in attention" in out, out
+    assert "shrinking the segfault isolated" in out and "shrunk to" in out, out
+    [record] = saved(tmp_path / "reg")                  # the shrunk case replaced the found one
+    assert record["check"] == "segfault"
+    case = record["case"]
+    assert (case["seq_q"], case["seq_k"] % 2, case["batch"], case["heads"]) == (3, 1, 1, 1)
+    assert leftovers(str(tmp_path)) == []
+    again, _ = fuzzattn(*replay_line(out.split("shrunk to")[0]).split()[:1],
+                        "reg/" + next((tmp_path / "reg").glob("*.json")).name,
+                        "--impl", "odd.py:ODD_KEYS", cwd=tmp_path)
+    assert again.returncode == 1 and "segfault" in again.stdout, again.stdout + again.stderr
+
+
+def test_keep_going_carries_on_isolated_after_a_crash(tmp_path):
+    (tmp_path / "odd.py").write_text(SEGFAULT_LATER)
+    done, _ = fuzzattn("fuzz", "--impl", "odd.py:ODD_KEYS", "--impl", "sdpa", "--dtype", "float32",
+                       "--max-examples", 20, "--regressions-dir", "reg", "--keep-going",
+                       cwd=tmp_path)
+    out = done.stdout + done.stderr
+    assert done.returncode == 1, out
+    assert "carrying on, isolated" in done.stderr
+    table = done.stdout.split("fuzzattn fuzz: profile=")[-1]      # the isolated run's table
+    assert table.splitlines()[0].endswith("isolated"), table
+    assert re.search(r"odd_keys\s+float32\s+FAIL", table) and re.search(r"sdpa\s+float32\s+ok", table)
+
+
+def test_interrupting_the_command_leaves_no_process_behind(tmp_path):
+    (tmp_path / "slow.py").write_text(
+        "import time\nimport torch.nn.functional as F\n"
+        "def slow(q, k, v, *, causal, scale):\n    time.sleep(0.05)\n"
+        "    return F.scaled_dot_product_attention(q, k, v, is_causal=bool(causal), scale=scale)\n")
+    child = subprocess.Popen([sys.executable, "-m", "fuzzattn.cli", "fuzz", "--impl", "slow.py:slow",
+                              "--max-examples", "100000", "--no-save"], cwd=tmp_path,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + START_UP
+    while time.monotonic() < deadline and len(leftovers("slow.py:slow")) < 2:   # watchdog + child
+        time.sleep(0.2)
+    time.sleep(3)
+    child.send_signal(2)                                  # Ctrl-C
+    out, _ = child.communicate(timeout=120)
+    assert child.returncode == 130, out
+    assert leftovers("slow.py:slow") == []
+
+
+# -- --isolate with real declarations --------------------------------------------------------------
+RULED = '''
+import torch
+from fuzzattn import Capabilities, Implementation
+
+def attention(q, k, v, *, causal, scale, config):
+    s = (q @ k.transpose(-1, -2)) * scale
+    if causal:
+        s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool).triu(1), float("-inf"))
+    return torch.softmax(s, -1) @ v, torch.logsumexp(s, -1)
+
+def block_fits(config, case):
+    return None if config["BLOCK"] <= case.head_dim else "BLOCK is wider than D"
+
+RULED = Implementation("ruled", attention, Capabilities(
+    dtypes={"float32"}, head_dims={16, 32}, causal=("top_left",),
+    configs={"BLOCK": (16, 32)}, config_rule=block_fits))
+'''
+
+
+def test_isolate_loads_a_declaration_with_a_config_rule(tmp_path):
+    (tmp_path / "ruled.py").write_text(RULED)
+    done, _ = fuzzattn("fuzz", "--impl", "ruled.py:RULED", "--max-examples", 8, "--isolate",
+                       "--no-save", cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert re.search(r"ruled\s+float32\s+ok\s+8", done.stdout), done.stdout
+
+
+def test_isolate_loads_an_autotune_declare_declaration(tmp_path):
+    """examples/square_fp16_attention.py declares its @triton.autotune list with autotune.declare
+    (a closure as its configuration rule): isolated, it loads, and its seeded bug is found."""
+    example = HERE.parent / "examples" / "square_fp16_attention.py"
+    done, _ = fuzzattn("fuzz", "--impl", f"{example}:SQUARE_FP16", "--max-examples", 5,
+                       "--isolate", "--no-save", cwd=tmp_path)
+    out = done.stdout + done.stderr
+    assert done.returncode == 1 and "error" not in out.lower(), out
+    assert re.search(r"square_fp16\s+float16\s+FAIL", out) and "BLOCK_N" in out, out
