@@ -171,6 +171,13 @@ def pytest_configure(config):
         state.workers = campaign.use_workers(state.worker_pool(), covered)
 
 
+def pytest_collection_modifyitems(items):
+    """Unreadable regression files run last: under -x the run still replays every other file
+    and runs every test before it stops at them."""
+    from fuzzattn.pytest_regressions import BrokenFileItem
+    items.sort(key=lambda item: isinstance(item, BrokenFileItem))
+
+
 def pytest_collection_finish(session):
     """The test modules are imported: freeze what lives on for the session out of the garbage
     collector's full passes (fuzzattn/platform/gc_tuning.py), in each pytest-xdist worker too."""

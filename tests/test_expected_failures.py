@@ -15,7 +15,7 @@ from fuzzattn import cli
 from fuzzattn.campaigns.campaign import fuzz
 from fuzzattn.campaigns.outcome import OK, XFAIL, XPASS
 from fuzzattn.campaigns.regression_file import (ExpectedFailure, RegressionFile, RegressionFileError,
-                                                load, parse, write)
+                                                load, loadable, parse, write)
 from fuzzattn.campaigns.replay import needs_isolation, replay_one
 from fuzzattn.contract import Capabilities, Implementation, KnownDefect
 from fuzzattn.contract.case import AttentionCase
@@ -150,8 +150,7 @@ def test_entries_without_a_device_are_written_as_before(tmp_path):
 
 
 # -- the repository's cuDNN boolean-mask leak ----------------------------------------------------------
-EXPECTED_FILES = [p for p in sorted((HERE.parent / "regressions").glob("*.json"))
-                  if load(p).expected_failures]
+EXPECTED_FILES = [p for p, record in loadable(HERE.parent / "regressions") if record.expected_failures]
 LEAK_FILES = [p for p in EXPECTED_FILES if "sdpa_cudnn" in load(p).expected_failures]
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from fuzzattn import AttentionCase, Capabilities, Implementation
 from fuzzattn.campaigns.campaign import Counterexample, check_case
-from fuzzattn.campaigns.regression_file import RegressionFile, RegressionFileError, discover, load, parse, write
+from fuzzattn.campaigns.regression_file import RegressionFile, RegressionFileError, discover, load, loadable, parse, write
 from fuzzattn.run.registry import implementations, mutants
 from fuzzattn.campaigns.replay import replay_one
 from fuzzattn.kernels.sdpa import sdpa_forward
@@ -140,9 +140,31 @@ def test_pytest_collects_fixtures_per_implementation_and_isolates_broken_ones(py
     supporting = [impl for impl in implementations().values() if impl.supports(CASE)]
     assert outcomes.get("passed") == len(supporting), result.stdout.str()
     assert outcomes.get("failed") == 1
-    result.stdout.fnmatch_lines(["*broken.json::unreadable FAILED*",
-                                 "*good.json::triton_fa2 PASSED*", "*good.json::sdpa PASSED*",
+    result.stdout.fnmatch_lines(["*good.json::triton_fa2 PASSED*", "*good.json::sdpa PASSED*",
+                                 "*broken.json::unreadable FAILED*",     # broken files run last
                                  "*broken.json: unknown field 'colour'*"])
+
+
+def test_a_truncated_file_is_the_one_failure_even_under_x(pytester, monkeypatch):
+    """A half-written file fails as its own item, after everything else ran: no collection error
+    (a test module reading every file at import skips it through `loadable`)."""
+    regressions = pytester.mkdir("regressions")
+    (regressions / "a_truncated.json").write_text('{"schema":1,"case":{')
+    (regressions / "good.json").write_text(json.dumps({"schema": 1, "case": CASE.to_dict()}))
+    pytester.makepyfile(test_reads_every_file="""
+        from fuzzattn.campaigns.regression_file import loadable
+        FILES = [p.name for p, record in loadable("regressions")]
+        def test_only_the_good_file_loads():
+            assert FILES == ["good.json"]
+    """)
+    monkeypatch.delenv("FUZZATTN_REGRESSIONS_DIR", raising=False)
+    result = pytester.runpytest("-x", "-p", "no:cacheprovider", "-p", "fuzzattn.pytest_plugin",
+                                "regressions", "test_reads_every_file.py")
+    outcomes = result.parseoutcomes()
+    supporting = [impl for impl in implementations().values() if impl.supports(CASE)]
+    assert outcomes.get("failed") == 1 and "errors" not in outcomes, result.stdout.str()
+    assert outcomes.get("passed") == len(supporting) + 1, result.stdout.str()
+    result.stdout.fnmatch_lines(["*a_truncated.json::unreadable*"])
 
 
 def test_simultaneous_failures_under_xdist_keep_every_fixture(pytester, tmp_path):
@@ -184,7 +206,7 @@ def test_simultaneous_failures_under_xdist_keep_every_fixture(pytester, tmp_path
         assert load(path).impl == "wrong_scale"
 
 
-SHIPPED = [p for p in discover() if load(p).impl in mutants()]
+SHIPPED = [p for p, record in loadable() if record.impl in mutants()]
 
 
 @pytest.mark.parametrize("path", SHIPPED, ids=[p.name for p in SHIPPED])

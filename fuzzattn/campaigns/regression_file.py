@@ -226,6 +226,19 @@ def discover(directory: str | os.PathLike | None = None) -> list[Path]:
     return sorted(p for p in directory.glob("*.json") if not p.name.startswith("."))
 
 
+def loadable(directory: str | os.PathLike | None = None) -> list[tuple[Path, "RegressionFile"]]:
+    """(path, record) of each regression file of a directory that loads. One that does not is
+    left to its own failing item (`FILE::unreadable`) and replay row, so code that reads every
+    file at import (a test module's parameters) never turns it into a collection error."""
+    found = []
+    for path in discover(directory):
+        try:
+            found.append((path, load(path)))
+        except RegressionFileError:
+            pass
+    return found
+
+
 @dataclasses.dataclass(frozen=True)
 class Written:
     path: Path
