@@ -25,18 +25,15 @@ import math
 import os
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import torch
+from hypothesis import HealthCheck, given, seed as hypothesis_seed, settings
 
-import torch  # noqa: E402
-from hypothesis import HealthCheck, given, seed as hypothesis_seed, settings  # noqa: E402
-
-import fuzzattn  # noqa: E402,F401  (selects the Triton backend before kernels import it)
-from fuzzattn.contract import profiles  # noqa: E402
-from fuzzattn.judge.judge import judge  # noqa: E402
-from fuzzattn.run.registry import implementations, mutants  # noqa: E402
-from fuzzattn.strategies.cases import attention_cases  # noqa: E402
+import fuzzattn  # noqa: F401  (selects the Triton backend before kernels import it)
+from fuzzattn.contract import profiles
+from fuzzattn.judge.judge import judge
+from fuzzattn.run.registry import implementations, mutants
+from fuzzattn.strategies.cases import attention_cases
 
 REAL = ("sdpa", "torch_tiled")
 # mutant -> the dtypes on which it plants its bug (the accumulator ones only for their dtype)

@@ -1,38 +1,23 @@
-"""How many distinct compiled Triton kernels a campaign's draws need: the compile bill, counted
-on the CPU without compiling anything.
+"""How many distinct compiled Triton kernels a triton_fa2 campaign's draws need (its compile
+bill), counted on the CPU without compiling anything.
 
-Compiled Triton builds one binary per *variant*: the constexpr values (tile sizes, BLOCK_D,
-IS_CAUSAL), the launch options (warps, stages), the dtypes, and a specialisation class of every
-integer argument (== 1, divisible by 16, other) and pointer (16-byte aligned or not). Each new
-variant costs a compile (0.2-0.3 s on the H200 host, several for the backward's three kernels);
-a case whose variants were all seen is a cache hit. This script draws the campaign's cases, builds
-their tensors, and runs triton_fa2's launchers with recording stand-ins for the kernels, which
-compute Triton's own specialisation key (`native_specialize_impl`) for each launch instead of
-launching. It prints how many distinct forward and backward variants the first n cases need.
+Compiled Triton builds one binary per *variant*: the constexpr values (tiles, BLOCK_D, causal),
+the launch options (warps, stages), the dtypes, and a specialisation class of every integer
+argument (== 1, divisible by 16, other) and pointer (16-byte aligned or not) the kernel does not
+exempt with do_not_specialize. Each new variant is a compile on the GPU host; a case whose
+variants were all seen is a cache hit. This script draws the gpu profile's cases, builds their
+tensors, and runs triton_fa2's launchers with stand-ins for the kernels that record Triton's own
+specialisation key of each launch instead of launching. It prints how many distinct forward and
+backward variants the first n cases need, and how many the last 100 added: a campaign whose
+count keeps growing spends its time compiling. A recipe to copy for another kernel's launcher.
 
-    python benchmarks/compile_variants.py --cases 2000 [--palette 0] [--gradient-every 4]
+    python benchmarks/compile_variants.py --cases 1000 --dtype float16 [--palette 0] [--gradient-every 4]
 """
 from __future__ import annotations
 
 import argparse
 import os
 import sys
-from pathlib import Path
-
-# Compiled declarations (the H200's configuration space), decorated without a GPU: nothing here
-# launches, so no driver is needed.
-os.environ["TRITON_INTERPRET"] = "0"
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from hypothesis import HealthCheck, Phase, given, seed, settings  # noqa: E402
-from triton._C.libtriton import native_specialize_impl  # noqa: E402
-from triton.backends.compiler import BaseBackend  # noqa: E402
-
-import fuzzattn  # noqa: E402,F401
-from fuzzattn.contract.profiles import PROFILES  # noqa: E402
-from fuzzattn.inputs.materialize import materialize, materialize_dout  # noqa: E402
-from fuzzattn.run import registry  # noqa: E402
-from fuzzattn.strategies import attention_cases  # noqa: E402
 
 
 class _Recorder:
@@ -44,6 +29,9 @@ class _Recorder:
         self.specialized = [not p.do_not_specialize for p in kernel.params]
 
     def __getitem__(self, grid):
+        from triton._C.libtriton import native_specialize_impl
+        from triton.backends.compiler import BaseBackend
+
         def launch(*args, **meta):
             spec = tuple(native_specialize_impl(BaseBackend, a, False, specialize, True)[:2]
                          for a, specialize in zip(args, self.specialized))
@@ -51,7 +39,7 @@ class _Recorder:
         return launch
 
 
-def main() -> None:
+def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--cases", type=int, default=2000)
     p.add_argument("--gradient-every", type=int, default=4,
@@ -59,8 +47,20 @@ def main() -> None:
     p.add_argument("--dtype", default=None, help="one dtype (a campaign's); default: all declared")
     p.add_argument("--seed", type=int, default=0, help="Hypothesis seed")
     p.add_argument("--palette", type=int, default=None,
-                   help="draw configurations from a campaign palette of this shard (see fuzzattn.strategies.configs)")
-    args = p.parse_args()
+                   help="draw layouts and configurations from this compile palette, as a campaign "
+                        "on a compiled kernel does (strategies/palette.py); default: everything")
+    args = p.parse_args(argv)
+    # Compiled declarations (the GPU's configuration space and do_not_specialize lists), decorated
+    # without a GPU: nothing here launches. TRITON_INTERPRET is read when the kernels are first
+    # imported, so this counts compiled variants only in a fresh process (run it as a script).
+    os.environ["TRITON_INTERPRET"] = "0"
+    from hypothesis import HealthCheck, Phase, given, seed, settings
+
+    import fuzzattn  # noqa: F401  (backend selection precedes the kernels' import)
+    from fuzzattn.contract.profiles import PROFILES
+    from fuzzattn.inputs.materialize import materialize, materialize_dout
+    from fuzzattn.run import registry
+    from fuzzattn.strategies import attention_cases
 
     import fuzzattn.kernels.triton_fa2 as fwd
     import fuzzattn.kernels.triton_fa2_backward as bwd
@@ -96,7 +96,8 @@ def main() -> None:
         _, f, b = counts[n - 1]
         prev = counts[max(0, n - 101)]
         print(f"{n:6d}  {f:16d}  {b:17d}  (+{f - prev[1]} / +{b - prev[2]})")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,23 +1,20 @@
-"""A time-boxed fuzzing campaign over every registered implementation and declared dtype, written
-as one JSON result per run, so that runs on a GPU machine add up (benchmarks/gpu_report.py sums
-them into benchmarks/GPU_REPORT.md).
+"""A time-boxed fuzzing campaign over every registered implementation and declared dtype (or the
+ones named), written as one JSON result per run so that runs add up: parts of one plan run as
+concurrent processes, shards of a plan draw other cases, and --report sums any set of results.
 
-    python benchmarks/gpu_campaign.py --seconds 400 --out gpu_results/
-    python benchmarks/gpu_campaign.py --seconds 400 --out gpu_results/     # the next shard
+    python benchmarks/gpu_campaign.py --seconds 300 --out runs/       # every campaign
+    python benchmarks/gpu_campaign.py --seconds 300 --out runs/ --part 0/8 --shard 0 --isolate
+    python benchmarks/gpu_campaign.py --report runs/                  # the totals
 
-Each run is one *shard*: its Hypothesis seeds are 1000 * shard + 0, 1, 2 ... (one per sub-run), so
-a second run draws other cases than the first instead of repeating them. The shard is the next
-unused one in --out unless given. The budget is split evenly over the (implementation, dtype)
-campaigns; inside its slot a campaign fuzzes, and after a counterexample (shrunk, written as a
-regression file under --regressions-dir) goes on with the next seed until the slot is spent or
-MAX_FAILURES_PER_CAMPAIGN were found (a kernel that fails everywhere would otherwise spend its
-slot shrinking the same bug again).
+A run is one *shard*: its Hypothesis seeds are 1000 * shard + 0, 1, 2 ..., so another shard draws
+other cases (default: the next unused shard in --out). The budget is split evenly over the
+(implementation, dtype) campaigns of the plan (of its part, with --part I/N). Inside its slot a
+campaign fuzzes, and after a counterexample (shrunk, written under --regressions-dir) goes on
+with the next seed, until the slot is spent or MAX_FAILURES_PER_CAMPAIGN were found.
 
-A failure is reported "covered" when a known regression file (--known-regressions, default
-regressions/) lists the implementation in expected_failures for this device type and its case
-has the same dtype, causal alignment and configuration: a fuzzed case rarely equals a file's case,
-and those three are what the known upstream defects depend on. It is a hint for the report's
-classification, not a verdict.
+A failure is "covered" when a file of --known-regressions expects the implementation to fail on
+this device type with the same dtype, causal alignment and configuration (what the known
+upstream defects depend on): a hint for triage (benchmarks/gpu_triage.py), not a verdict.
 """
 from __future__ import annotations
 
@@ -30,22 +27,22 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:           # run as a script from anywhere: this checkout's fuzzattn
-    sys.path.insert(0, str(ROOT))
-
 MAX_FAILURES_PER_CAMPAIGN = 3
 SEEDS_PER_SHARD = 1000
 # A sub-run draws the profile's max_examples cases (1000 for gpu), then the next seed starts.
 # Not one huge sub-run: once the time cap is hit, campaign.fuzz lets the remaining draws pass
 # unjudged, and Hypothesis still draws every one of them up to max_examples.
 RESULT_GLOB = "gpu_campaign_*.json"
+REPO = Path(__file__).resolve().parent.parent
 
 
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--seconds", type=float, required=True, help="wall-clock budget for the whole run")
-    p.add_argument("--out", type=Path, required=True, help="directory for the JSON result")
+    p.add_argument("--seconds", type=float, help="wall-clock budget for the whole run")
+    p.add_argument("--out", type=Path, help="directory for the JSON result")
+    p.add_argument("--report", type=Path, nargs="+", metavar="PATH",
+                   help="instead of a run: sum these results (files or directories of them) "
+                        "as markdown: cases per implementation and dtype, the distinct findings")
     p.add_argument("--profile", default="gpu", help="size profile (default gpu; ci for a CPU check)")
     p.add_argument("--shard", type=int, default=None,
                    help="shard number (distinct Hypothesis seeds); default: the next unused in --out")
@@ -72,22 +69,21 @@ def parse_args(argv):
                         "fault is a verdict, and the campaign goes on with a fresh worker")
     p.add_argument("--timeout", type=float, default=120.0,
                    help="seconds per case before an isolated case is a hang (default 120)")
-    p.add_argument("--known-regressions", type=Path, default=ROOT / "regressions",
+    p.add_argument("--known-regressions", type=Path, default=REPO / "regressions",
                    help="regression files whose expected failures may cover a finding")
     p.add_argument("--warm-up", type=int, default=0, metavar="N",
                    help="judge N cases of each campaign (gradients on every one) before its "
                         "clock starts, unsaved and forgotten: the process's one-off costs (the "
-                        "CUDA context, library handles, torch's lazy imports: sympy with the "
-                        "first autograd.grad, ~2.5 s where no bytecode is cached) are start-up, "
-                        "not throughput. Not with --isolate (the worker warms itself up)")
-    p.add_argument("--cprofile", type=Path, default=None, metavar="FILE",
-                   help="profile the campaigns with cProfile and write its stats to FILE, and the "
-                        "cases they judged to FILE.cases (benchmarks/host_profile.py summarises "
-                        "them per judged case)")
+                        "CUDA context, library handles, torch's lazy imports) are start-up, not "
+                        "throughput. Not with --isolate (the worker warms itself up)")
     p.add_argument("--stage-times", type=Path, default=None, metavar="FILE",
-                   help="time the judge's stages by wall clock (benchmarks/stage_times.py, no "
-                        "profiler) and write their totals to FILE as JSON")
+                   help="time the judge's stages by wall clock (throughput.py's timers), print "
+                        "them per judged case and write their totals to FILE as JSON")
     args = p.parse_args(argv)
+    if args.report:
+        return args
+    if args.seconds is None or args.out is None:
+        p.error("--seconds and --out are required (or --report PATH ...)")
     if not args.seconds > 0:
         p.error("--seconds must be positive")
     if args.gradient_every < 1:
@@ -217,32 +213,97 @@ def _warm_up(plan, profile, cases: int, palette) -> None:
     forget_verdicts()
 
 
-@contextlib.contextmanager
-def _measured(args):
-    """The campaigns under cProfile (--cprofile) and stage timers (--stage-times) when asked;
-    yields the stage timers' totals (None without them)."""
-    profiler = None
-    timers = contextlib.nullcontext()
-    if args.stage_times is not None:
-        sys.path.insert(0, str(ROOT / "benchmarks"))
-        import stage_times
-        timers = stage_times.timing()
-    if args.cprofile is not None:
-        import cProfile
-        profiler = cProfile.Profile()
-    with timers as totals:
-        if profiler is not None:
-            profiler.enable()
+def _throughput():
+    """benchmarks/throughput.py, whose stage timers --stage-times uses."""
+    here = str(Path(__file__).resolve().parent)
+    if here not in sys.path:
+        sys.path.insert(0, here)
+    import throughput
+    return throughput
+
+
+def _stage_timers(args):
+    return contextlib.nullcontext() if args.stage_times is None else _throughput().timing()
+
+
+def load_results(paths) -> list[dict]:
+    """Every gpu_campaign result among `paths` (files, or directories searched for RESULT_GLOB)."""
+    files = []
+    for path in paths:
+        if path.is_dir():
+            files += sorted(path.rglob(RESULT_GLOB))
+        elif path.is_file():
+            files.append(path)
+        else:
+            raise SystemExit(f"gpu_campaign: {path}: no such file or directory")
+    if not files:
+        raise SystemExit(f"gpu_campaign: no {RESULT_GLOB} under {', '.join(map(str, paths))}")
+    runs = []
+    for path in files:
         try:
-            yield totals
-        finally:
-            if profiler is not None:
-                profiler.disable()
-                profiler.dump_stats(args.cprofile)
+            data = json.loads(path.read_text())
+        except ValueError as exc:
+            raise SystemExit(f"gpu_campaign: {path}: {exc}") from None
+        if not isinstance(data, dict) or "campaigns" not in data:
+            raise SystemExit(f"gpu_campaign: {path}: not a gpu_campaign result")
+        runs.append(data)
+    return runs
+
+
+def report(runs: list[dict]) -> str:
+    """Markdown: the runs, cases per (implementation, dtype), the whole-host rate of runs made
+    side by side (all cases over the longest run), and each distinct finding once."""
+    totals: dict[tuple[str, str], dict] = {}
+    findings: dict[tuple[str, str], dict] = {}
+    for run in runs:
+        for c in run["campaigns"]:
+            t = totals.setdefault((c["impl"], c["dtype"]),
+                                  dict(cases=0, seconds=0.0, refused=0, failures=0))
+            t["cases"] += c["cases"]
+            t["seconds"] += c["seconds"]
+            t["refused"] += sum(c.get("refused", {}).values())
+            t["failures"] += len(c.get("failures", []))
+            for f in c.get("failures", []):
+                key = (c["impl"], json.dumps(f["case"], sort_keys=True))
+                findings.setdefault(key, dict(f, impl=c["impl"], found=0))["found"] += 1
+    cases = sum(t["cases"] for t in totals.values())
+    longest = max(sum(c["seconds"] for c in run["campaigns"]) for run in runs)
+    dates = sorted(run["date"] for run in runs)
+    lines = [f"- runs: {len(runs)} (shards {', '.join(str(r['shard']) for r in runs)}), "
+             f"{dates[0]} to {dates[-1]}",
+             f"- device: {', '.join(sorted({r.get('device', '?') for r in runs}))}; profile "
+             f"{', '.join(sorted({r.get('profile', '?') for r in runs}))}"]
+    for v in sorted({json.dumps(r.get("versions", {}), sort_keys=True) for r in runs}):
+        lines.append("- versions: " + ", ".join(f"{k} {x}" for k, x in json.loads(v).items()))
+    lines += ["", "| implementation | dtype | cases judged | seconds | cases/s | refused draws | failures |",
+              "|---|---|---:|---:|---:|---:|---:|"]
+    for (impl, dtype), t in sorted(totals.items()):
+        rate = f"{t['cases'] / t['seconds']:.1f}" if t["seconds"] else ""
+        lines.append(f"| {impl} | {dtype} | {t['cases']} | {t['seconds']:.0f} | {rate} | "
+                     f"{t['refused']} | {t['failures']} |")
+    lines += ["", f"{cases} cases judged in all; side by side, {cases / longest if longest else 0:.1f} "
+                  f"cases/s (the longest run {longest:.0f} s)", "", "Findings:", ""]
+    if not findings:
+        lines.append("none")
+    else:
+        lines += ["| implementation | check | error / allowed | case | file | covered by | runs |",
+                  "|---|---|---|---|---|---|---:|"]
+        for f in findings.values():
+            numbers = (f"{f['error']:.3g} / {f['allowed']:.3g}"
+                       if f.get("error") is not None and f.get("allowed") is not None else "")
+            cells = (f["impl"], f["check"], numbers, f["case_text"],
+                     Path(f["file"]).name if f.get("file") else "",
+                     ", ".join(f.get("covered_by", [])), f["found"])
+            lines.append("| " + " | ".join(" ".join(str(x).split()).replace("|", "\\|")
+                                             for x in cells) + " |")
+    return "\n".join(lines) + "\n"
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.report:
+        print(report(load_results(args.report)), end="")
+        return 0
     import torch
     from fuzzattn import settings
     from fuzzattn.cli import common
@@ -272,7 +333,7 @@ def main(argv=None) -> int:
     campaigns = []
     if args.warm_up and not args.isolate:
         _warm_up(plan, profile, args.warm_up, args.palette)
-    with _measured(args) as stage_totals, settings.one_cpu_thread():
+    with _stage_timers(args) as stage_totals, settings.one_cpu_thread():
         for impl, dtype in plan:
             entry = run_campaign(impl, dtype, profile=profile, seconds=per_campaign, shard=shard,
                                  regressions_dir=regressions_dir, known=known,
@@ -283,12 +344,13 @@ def main(argv=None) -> int:
             print(f"  {impl.name:16} {dtype:9} {entry['cases']:6} cases {entry['seconds']:7.1f} s"
                   f"  refused {sum(entry['refused'].values()):4}  failures {len(entry['failures'])}"
                   + (f": {note}" if note else ""), flush=True)
-    cases = sum(c["cases"] for c in campaigns)
-    if args.cprofile is not None:
-        Path(f"{args.cprofile}.cases").write_text(f"{cases}\n")
     if args.stage_times is not None:
-        import stage_times
-        stage_times.write(args.stage_times, stage_totals, cases, sum(c["seconds"] for c in campaigns))
+        throughput = _throughput()
+        cases = sum(c["cases"] for c in campaigns)
+        seconds = sum(c["seconds"] for c in campaigns)
+        args.stage_times.write_text(json.dumps(dict(cases=cases, seconds=seconds,
+                                                    stages=stage_totals), indent=1) + "\n")
+        print(throughput.stage_table({"this run": (stage_totals, cases, seconds)}))
     result = dict(schema=1, date=started.isoformat(timespec="seconds"), shard=shard,
                   profile=profile.name, seconds_budget=args.seconds,
                   gradient_every=args.gradient_every, isolated=args.isolate, palette=args.palette,

@@ -1,23 +1,21 @@
-"""Triage of campaign findings on the GPU: each regression file judged on several implementations,
-forward only and with gradients, each implementation in its own supervised worker process, so a
-CUDA fault is a `device_fault` verdict for that (file, implementation, phase) and the rest goes on.
+"""Triage of campaign findings: each regression file judged on several implementations, forward
+only and then with gradients, each implementation in its own supervised worker process, so a CUDA
+fault is a `device_fault` verdict for that (file, implementation, phase) and the rest goes on.
 
-    python benchmarks/gpu_triage.py benchmarks/gpu_findings/*.json --impl sdpa --impl sdpa_math
+    python benchmarks/gpu_triage.py runs/regressions/*.json --impl sdpa --impl sdpa_math --impl sdpa_cudnn
 
 One line per (file, implementation): the forward's verdict, then the verdict with gradients
-(`ok`, `skip: ...`, or the first failing check with error / allowed). What `fuzzattn explain`
-does for one factor at a time, this does for the backend and the phase, which a device fault
-makes impossible in one process.
+(`ok`, `skip: ...`, or the first failing check with error/allowed). A configuration in the file
+that an implementation does not accept is dropped (it belongs to the implementation that found
+the case). Which backends fail the same case tells an upstream defect (only the fused backends
+fail) from a judge error (every backend fails alike); `fuzzattn explain FILE --impl NAME` then
+varies one factor of the case at a time.
 """
 from __future__ import annotations
 
 import argparse
 import sys
 from pathlib import Path
-
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 
 def verdict(judged) -> str:
@@ -35,9 +33,11 @@ def verdict(judged) -> str:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("files", nargs="+", type=Path)
-    parser.add_argument("--impl", action="append", required=True)
-    parser.add_argument("--timeout", type=float, default=60.0)
+    parser.add_argument("files", nargs="+", type=Path, help="regression files (JSON)")
+    parser.add_argument("--impl", action="append", required=True,
+                        help="a registered implementation to judge each file on (repeatable)")
+    parser.add_argument("--timeout", type=float, default=60.0,
+                        help="seconds per judgement before it is a hang (default 60)")
     args = parser.parse_args(argv)
     from fuzzattn import settings
     from fuzzattn.campaigns.regression_file import RegressionFileError, load

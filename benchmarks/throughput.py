@@ -1,70 +1,121 @@
-"""Judged cases per second, per implementation and dtype, with where the time of a case goes.
+"""Judged cases per second of the full pipeline against a bare differential loop, per
+implementation and dtype, and where a judged case's time goes, stage by stage.
 
-Not a test: it prints numbers, measured in one run (compare the ratios on a noisy CPU; absolute
-rates only on the GPU). Three figures per row:
+    pipeline   `campaign.fuzz`: what the gate does per drawn case (two runs of the implementation,
+               one in NaN-poisoned memory; the float64 oracle and the same-precision reference;
+               every check; gradients on one case in --gradient-every)
+    bare       the same Hypothesis loop over the same strategy doing the least a differential test
+               does: materialise, one run, the float64 oracle, one max-error compare
+               (`--lean-bare`: an oracle without the magnitudes the noise terms read)
+    ratio      bare rate / pipeline rate; with --repeats N the two loops alternate N times on the
+               same cases (a fixed seed) and the ratio is the median of the N pairs' ratios, since
+               a small machine's speed drifts within minutes
 
-    pipeline   `fuzz()`: everything the gate does per drawn case — materialise once, run the
-               implementation twice (adversarial NaN-poisoned memory, then plain), the float64
-               oracle and the same-precision reference, every check, Hypothesis's drawing
-    bare       the same Hypothesis loop over the same strategy with the least a differential
-               test can do: materialise, run once, the float64 oracle, one max-error compare
-               (the oracle as the judge's is, with the score and output magnitudes its noise
-               terms read; `--lean-bare`: without them, a plain float64 attention)
-    ratio      pipeline cost per case / bare cost per case (the issue's target: <= 1.5 on CPU)
+The stage table (milliseconds per judged case) comes from a separate run of other cases with
+wall-clock timers around the judge's stages (about a microsecond a call, so the rates above are
+measured without them); "outside the judge" is Hypothesis's drawing and the campaign's own work.
+`gpu_campaign.py --stage-times` uses the same timers on a GPU.
 
-With `--repeats N` the pipeline and the bare loop run N times each, alternating, on the same
-cases (the verdict memo emptied before each pipeline run): the rates are the medians, the ratio
-is the median of the N pairs' own ratios (each pair measured within a second or two), and its
-range is printed beside it. The 2-core machines drift by 20% within minutes and a single pair
-has measured anywhere from 1.26 to 1.87 on the same tree, which one pair cannot tell from a change.
-
-and a per-case breakdown of the pipeline (milliseconds per judged case: drawing, materialising,
-implementation runs, references, the rest), from a second, profiled run (cProfile slows
-Python-heavy stages; the rate is measured without it).
-
-    python benchmarks/throughput.py [--profile ci] [--cases 200] [--impl sdpa --impl torch_tiled]
-
-Scaling over processes is measured with pytest-xdist, as users run it:
-`pytest tests/test_differential.py -k sdpa-float32 -n N --fuzzattn-shards N` prints
-"fuzzattn: K cases judged in S s". benchmarks/gpu_call.sh measures campaigns of concurrent parts.
+    python benchmarks/throughput.py [--profile ci] [--cases 200] [--impl sdpa ...] [--dtype float32 ...]
+                                    [--gradient-every 1] [--repeats 1] [--lean-bare] [--no-stages]
 """
 from __future__ import annotations
 
 import argparse
-import cProfile
-import pstats
+import contextlib
+import functools
+import importlib
 import statistics
 import time
 
-import fuzzattn  # noqa: F401  (selects the Triton backend first)
+import fuzzattn  # noqa: F401  (selects the Triton backend before anything imports triton)
 import torch
 from hypothesis import given, seed, settings
 
 from fuzzattn import settings as run_settings
 from fuzzattn.campaigns.campaign import forget_verdicts, fuzz
 from fuzzattn.contract.dtypes import DTYPES
-from fuzzattn.run import execute
 from fuzzattn.inputs.materialize import materialize
 from fuzzattn.judge.judge import default_device
 from fuzzattn.judge.oracle import _attend, oracle
+from fuzzattn.run import execute
 from fuzzattn.run.registry import implementations
 from fuzzattn.strategies import attention_cases
 
-from host_profile import stage_ms    # benchmarks/, this script's own folder
+# (module, attribute, stage): each attribute is wrapped where its callers look it up. Nested
+# stages count in their parents too (`judge` holds everything below it).
+STAGES = (
+    ("fuzzattn.campaigns.campaign", "judge", "judge"),
+    ("fuzzattn.judge.judge", "materialize", "materialise"),
+    ("fuzzattn.run.runs", "launch", "runs: launch"),
+    ("fuzzattn.run.runs", "deliver", "runs: read-back"),
+    ("fuzzattn.judge.judge", "oracle", "oracle"),
+    ("fuzzattn.judge.judge", "same_precision_reference", "same-precision reference"),
+    ("fuzzattn.judge.judge", "moved_together", "references moved"),
+    ("fuzzattn.judge.judge", "value_verdicts", "value checks"),
+    ("fuzzattn.judge.judge", "same_bits", "determinism compare"),
+    ("fuzzattn.judge.judge", "judge_gradients", "gradients"),
+    ("fuzzattn.gradients.judge", "run_backward", "gradients: runs"),
+    ("fuzzattn.gradients.judge", "oracle_gradients", "gradients: oracle"),
+    ("fuzzattn.gradients.judge", "same_precision_gradients", "gradients: reference"),
+    ("fuzzattn.gradients.judge", "_values", "gradients: value checks"),
+)
+OUTSIDE = "outside the judge"
 
-# Functions whose cumulative time makes up each stage of the breakdown (file, function).
-STAGES = {
-    "draw (hypothesis)": ("cases.py", "_cases"),
-    "materialise": ("inputs.py", "materialize"),
-    "implementation runs": ("execute.py", "call"),
-    "oracle + reference": ("oracle.py", "_attend"),
-    "gradients": ("gradients.py", "judge_gradients"),
-}
+
+def unresolved() -> list[str]:
+    """STAGES entries this tree does not have (a renamed function): its stage would read 0."""
+    return [f"{module}.{attribute}" for module, attribute, _ in STAGES
+            if not hasattr(importlib.import_module(module), attribute)]
+
+
+@contextlib.contextmanager
+def timing():
+    """Every stage of STAGES timed while inside; yields {stage: seconds}, filled as cases are
+    judged, and puts the original functions back after. A missing attribute is skipped."""
+    totals = {stage: 0.0 for _, _, stage in STAGES}
+
+    def timed(fn, stage):
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                totals[stage] += time.perf_counter() - start
+        return wrapper
+
+    originals = []
+    try:
+        for module, attribute, stage in STAGES:
+            owner = importlib.import_module(module)
+            if hasattr(owner, attribute):
+                originals.append((owner, attribute, getattr(owner, attribute)))
+                setattr(owner, attribute, timed(getattr(owner, attribute), stage))
+        yield totals
+    finally:
+        for owner, attribute, original in reversed(originals):
+            setattr(owner, attribute, original)
+
+
+def stage_table(columns: dict[str, tuple[dict, int, float]]) -> str:
+    """{label: (stage seconds, judged cases, wall seconds)} as ms per judged case, one column
+    per label."""
+    width = max([10] + [len(label) + 2 for label in columns])
+    lines = [f"{'ms per judged case':<28}" + "".join(f"{label:>{width}}" for label in columns)]
+    for stage in [stage for _, _, stage in STAGES] + [OUTSIDE, "all"]:
+        cells = []
+        for totals, cases, seconds in columns.values():
+            value = {OUTSIDE: seconds - totals["judge"], "all": seconds}.get(stage, totals.get(stage))
+            cells.append(f"{1000.0 * value / max(cases, 1):{width}.2f}")
+        lines.append(f"{stage:<28}" + "".join(cells))
+    lines.append(f"{'judged cases':<28}" + "".join(f"{cases:>{width}}" for _, cases, _ in columns.values()))
+    return "\n".join(lines)
 
 
 def lean_oracle(q, k, v, case):
     """The float64 oracle without the score and output magnitudes (the noise terms' inputs):
-    what a differential test that only compares values would compute."""
+    what a differential test that only compares values computes."""
     return _attend(q, k, v, case, torch.float64, None, magnitudes=False)
 
 
@@ -87,76 +138,79 @@ def bare_loop(impl, strategy, cases: int, device, reference=oracle) -> tuple[int
     return count["n"], time.perf_counter() - start
 
 
-def breakdown(profile: cProfile.Profile, cases: int) -> dict[str, float]:
-    return stage_ms(pstats.Stats(profile).stats, cases, STAGES)
+def measure(impl, strategy, args, device, reference) -> dict:
+    """One row: the rates (medians over --repeats) and, unless --no-stages, the stage totals."""
+    fuzz(impl, strategy, max_examples=5, save_to_file=False, hypothesis_seed_value=99)  # warm-up
+    bare_loop(impl, strategy, 5, device, reference)    # the bare loop's first cases are slow too
+    rates, bare_rates, passed = [], [], True
+    for _ in range(args.repeats):
+        forget_verdicts()
+        start = time.perf_counter()
+        result = fuzz(impl, strategy, max_examples=args.cases, save_to_file=False,
+                      hypothesis_seed_value=0, gradient_every=args.gradient_every)
+        rates.append(result.cases / (time.perf_counter() - start))
+        passed = passed and result.passed
+        bare_cases, bare_seconds = bare_loop(impl, strategy, args.cases, device, reference)
+        bare_rates.append(bare_cases / bare_seconds)
+    ratios = [b / p for p, b in zip(rates, bare_rates)]
+    row = dict(cases=result.cases, rate=statistics.median(rates),
+               bare=statistics.median(bare_rates), ratio=statistics.median(ratios),
+               low=min(ratios), high=max(ratios), passed=passed, stages=None)
+    if not args.no_stages:
+        with timing() as totals:
+            start = time.perf_counter()
+            timed = fuzz(impl, strategy, max_examples=args.cases, save_to_file=False,
+                         hypothesis_seed_value=1, gradient_every=args.gradient_every)
+            row["stages"] = (dict(totals), timed.cases, time.perf_counter() - start)
+    return row
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--profile", default="ci")
+    parser.add_argument("--profile", default="ci", help="size profile (default ci)")
     parser.add_argument("--cases", type=int, default=200, help="cases per implementation and dtype")
     parser.add_argument("--impl", action="append", help="only these implementations")
-    parser.add_argument("--dtype", action="append", choices=DTYPES)
+    parser.add_argument("--dtype", action="append", choices=DTYPES, help="only these dtypes")
     parser.add_argument("--gradient-every", type=int, default=1, metavar="N",
-                        help="judge gradients on one case in N (campaign.fuzz; default 1: all)")
-    parser.add_argument("--lean-bare", action="store_true",
-                        help="the bare loop's oracle without the magnitudes (lean_oracle)")
+                        help="judge gradients on one case in N (default 1: every case; a large N "
+                             "measures the forward only)")
     parser.add_argument("--repeats", type=int, default=1, metavar="N",
                         help="pipeline and bare loop N times each, alternating; medians reported")
+    parser.add_argument("--lean-bare", action="store_true",
+                        help="the bare loop's oracle without the noise terms' magnitudes")
+    parser.add_argument("--no-stages", action="store_true", help="skip the stage table's run")
     args = parser.parse_args(argv)
     profile = run_settings.load_profile(args.profile)
-    if run_settings.wants_one_thread():
-        torch.set_num_threads(1)       # as CPU xdist workers run
     device = default_device()
     impls = implementations()
-    rows = []
-    for name in args.impl or sorted(impls):
-        impl = impls[name]
-        for dtype in (d for d in DTYPES if d in impl.caps.dtypes and d in (args.dtype or DTYPES)):
-            if run_settings.bf16_unavailable(impl) and dtype == "bfloat16":
-                continue
-            strategy = attention_cases(impl.caps, dtype=dtype, profile=profile)
-            fuzz(impl, strategy, max_examples=5, save_to_file=False, hypothesis_seed_value=99)  # warm-up
-            # The bare loop's own first cases of a dtype are slow too (measured: bf16's first
-            # pair's ratio 0.78-0.90 where the others were 1.4-1.9), which flattered the median.
-            reference = lean_oracle if args.lean_bare else oracle
-            bare_loop(impl, strategy, 5, device, reference)
-            # The rate unprofiled. A fixed seed: two trees (or two runs) compared judge the same
-            # cases, as the bare loop does; random draws made one tree's rate vary by 1.5x.
-            rates, bare_rates = [], []
-            for _ in range(args.repeats):
-                forget_verdicts()
-                start = time.perf_counter()
-                result = fuzz(impl, strategy, max_examples=args.cases, save_to_file=False,
-                              hypothesis_seed_value=0, gradient_every=args.gradient_every)
-                rates.append(result.cases / (time.perf_counter() - start))
-                bare_cases, bare_seconds = bare_loop(impl, strategy, args.cases, device,
-                                                     reference)
-                bare_rates.append(bare_cases / bare_seconds)
-            # The breakdown from a second, profiled run of other cases (cProfile slows
-            # Python-heavy stages, so its total is not the rate).
-            profiler = cProfile.Profile()
-            profiler.enable()
-            profiled = fuzz(impl, strategy, max_examples=args.cases, save_to_file=False,
-                            hypothesis_seed_value=1, gradient_every=args.gradient_every)
-            profiler.disable()
-            ratios = [b / p for p, b in zip(rates, bare_rates)]
-            rows.append((name, dtype, result.cases, statistics.median(rates),
-                         statistics.median(bare_rates), statistics.median(ratios),
-                         (min(ratios), max(ratios)), breakdown(profiler, profiled.cases),
-                         result.passed))
-    print(f"profile={profile.name} device={run_settings.device_description()} "
-          f"threads={torch.get_num_threads()} gradient_every={args.gradient_every} "
-          f"repeats={args.repeats} bare_oracle={'lean' if args.lean_bare else 'judge'} "
-          f"{run_settings.backend_description()}")
+    unknown = sorted(set(args.impl or ()) - set(impls))
+    if unknown:
+        parser.error(f"not registered: {', '.join(unknown)}")
+    reference = lean_oracle if args.lean_bare else oracle
+    rows = {}
+    with run_settings.one_cpu_thread():          # as CPU xdist workers run
+        for name in args.impl or sorted(impls):
+            impl = impls[name]
+            for dtype in (d for d in DTYPES if d in impl.caps.dtypes and d in (args.dtype or DTYPES)):
+                if dtype == "bfloat16" and run_settings.bf16_unavailable(impl):
+                    continue
+                strategy = attention_cases(impl.caps, dtype=dtype, profile=profile)
+                rows[(name, dtype)] = measure(impl, strategy, args, device, reference)
+        threads = torch.get_num_threads()
+    print(f"profile={profile.name} device={run_settings.device_description()} threads={threads} "
+          f"gradient_every={args.gradient_every} repeats={args.repeats} "
+          f"bare_oracle={'lean' if args.lean_bare else 'judge'} {run_settings.backend_description()}")
     print(f"{'implementation':<16}{'dtype':<10}{'cases':>6}{'cases/s':>9}{'bare/s':>9}{'ratio':>7}"
-          f"{'range':>12}  "
-          + "  ".join(f"{s} ms" for s in STAGES) + "  verdict")
-    for name, dtype, cases, rate, bare_rate, ratio, (low, high), stages, passed in rows:
-        print(f"{name:<16}{dtype:<10}{cases:>6}{rate:>9.1f}{bare_rate:>9.1f}{ratio:>7.2f}"
-              f"{f'{low:.2f}-{high:.2f}':>12}  "
-              + "  ".join(f"{stages[s]:>{len(s) + 3}.2f}" for s in STAGES)
-              + f"  {'pass' if passed else 'FOUND A FAILURE'}")
+          f"{'range':>12}  verdict")
+    for (name, dtype), r in rows.items():
+        spread = f"{r['low']:.2f}-{r['high']:.2f}"
+        print(f"{name:<16}{dtype:<10}{r['cases']:>6}{r['rate']:>9.1f}{r['bare']:>9.1f}"
+              f"{r['ratio']:>7.2f}{spread:>12}  {'pass' if r['passed'] else 'FOUND A FAILURE'}")
+    short = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+    staged = {f"{name} {short[dtype]}": r["stages"] for (name, dtype), r in rows.items() if r["stages"]}
+    if staged:
+        print()
+        print(stage_table(staged))
     return 0
 
 

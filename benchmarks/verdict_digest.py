@@ -1,24 +1,20 @@
-"""Every verdict of a fixed set of judgements, one line each, for checking that a speed change
-changed no verdict: run it on two trees and compare the files (`cmp`).
+"""Every verdict of a fixed set of judgements, one line each, to show that a change to the judge
+or its speed changed no verdict: write a digest on each tree and compare them.
 
-    python benchmarks/verdict_digest.py OUT [--cases 150]
-    PYTHONPATH=/path/to/other/tree python benchmarks/verdict_digest.py OUT2   # from that tree
-    python benchmarks/verdict_digest.py --compare OUT OUT2
+    python benchmarks/verdict_digest.py OUT [--cases 150] [--margins] [--also IMPL:DTYPE]
+    PYTHONPATH=/path/to/other/tree python benchmarks/verdict_digest.py OUT2
+    python benchmarks/verdict_digest.py --compare OUT OUT2         # or `cmp OUT OUT2`
 
-Judged: sdpa (float32, bfloat16), torch_tiled (float16) and two mutants chosen because they fail
-in different checks (phantom keys: values; a detached denominator: gradients), each on the same
-`--cases` drawn cases of the ci profile (Hypothesis seed 7), gradients on every case; `--also
-IMPL:DTYPE` adds more (a mutant's name, say). `--margins` judges with `margins=True` (every
-allowance the whole rule's, the same-precision references always computed): a tree deciding the
-rule tier by tier then compares line for line with one from before that. A line is the verdict's
-check, passed, error, allowed, where and detail, by repr: a last-digit change of a statistic
-shows.
+Judged: sdpa (float32, bfloat16), torch_tiled (float16) and two mutants that fail in different
+checks (phantom keys: the values; a detached denominator: the gradients), each on the same
+--cases cases of the ci profile (Hypothesis seed 7), gradients on every case. A line holds a
+verdict's check, passed, error, allowed, where and detail by repr, so a last-digit change shows.
+--margins judges with margins=True: every allowance is the whole rule's, whichever tier would
+have decided the pass, so digests compare across a change to how the tiers decide.
 
-`--compare` is for a change that moves float64 arithmetic (the oracle computed another way):
-lines that differ only in their numbers pass, and the largest relative differences among them
-are printed for a look (an error is a difference of nearly equal numbers, so its own relative
-change can be ~1e-6 when the oracle moved by 1e-15); every line that differs in anything else (a
-check, a verdict, a place, a case) is printed, and makes the exit status 1.
+--compare is for a change that moves float64 arithmetic: lines that differ only in their numbers
+pass, the largest relative differences among them are printed for a look, and every line that
+differs otherwise (a check, a verdict, a place, a case) is printed and makes the exit status 1.
 """
 from __future__ import annotations
 
@@ -28,7 +24,6 @@ import sys
 from pathlib import Path
 
 import fuzzattn  # noqa: F401  (selects the Triton backend first)
-import torch
 from hypothesis import HealthCheck, given, seed, settings
 
 from fuzzattn import settings as run_settings
@@ -84,12 +79,19 @@ def compare(a: list[str], b: list[str]) -> tuple[list[tuple[float, str, str]], l
 
 
 def main(argv=None) -> int:
-    if argv is None:
-        argv = sys.argv[1:]
-    if argv and argv[0] == "--compare":
-        if len(argv) != 3:
-            raise SystemExit("usage: verdict_digest.py --compare OUT OUT2")
-        a, b = (Path(f).read_text().splitlines() for f in argv[1:])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out", type=Path, nargs="?", help="the digest to write")
+    parser.add_argument("--compare", type=Path, nargs=2, metavar=("OUT", "OUT2"),
+                        help="instead: compare two digests (exit 1 if a line differs otherwise "
+                             "than in its numbers)")
+    parser.add_argument("--cases", type=int, default=150, help="cases per judged row (default 150)")
+    parser.add_argument("--also", action="append", default=[], metavar="IMPL:DTYPE",
+                        help="judge this implementation and dtype too (after the default ones)")
+    parser.add_argument("--margins", action="store_true",
+                        help="judge(margins=True): every allowance the whole rule's")
+    args = parser.parse_args(argv)
+    if args.compare:
+        a, b = (path.read_text().splitlines() for path in args.compare)
         numbers, different = compare(a, b)
         for gap, x, y in numbers[:5]:
             print(f"numbers only, {gap:.3g} relative:\n- {x}\n+ {y}")
@@ -99,25 +101,16 @@ def main(argv=None) -> int:
               f"{numbers[0][0] if numbers else 0:.3g} relative); {len(different)} differ otherwise",
               file=sys.stderr)
         return 1 if different else 0
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("out", type=Path)
-    parser.add_argument("--cases", type=int, default=150)
-    parser.add_argument("--also", action="append", default=[], metavar="IMPL:DTYPE",
-                        help="judge this implementation and dtype too (after the default ones)")
-    parser.add_argument("--margins", action="store_true",
-                        help="judge(margins=True): every allowance the whole rule's (comparable "
-                             "with trees from before the rule was decided tier by tier)")
-    args = parser.parse_args(argv)
+    if args.out is None:
+        parser.error("OUT is required (or --compare OUT OUT2)")
     profile = run_settings.load_profile("ci")
-    if run_settings.wants_one_thread():
-        torch.set_num_threads(1)
     impls = {**implementations(), **mutants()}
     lines = []
-    for name, dtype in list(JUDGED) + [tuple(a.split(":")) for a in args.also]:
-        kwargs = dict(margins=True) if args.margins else {}
-        lines += digest(impls[name], dtype, args.cases, profile, **kwargs)
+    with run_settings.one_cpu_thread():
+        for name, dtype in list(JUDGED) + [tuple(a.split(":")) for a in args.also]:
+            lines += digest(impls[name], dtype, args.cases, profile, margins=args.margins)
     args.out.write_text("\n".join(lines) + "\n")
-    print(f"{len(lines)} lines, {sum(1 for l in lines if l.startswith('  grad_'))} gradient "
+    print(f"{len(lines)} lines, {sum(1 for line in lines if line.startswith('  grad_'))} gradient "
           f"verdicts -> {args.out}", file=sys.stderr)
     return 0
 

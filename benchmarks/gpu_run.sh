@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# On a CUDA host, from the repository root: install this checkout over the host's torch and
+# triton, then run what benchmarks/REPORT.md's GPU tables report. Each step writes under OUT.
+#     bash benchmarks/gpu_run.sh [suite] [zoo] [campaign] [throughput] [speed]   (default: all)
+#   suite       the test suite on compiled kernels and the CUDA backends (profile dev)
+#   zoo         every mutant fuzzed compiled, ZOO processes side by side
+#   campaign    PARTS isolated campaign parts spread over the GPUs, CAMPAIGN_SECONDS each
+#   throughput  K = 1 and 16 sdpa fp32 fuzzers side by side on GPU 0, 30 s (MPS=1: under MPS)
+#   speed       the forward and backward TFLOP/s tables
+set -uo pipefail
+OUT=${OUT:-gpu-out} CAMPAIGN_SECONDS=${CAMPAIGN_SECONDS:-300} PARTS=${PARTS:-12} ZOO=${ZOO:-4}
+STEPS=${*:-suite zoo campaign throughput speed}
+NGPU=$(nvidia-smi -L 2>/dev/null | grep -c "^GPU") || { echo "gpu_run.sh: no GPU visible"; exit 2; }
+mkdir -p "$OUT"
+step() { echo; echo "== $1 ($(date +%T))"; }
+# Bytecode cached for every later process (without it each fuzzer compiles torch's lazy imports).
+export PYTHONUNBUFFERED=1 PYTHONPYCACHEPREFIX=${PYTHONPYCACHEPREFIX:-/tmp/fuzzattn-pycache}
+unset PYTHONDONTWRITEBYTECODE
+python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1 \
+    || { echo "install failed: $OUT/install.log"; exit 1; }
+
+for s in $STEPS; do case $s in
+suite)
+    step "test suite"
+    FUZZATTN_PROFILE=dev python3 -m pytest -q -p no:cacheprovider -n 16 -rfs --tb=short tests \
+        >"$OUT/suite.txt" 2>&1; tail -n 3 "$OUT/suite.txt" ;;
+zoo)
+    step "mutant zoo, compiled"
+    mapfile -t MUTANTS < <(python3 -m fuzzattn.cli mutants --list | awk '/^mutant_/ {print $1}')
+    for z in $(seq 0 $(( ZOO - 1 ))); do
+        for i in "${!MUTANTS[@]}"; do
+            (( i % ZOO == z )) && OMP_NUM_THREADS=1 python3 -m fuzzattn.cli mutants --only "${MUTANTS[$i]}" \
+                --profile gpu --max-examples 100 --seconds 60 --isolate --timeout 30 | grep "^mutant_"
+        done >"$OUT/zoo_$z.txt" 2>&1 &
+    done; wait
+    sort "$OUT"/zoo_*.txt | tee "$OUT/zoo.txt" | awk '{n++} $2 == "killed" {k++} END {print k+0 "/" n+0 " killed"}' ;;
+campaign)
+    step "campaign: $PARTS parts x $CAMPAIGN_SECONDS s over $NGPU GPU(s)"
+    for p in $(seq 0 $(( PARTS - 1 ))); do
+        CUDA_VISIBLE_DEVICES=$(( p % NGPU )) OMP_NUM_THREADS=1 python3 benchmarks/gpu_campaign.py \
+            --seconds "$CAMPAIGN_SECONDS" --part "$p/$PARTS" --shard "$p" --isolate --timeout 60 \
+            --gradient-every 4 --out "$OUT/campaign" >"$OUT/campaign_$p.txt" 2>&1 &
+    done; wait
+    python3 benchmarks/gpu_campaign.py --report "$OUT/campaign" | tee "$OUT/campaign.md" ;;
+throughput)
+    [[ "${MPS:-0}" == 1 ]] && nvidia-cuda-mps-control -d
+    for k in 1 16; do
+        step "throughput: $k sdpa fp32 fuzzers"
+        for i in $(seq 0 $(( k - 1 ))); do
+            CUDA_VISIBLE_DEVICES=0 OMP_NUM_THREADS=1 python3 benchmarks/gpu_campaign.py --impl sdpa \
+                --dtype float32 --seconds 30 --gradient-every 4 --warm-up 5 --shard "$i" \
+                --out "$OUT/throughput_$k" >"$OUT/throughput_${k}_$i.txt" 2>&1 &
+        done; wait
+        python3 benchmarks/gpu_campaign.py --report "$OUT/throughput_$k" | grep "cases judged in all"
+    done
+    [[ "${MPS:-0}" == 1 ]] && echo quit | nvidia-cuda-mps-control ;;
+speed)
+    step "speed"
+    python3 benchmarks/speed.py --pass both 2>&1 | tee "$OUT/speed.txt" ;;
+*)  echo "gpu_run.sh: unknown step $s (suite, zoo, campaign, throughput, speed)"; exit 2 ;;
+esac; done
