@@ -33,9 +33,10 @@ zoo)
                 --profile gpu --max-examples 100 --seconds 60 --isolate --timeout 30 | grep "^mutant_"
         done >"$OUT/zoo_$z.txt" 2>&1 &
     done; wait
-    sort "$OUT"/zoo_*.txt | tee "$OUT/zoo.txt" | awk '{n++} $2 == "killed" {k++} END {print k+0 "/" n+0 " killed"}' ;;
+    grep -h "^mutant_" "$OUT"/zoo_*.txt | sort | tee "$OUT/zoo.txt" | awk '{n++} $2 == "killed" {k++} END {print k+0 "/" n+0 " killed"}' ;;
 campaign)
     step "campaign: $PARTS parts x $CAMPAIGN_SECONDS s over $NGPU GPU(s)"
+    rm -rf "$OUT/campaign"                 # --report sums every result under it
     for p in $(seq 0 $(( PARTS - 1 ))); do
         CUDA_VISIBLE_DEVICES=$(( p % NGPU )) OMP_NUM_THREADS=1 python3 benchmarks/gpu_campaign.py \
             --seconds "$CAMPAIGN_SECONDS" --part "$p/$PARTS" --shard "$p" --isolate --timeout 60 \
@@ -43,9 +44,10 @@ campaign)
     done; wait
     python3 benchmarks/gpu_campaign.py --report "$OUT/campaign" | tee "$OUT/campaign.md" ;;
 throughput)
-    [[ "${MPS:-0}" == 1 ]] && nvidia-cuda-mps-control -d
+    if [[ "${MPS:-0}" == 1 ]]; then nvidia-cuda-mps-control -d; fi
     for k in 1 16; do
         step "throughput: $k sdpa fp32 fuzzers"
+        rm -rf "$OUT/throughput_$k"
         for i in $(seq 0 $(( k - 1 ))); do
             CUDA_VISIBLE_DEVICES=0 OMP_NUM_THREADS=1 python3 benchmarks/gpu_campaign.py --impl sdpa \
                 --dtype float32 --seconds 30 --gradient-every 4 --warm-up 5 --shard "$i" \
@@ -53,7 +55,7 @@ throughput)
         done; wait
         python3 benchmarks/gpu_campaign.py --report "$OUT/throughput_$k" | grep "cases judged in all"
     done
-    [[ "${MPS:-0}" == 1 ]] && echo quit | nvidia-cuda-mps-control ;;
+    if [[ "${MPS:-0}" == 1 ]]; then echo quit | nvidia-cuda-mps-control; fi ;;
 speed)
     step "speed"
     python3 benchmarks/speed.py --pass both 2>&1 | tee "$OUT/speed.txt" ;;

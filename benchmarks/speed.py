@@ -62,6 +62,15 @@ def _reason(error: BaseException) -> str:
     return (str(error).splitlines() or [type(error).__name__])[0][:100]
 
 
+def _tiles(config) -> str:
+    """An autotuner's choice as BLOCK_MxBLOCK_N, warps and stages."""
+    kwargs = getattr(config, "kwargs", None)
+    if not kwargs:
+        return "-" if config is None else str(config)
+    return (f"{kwargs.get('BLOCK_M')}x{kwargs.get('BLOCK_N')} w{getattr(config, 'num_warps', '?')} "
+            f"s{getattr(config, 'num_stages', '?')}")
+
+
 def forward_table(args) -> None:
     import torch
     import triton
@@ -102,9 +111,8 @@ def forward_table(args) -> None:
                 print(f"  {provider} N={seq} D={head_dim} causal={causal}: {_reason(error)}",
                       file=sys.stderr)
             torch.cuda.empty_cache()
-        best = getattr(fa2_fwd_autotuned, "best_config", None)
         print(f"{seq:>6} {head_dim:>4} {str(causal):>6} " + "".join(cells)
-              + f"  {best if best is not None else '-'}", flush=True)
+              + f"  {_tiles(getattr(fa2_fwd_autotuned, 'best_config', None))}", flush=True)
 
 
 def backward_row(args, seq: int, head_dim: int, causal: bool, configs) -> str:
