@@ -108,6 +108,23 @@ class _State:
 _STATE_KEY = pytest.StashKey[_State]()
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config):
+    """A run started from the command line re-executes itself watched (fuzzattn/pytest_watched.py):
+    a kernel that hangs or kills its process is then a saved regression file, not a lost run."""
+    from fuzzattn import pytest_watched
+    if pytest_watched.should_watch(config):
+        return pytest_watched.run_watched(config, regressions_dir(config))
+    return None
+
+
+def pytest_sessionstart(session):
+    """After pytest's own faulthandler set-up (at configure): a watched run's fatal-signal
+    stacks go where the watchdog reads them."""
+    from fuzzattn import pytest_watched
+    pytest_watched.watch_this_process()
+
+
 def pytest_configure(config):
     from fuzzattn import settings
     from fuzzattn.contract.profiles import PROFILES, ProfileError

@@ -23,6 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 LAYERS = {"contract": 0, "platform": 1, "triton_interpreter": 1, "inputs": 2, "judge": 3,
           "run": 4, "gradients": 5, "judge.judge": 6, "judge.value_checks": 6, "relations": 7, "isolation": 8,
           "strategies": 8, "campaigns": 9, "cli": 10, "pytest_plugin": 10, "pytest_regressions": 10,
+          "pytest_watched": 10,
           "settings": 10}
 ENGINE = ("contract", "platform", "triton_interpreter", "inputs", "run", "judge", "gradients",
           "relations", "isolation")

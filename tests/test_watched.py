@@ -22,12 +22,20 @@ TIMEOUT = 3          # seconds a call may take in these tests before it is a han
 START_UP = 90        # seconds allowed for the child's imports on a loaded CI machine
 
 
+def user_env(extra=None) -> dict:
+    """This environment without what marks a process as part of a pytest-xdist run or of a
+    watched run: what a user's shell has."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("PYTEST_XDIST", "FUZZATTN_SUPERVISED", "FUZZATTN_FLIGHT"))
+           and k != "PYTEST_CURRENT_TEST"}
+    return {**env, **(extra or {})}
+
+
 def fuzzattn(*args, cwd, env=None):
     """The installed command, as a user runs it (watched by default)."""
     started = time.monotonic()
     done = subprocess.run([sys.executable, "-m", "fuzzattn.cli", *map(str, args)], cwd=cwd,
-                          capture_output=True, text=True, timeout=600,
-                          env={**os.environ, **(env or {})})
+                          capture_output=True, text=True, timeout=600, env=user_env(env))
     return done, time.monotonic() - started
 
 
@@ -162,7 +170,7 @@ def test_interrupting_the_command_leaves_no_process_behind(tmp_path):
         "def slow(q, k, v, *, causal, scale):\n    time.sleep(0.05)\n"
         "    return F.scaled_dot_product_attention(q, k, v, is_causal=bool(causal), scale=scale)\n")
     child = subprocess.Popen([sys.executable, "-m", "fuzzattn.cli", "fuzz", "--impl", "slow.py:slow",
-                              "--max-examples", "100000", "--no-save"], cwd=tmp_path,
+                              "--max-examples", "100000", "--no-save"], cwd=tmp_path, env=user_env(),
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + START_UP
     while time.monotonic() < deadline and len(leftovers("slow.py:slow")) < 2:   # watchdog + child
@@ -172,6 +180,43 @@ def test_interrupting_the_command_leaves_no_process_behind(tmp_path):
     out, _ = child.communicate(timeout=120)
     assert child.returncode == 130, out
     assert leftovers("slow.py:slow") == []
+
+
+# -- pytest, watched -------------------------------------------------------------------------------
+def pytest_run(*args, cwd, env=None):
+    """pytest from the command line, with this repository's conftest (the plugin opted in)."""
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *map(str, args)],
+                          cwd=cwd, capture_output=True, text=True, timeout=600, env=user_env(env))
+    return done, time.monotonic() - started
+
+
+def test_pytest_saves_a_hang_with_no_flag(tmp_path):
+    done, seconds = pytest_run("tests/test_differential.py", "-k", "hang_at_5",
+                               "--fuzzattn-impl", f"{KERNELS}:HANG",
+                               "-o", f"fuzzattn_regressions={tmp_path}", cwd=HERE.parent,
+                               env={flight.TIMEOUT_ENV: str(TIMEOUT)})
+    out = done.stdout + done.stderr
+    assert done.returncode == 1, out
+    assert seconds < 2 * TIMEOUT + START_UP, seconds
+    assert "hang: no result from the forward call after 3 s" in out, out
+    [record] = saved(tmp_path)
+    assert record["check"] == "hang"
+    assert leftovers(str(tmp_path)) == []
+
+
+def test_pytest_under_xdist_saves_a_segfault_and_runs_the_rest(tmp_path):
+    (tmp_path / "odd.py").write_text(SEGFAULT_LATER)
+    done, _ = pytest_run("-n", 2, "tests/test_differential.py", "-k", "odd_keys or sdpa_math",
+                         "--fuzzattn-impl", f"{tmp_path / 'odd.py'}:ODD_KEYS",
+                         "--fuzzattn-max-examples", 40, "-o", f"fuzzattn_regressions={tmp_path / 'reg'}",
+                         cwd=HERE.parent)
+    out = done.stdout + done.stderr
+    assert done.returncode == 1, out
+    assert re.search(r"segfault: the process died at odd.py:8 in attention", out), out
+    assert re.search(r"\d+ passed", out), out                # sdpa_math's tests ran on
+    assert [r["check"] for r in saved(tmp_path / "reg")] == ["segfault"]
+    assert leftovers(str(tmp_path / "odd.py")) == []
 
 
 # -- --isolate with real declarations --------------------------------------------------------------
@@ -209,5 +254,5 @@ def test_isolate_loads_an_autotune_declare_declaration(tmp_path):
     done, _ = fuzzattn("fuzz", "--impl", f"{example}:SQUARE_FP16", "--max-examples", 5,
                        "--isolate", "--no-save", cwd=tmp_path)
     out = done.stdout + done.stderr
-    assert done.returncode == 1 and "error" not in out.lower(), out
+    assert done.returncode == 1 and "fuzzattn: error" not in out, out
     assert re.search(r"square_fp16\s+float16\s+FAIL", out) and "BLOCK_N" in out, out

@@ -13,6 +13,8 @@ FUZZATTN_SUPERVISE=off runs the command in this process (a crash then ends the r
 """
 from __future__ import annotations
 
+import builtins
+import functools
 import os
 import shutil
 import sys
@@ -28,9 +30,10 @@ def console_main(argv=None) -> int:
     from fuzzattn.cli import build_parser, main
     from fuzzattn.cli.common import CLIError, one_line
     from fuzzattn.isolation import watchdog
+    from fuzzattn.platform import flight
 
     argv = list(sys.argv[1:] if argv is None else argv)
-    if os.environ.get(watchdog.SUPERVISED_ENV):
+    if flight.watched_here():
         watchdog.install_fault_log()
         return main(argv)
     if os.environ.get(OFF_ENV, "").lower() in ("0", "off", "no", "false"):
@@ -45,14 +48,15 @@ def console_main(argv=None) -> int:
     if args.command not in WATCHED:
         return main(argv)
     ending = watchdog.run_watched(command(argv), timeout=_watch_timeout(args))
-    if ending.check is None:
+    crash = ending.crash
+    if crash is None:
+        if ending.died:
+            print(f"fuzzattn: error: {ending.died}", file=sys.stderr)
+            return 2
         return ending.returncode
-    if ending.check == "died" or ending.record is None:
-        print(f"fuzzattn: error: {ending.detail}", file=sys.stderr)
-        return 2
-    written = save_crash(ending, args)
-    if ending.check != "hang" and ending.record.get("context"):
-        shrink(ending, written)
+    written = save_crash(crash, args)
+    if crash.check != "hang" and crash.record.get("context"):
+        shrink(crash, written)
     if getattr(args, "keep_going", False):
         again = argv if "--isolate" in argv else argv + ["--isolate"]
         print("fuzzattn: carrying on, isolated: fuzzattn " + " ".join(again), file=sys.stderr)
@@ -70,30 +74,33 @@ def _watch_timeout(args) -> float | None:
     return None if getattr(args, "isolate", False) else getattr(args, "timeout", None)
 
 
-def _judged(ending):
+def judged_crash(crash):
     """The crash as a failing JudgedCase, its inputs materialised here for the sha256."""
     from fuzzattn.contract.case import AttentionCase
     from fuzzattn.inputs.materialize import inputs_sha256, materialize
     from fuzzattn.judge.judge import JudgedCase
     from fuzzattn.judge.verdict import Verdict
     from fuzzattn.platform.versions import versions
-    record = ending.record
+    record = crash.record
     case = AttentionCase.from_dict(record["case"])
     stage = "in the backward: " if record.get("stage") == "backward" else ""
-    verdict = Verdict(impl=record["impl"], case=case, check=ending.check, passed=False,
-                      detail=stage + ending.detail)
+    verdict = Verdict(impl=record["impl"], case=case, check=crash.check, passed=False,
+                      detail=stage + crash.detail)
     return JudgedCase(record["impl"], case, [verdict], cli_name=record["spec"],
                       versions=versions(), inputs_sha256=inputs_sha256(materialize(case, "cpu")))
 
 
-def save_crash(ending, args):
+def save_crash(crash, args=None, directory=None, stream=None):
     """Write the case in flight as a regression file (unless --no-save) and print the verdict
     and the replay command; returns the Written file or None."""
     from fuzzattn.campaigns.campaign import save
     from fuzzattn.campaigns.regression_file import default_dir, display_path, replay_command
-    judged = _judged(ending)
-    context = ending.record.get("context") or {}
-    directory = context.get("regressions_dir") or getattr(args, "regressions_dir", None) or default_dir()
+    judged = judged_crash(crash)
+    context = crash.record.get("context") or {}
+    directory = (directory or context.get("regressions_dir") or getattr(args, "regressions_dir", None)
+                 or default_dir())
+    out = stream or sys.stdout
+    print = functools.partial(builtins.print, file=out)
     print("\n" + judged.describe(), flush=True)
     written = None
     if not getattr(args, "no_save", False):
@@ -102,22 +109,22 @@ def save_crash(ending, args):
         if written.fallback_reason:
             print(f"  (fallback location: {written.fallback_reason})")
         replay = replay_command(written.path, judged.cli_name)
-        if ending.check == "hang":       # the replay waits as long as the run did, no longer
-            replay += f" --timeout {ending.record['timeout']:g}"
+        if crash.check == "hang":       # the replay waits as long as the run did, no longer
+            replay += f" --timeout {crash.record['timeout']:g}"
         print(f"  replay:  {replay}", flush=True)
     return written
 
 
-def shrink(ending, written) -> None:
+def shrink(crash, written) -> None:
     """Run the crashed campaign again isolated, from the same Hypothesis seed, so Hypothesis
     reaches the case again and shrinks it in worker processes; the shrunk file replaces the one
     just written when it records the same check."""
     from fuzzattn.campaigns.regression_file import RegressionFileError, display_path, load
     from fuzzattn.isolation import watchdog
-    context = ending.record["context"]
+    context = crash.record["context"]
     scratch = tempfile.mkdtemp(prefix="fuzzattn-shrink-")
     try:
-        argv = ["fuzz", "--impl", ending.record["spec"], "--isolate",
+        argv = ["fuzz", "--impl", crash.record["spec"], "--isolate",
                 "--hypothesis-seed", str(context["hypothesis_seed"]),
                 "--max-examples", str(context["max_examples"]), "--profile", context["profile"],
                 "--regressions-dir", scratch]
@@ -125,18 +132,18 @@ def shrink(ending, written) -> None:
             argv += ["--dtype", context["dtype"]]
         if context.get("seconds"):
             argv += ["--seconds", f"{context['seconds']:g}"]
-        print(f"fuzzattn: shrinking the {ending.check} isolated: fuzzattn {' '.join(argv)}",
+        print(f"fuzzattn: shrinking the {crash.check} isolated: fuzzattn {' '.join(argv)}",
               flush=True)
-        done = watchdog.run_watched(command(argv), limit=SHRINK_SECONDS)
+        done = watchdog.run_watched(command(argv), limit=SHRINK_SECONDS, quiet=True)
         found = []
         for path in Path(scratch).glob("*.json"):
             try:
                 found.append((path, load(path)))
             except RegressionFileError:
                 pass
-        same = [(p, r) for p, r in found if r.check == ending.check]
-        if done.check == "limit" or not same or written is None:
-            print(f"fuzzattn: the {ending.check} was not shrunk; the case as found is kept", flush=True)
+        same = [(p, r) for p, r in found if r.check == crash.check]
+        if done.limit or not same or written is None:
+            print(f"fuzzattn: the {crash.check} was not shrunk; the case as found is kept", flush=True)
             return
         path, record = min(same, key=lambda pr: (pr[1].case.batch * pr[1].case.heads
                                                   * pr[1].case.seq_q * pr[1].case.seq_k))

@@ -1,12 +1,17 @@
-"""Run a fuzzattn command in a child process and watch it: the child judges at full speed in its
-own process, recording each call in flight (fuzzattn/platform/flight.py); when it dies by a
-signal, reports a device fault, or overruns a call's deadline, the watchdog knows which case it
-was judging.
+"""Run a fuzzattn command (or a pytest run) in a child process and watch it: the child judges at
+full speed in its own process, each of its judging processes recording the call in flight
+(fuzzattn/platform/flight.py); when one dies by a signal, reports a device fault, or overruns a
+call's deadline, the watchdog knows which case it was judging.
 
-The child runs in its own process group, so that a hang is ended with every process it started
-(isolation workers, a fork server) and nothing outlives the run. SIGINT and SIGTERM reaching the
-watchdog are passed on to the child, which stops, saves what it found and prints its table; the
-child also dies with the watchdog if that is killed outright (PR_SET_PDEATHSIG on Linux).
+The child runs in its own process group, so that a run that ends on a crash ends with every
+process it started (isolation workers, a fork server, xdist workers) and nothing outlives it.
+SIGINT and SIGTERM reaching the watchdog are passed on to the child, which stops, saves what it
+found and prints its table; the child also dies with the watchdog if that is killed outright
+(PR_SET_PDEATHSIG on Linux).
+
+A CLI command stops at its first crash (`stop_at_first`). A pytest run goes on: pytest-xdist
+replaces a worker that died or was ended for a hang and reports its test failed, and the
+watchdog keeps every crash it saw.
 """
 from __future__ import annotations
 
@@ -23,21 +28,32 @@ from pathlib import Path
 
 from fuzzattn.platform import flight
 
-SUPERVISED_ENV = "FUZZATTN_SUPERVISED"   # set in the child: it runs the command itself
-FAULT_LOG_ENV = "FUZZATTN_FAULT_LOG"     # where the child's faulthandler writes its stacks
-POLL = 0.05          # seconds between looks at the record
-DUMP_WAIT = 0.5      # how long a hung child gets to write its stack before it is killed
+POLL = 0.05          # seconds between looks at the records
+DUMP_WAIT = 0.5      # how long a hung process gets to write its stack before it is killed
+
+
+@dataclasses.dataclass
+class Crash:
+    """One judging process lost: the check it fails (hang, segfault, device_fault), what
+    happened, and its flight record naming the case."""
+    check: str
+    detail: str
+    record: flight.Flight
 
 
 @dataclasses.dataclass
 class Ending:
-    """How the child ended: its exit status, and for a crash the check it fails (hang, segfault,
-    device_fault), what happened, and the flight record naming the case."""
+    """How the child ended: its exit status and the crashes seen (`limit`: the run's own time
+    limit was reached; `died`: the child died outside any kernel call)."""
     returncode: int
-    check: str | None = None
-    detail: str = ""
-    record: flight.Flight | None = None
+    crashes: list[Crash] = dataclasses.field(default_factory=list)
+    limit: bool = False
+    died: str = ""
     seconds: float = 0.0
+
+    @property
+    def crash(self) -> Crash | None:
+        return self.crashes[0] if self.crashes else None
 
 
 def _die_with_parent() -> None:
@@ -53,12 +69,33 @@ def _signal_name(code: int) -> str:
         return f"signal {code}"
 
 
-def _where(log: Path) -> str:
+def stacks_path(directory: str, pid: int) -> str:
+    return os.path.join(directory, f"{pid}.stacks")
+
+
+def _where(directory: str, pid: int) -> str:
     from fuzzattn.isolation.worker import where
+    return where(_read(stacks_path(directory, pid)))
+
+
+def _read(path: str) -> str:
     try:
-        return where(log.read_text(errors="replace"))
+        return Path(path).read_text(errors="replace")
     except OSError:
         return ""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:       # a zombie (exited, not yet reaped by its parent) is dead for our purposes
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[-1][:1] != "Z"
+    except OSError:
+        return True
 
 
 def _kill_group(pid: int, sig=signal.SIGKILL) -> None:
@@ -67,19 +104,20 @@ def _kill_group(pid: int, sig=signal.SIGKILL) -> None:
 
 
 def run_watched(argv: list[str], *, env: dict | None = None, timeout: float | None = None,
-                limit: float | None = None) -> Ending:
+                limit: float | None = None, stop_at_first: bool = True, quiet: bool = False,
+                cwd=None) -> Ending:
     """Run `argv` (a Python command that judges with fuzzattn) watched; its stdout and stderr are
-    this process's. `timeout` fixes every call's deadline (else derived in the child); `limit`
-    bounds the whole run (an Ending with check "limit" when it is reached)."""
+    this process's (discarded with `quiet`). `timeout` fixes every call's deadline (else derived
+    in the child); `limit` bounds the whole run."""
     start = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="fuzzattn-watch-") as scratch:
-        record_path, log = os.path.join(scratch, "flight"), Path(scratch, "stacks")
-        flight.create(record_path)
+    with tempfile.TemporaryDirectory(prefix="fuzzattn-watch-") as directory:
         child_env = dict(os.environ if env is None else env)
-        child_env.update({SUPERVISED_ENV: "1", flight.ENV: record_path, FAULT_LOG_ENV: str(log)})
+        child_env.update({flight.WATCHER_ENV: str(os.getpid()), flight.ENV: directory})
         if timeout is not None:
             child_env[flight.TIMEOUT_ENV] = repr(float(timeout))
-        child = subprocess.Popen(argv, env=child_env, start_new_session=True,
+        output = subprocess.DEVNULL if quiet else None
+        child = subprocess.Popen(argv, env=child_env, cwd=cwd, start_new_session=True, stdout=output,
+                                 stderr=output,
                                  preexec_fn=_die_with_parent if sys.platform == "linux" else None)
         forwarded = []
 
@@ -89,72 +127,89 @@ def run_watched(argv: list[str], *, env: dict | None = None, timeout: float | No
 
         previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
-            ending = _watch(child, record_path, log, None if limit is None else start + limit)
+            ending = _watch(child, directory, None if limit is None else start + limit,
+                            stop_at_first)
         finally:
             for s, handler in previous.items():
                 signal.signal(s, handler)
             _kill_group(child.pid)          # whatever the child left running
         ending.seconds = time.monotonic() - start
-        if forwarded and ending.check is None and ending.returncode < 0:
-            # the child ended by the signal it was passed: report it the shell's way
-            ending.returncode = 128 + forwarded[-1]
+        if forwarded and not ending.crashes and ending.returncode < 0:
+            ending.returncode = 128 + forwarded[-1]     # ended by the signal it was passed
+            ending.died = ""
         return ending
 
 
-def _watch(child: subprocess.Popen, record_path: str, log: Path, stop: float | None) -> Ending:
+def _watch(child: subprocess.Popen, directory: str, stop: float | None, stop_at_first: bool) -> Ending:
+    crashes: list[Crash] = []
+    seen: set[tuple[int, int]] = set()          # (pid, seq) of records already judged a crash
     while True:
         try:
             code = child.wait(timeout=POLL)
         except subprocess.TimeoutExpired:
-            if stop is not None and time.monotonic() > stop:
-                _kill_group(child.pid)
-                return Ending(child.wait(), "limit", "the run's time limit was reached")
-            record = flight.read(record_path)
-            if record is not None and record.in_flight and time.monotonic() > record["deadline"]:
-                return _hung(child, record, log)
-            continue
-        record = flight.read(record_path)
-        if record is not None and record.faulted:
-            return Ending(code, "device_fault", record.get("fault", ""), record)
-        if code < 0 and record is not None and record.in_flight:
-            return Ending(code, "segfault", f"the process died with {_signal_name(-code)}"
-                                            f"{_where(log)}", record)
-        if code < 0:
-            return Ending(code, "died", f"the process died with {_signal_name(-code)} outside "
-                                        f"any kernel call{_where(log)}", record)
-        return Ending(code)
+            code = None
+        if code is None and stop is not None and time.monotonic() > stop:
+            _kill_group(child.pid)
+            return Ending(child.wait(), crashes, limit=True)
+        for path in flight.records(directory):
+            record = flight.read(path)
+            if record is None or (record["pid"], record["seq"]) in seen:
+                continue
+            crash = _crash(record, directory, child.pid, code)
+            if crash is not None:
+                seen.add((record["pid"], record["seq"]))
+                crashes.append(crash)
+        if crashes and stop_at_first and code is None:
+            _kill_group(child.pid)
+            code = child.wait()
+        if code is not None:
+            died = ""
+            if code < 0 and not crashes:
+                died = (f"the process died with {_signal_name(-code)} outside any kernel call"
+                        f"{_where(directory, child.pid)}")
+            return Ending(code, crashes, died=died)
 
 
-def _hung(child: subprocess.Popen, record: flight.Flight, log: Path) -> Ending:
-    """Ask the child for its stack (faulthandler's SIGUSR1 handler runs even inside a C call),
-    give it a moment, then end its whole process group."""
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(child.pid, signal.SIGUSR1)
-    stop = time.monotonic() + DUMP_WAIT
-    while time.monotonic() < stop and "File " not in _read(log):
-        time.sleep(0.02)
-    _kill_group(child.pid)
-    code = child.wait()
-    return Ending(code, "hang", f"no result from the {record.get('stage', 'forward')} call after "
-                                f"{record['timeout']:g} s; process killed{_where(log)}", record)
-
-
-def _read(log: Path) -> str:
-    try:
-        return log.read_text(errors="replace")
-    except OSError:
-        return ""
+def _crash(record: flight.Flight, directory: str, child_pid: int, child_code: int | None) -> Crash | None:
+    """The crash a record shows, if any; a hung process is ended here. The child's own exit
+    status is known (`child_code`); an xdist worker's belongs to its controller."""
+    pid = record["pid"]
+    if record.faulted:
+        return Crash("device_fault", record.get("fault", ""), record)
+    if not record.in_flight:
+        return None
+    if not _alive(pid):
+        if pid == child_pid and child_code is None:
+            return None                 # the child's own status comes with the next look
+        how = ""
+        if pid == child_pid and child_code is not None:
+            how = (f" with {_signal_name(-child_code)}" if child_code < 0
+                   else f" (exit status {child_code})")
+        return Crash("segfault", f"the process died{how}{_where(directory, pid)}", record)
+    if time.monotonic() > record["deadline"]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGUSR1)      # faulthandler's handler runs even inside a C call
+        give_up = time.monotonic() + DUMP_WAIT
+        while time.monotonic() < give_up and "File " not in _read(stacks_path(directory, pid)):
+            time.sleep(0.02)
+        where = _where(directory, pid)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        return Crash("hang", f"no result from the {record.get('stage', 'forward')} call after "
+                             f"{record['timeout']:g} s; process killed{where}", record)
+    return None
 
 
 def install_fault_log() -> None:
-    """In a watched child: write the Python stacks of a fatal signal, and of SIGUSR1 (the
+    """In a watched process: write the Python stacks of a fatal signal, and of SIGUSR1 (the
     watchdog's request before it ends a hang), where the watchdog reads them."""
-    path = os.environ.get(FAULT_LOG_ENV)
-    if not path:
+    directory = os.environ.get(flight.ENV)
+    if (not directory or not flight.watched_here()
+            or getattr(install_fault_log, "pid", None) == os.getpid()):
         return
     import faulthandler
-    log = open(path, "w")       # kept open for the process's life: faulthandler writes to its fd
+    log = open(stacks_path(directory, os.getpid()), "w")   # kept open: faulthandler writes to its fd
     faulthandler.enable(log, all_threads=False)
     if hasattr(faulthandler, "register"):
         faulthandler.register(signal.SIGUSR1, file=log, all_threads=False)
-    install_fault_log.log = log
+    install_fault_log.log, install_fault_log.pid = log, os.getpid()

@@ -1,7 +1,8 @@
 """The flight record: which case a supervised process is judging right now, and by when that call
 should have returned, written where its supervisor can read it after the process hung or died.
 
-The judging process maps a small file (the supervisor names it in FUZZATTN_FLIGHT) and, around
+Each judging process maps a small file of its own in the directory its supervisor names in
+FUZZATTN_FLIGHT (`<pid>.flight`; a pytest run's xdist workers each write theirs) and, around
 every call of an implementation (`execute.call`, `execute.call_gradients`), writes the case and a
 deadline into it: no message, no round trip, a few microseconds a call. The supervisor
 (fuzzattn/isolation/watchdog.py) polls the file; when the process dies by a signal, or a deadline passes,
@@ -21,7 +22,8 @@ import struct
 import time
 from collections import defaultdict, deque
 
-ENV = "FUZZATTN_FLIGHT"                 # path of the record file; unset: nothing is recorded
+ENV = "FUZZATTN_FLIGHT"                 # directory of the records; unset: nothing is recorded
+WATCHER_ENV = "FUZZATTN_SUPERVISED"     # the watchdog's pid
 TIMEOUT_ENV = "FUZZATTN_CASE_TIMEOUT"   # seconds per call, set from --timeout
 SIZE = 1 << 16
 MAGIC = b"FZFLIGHT"
@@ -63,6 +65,7 @@ class Recorder:
     """The judging process's side: `begin` before a call, `end` after it."""
 
     def __init__(self, path: str, timeout: float | None = None):
+        create(path)
         fd = os.open(path, os.O_RDWR)
         try:
             self._map = mmap.mmap(fd, SIZE)
@@ -117,15 +120,37 @@ _recorder: Recorder | None = None
 _checked_pid: int | None = None
 
 
+def _parent_of(pid: int) -> int | None:
+    try:
+        return int(open(f"/proc/{pid}/stat").read().rsplit(") ", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def watched_here() -> bool:
+    """Whether this process is one its watchdog watches: the watchdog's child itself, or an
+    xdist worker of that child. Anything they start (a test's own subprocess, an isolation
+    worker) inherits the environment but is not watched: its crashes are not the run's."""
+    try:
+        watcher = int(os.environ.get(WATCHER_ENV, ""))
+    except ValueError:
+        return False
+    parent = os.getppid()
+    if parent == watcher:
+        return True
+    return bool(os.environ.get("PYTEST_XDIST_WORKER")) and _parent_of(parent) == watcher
+
+
 def recorder() -> Recorder | None:
     """This process's recorder, or None when no supervisor asked for one (made once per process:
     a forked or spawned isolation worker never writes its parent's record)."""
     global _recorder, _checked_pid
     if _checked_pid != os.getpid():
         _checked_pid = os.getpid()
-        path = os.environ.get(ENV)
+        directory = os.environ.get(ENV) if watched_here() else None
         timeout = os.environ.get(TIMEOUT_ENV)
-        _recorder = Recorder(path, float(timeout) if timeout else None) if path else None
+        _recorder = (Recorder(record_path(directory, os.getpid()), float(timeout) if timeout else None)
+                     if directory else None)
     return _recorder
 
 
@@ -144,6 +169,16 @@ def disable() -> None:
 
 
 # -- the supervisor's side -----------------------------------------------------------------------
+def record_path(directory: str, pid: int) -> str:
+    return os.path.join(directory, f"{pid}.flight")
+
+
+def records(directory: str) -> list[str]:
+    """The record files of a directory, one per process that judged under its supervisor."""
+    return sorted(os.path.join(directory, name) for name in os.listdir(directory)
+                  if name.endswith(".flight"))
+
+
 def create(path: str) -> None:
     with open(path, "wb") as f:
         f.write(b"\0" * SIZE)
@@ -173,6 +208,8 @@ def read(path: str) -> Flight | None:
         if again == data:
             break
         data = again
+    if len(data) < SIZE:
+        return None                      # still being created
     magic, seq, pid, deadline, timeout, n = HEADER.unpack_from(data, 0)
     if magic != MAGIC:
         return None
