@@ -21,7 +21,7 @@ dQ is a second pass, not atomics in the dK/dV kernel: fp32 `tl.atomic_add`s in t
 scheduling order make dQ differ from run to run (FA #359 / #1678 class). Each program of the
 second pass owns its dQ rows and sums their key blocks in one fixed order: deterministic, at the
 price of computing S = Q K^T and dP = dO V^T twice (7 block matmuls per block pair instead of 5;
-benchmarks/bench_backward.py times the whole backward against SDPA). With no atomic path, the
+benchmarks/speed.py --pass backward times the whole backward against SDPA). With no atomic path, the
 "dQ race" class of bug cannot be planted in this kernel.
 
 Precision, as FA2: fp32 accumulation everywhere; P and dS are rounded to the input dtype before

@@ -178,7 +178,7 @@ def test_the_leak_is_recorded_for_both_dtypes_and_both_ways_of_reaching_cudnn():
 
 
 def test_every_expected_failure_names_its_cause_upstream_and_device():
-    """The upstream defects the H200 campaigns found (benchmarks/GPU_REPORT.md): each file pins
+    """The upstream defects the H200 campaigns found (benchmarks/REPORT.md): each file pins
     its inputs, is named by its case, and every entry says what fails, where to report it, and
     on which device it was measured."""
     assert len(EXPECTED_FILES) >= 8

@@ -1,7 +1,7 @@
 """A device fault on a GPU shared through MPS ends the run with an error, never a verdict
 (fuzzattn/platform/mps.py). On the CPU, FUZZATTN_MPS=on stands in for an MPS server and
 tests/isolation_kernels.py's DEVICE_FAULT raises the error torch raises after an illegal memory
-access; benchmarks/mps_fault_probe.sh makes a real fault under a real MPS server on a GPU."""
+access."""
 from __future__ import annotations
 
 from pathlib import Path

@@ -49,7 +49,7 @@ def _gradient_bytes(case: AttentionCase) -> tuple[int, int, int]:
 def _prime(case: AttentionCase, device, byte: int) -> None:
     """Freed blocks of the gradients' sizes; off the CPU only, for the reason the forward's
     priming gives (runs.prime_for_outputs): there every tensor the backward allocates is
-    NaN-filled or zeroed whatever malloc hands back, and the 24 fills a run made (host_ops.py)
+    NaN-filled or zeroed whatever malloc hands back, and the 24 fills a run made
     bought nothing."""
     if torch.device(device).type == "cpu":
         return
