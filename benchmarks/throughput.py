@@ -18,6 +18,11 @@ measured without them); "outside the judge" is Hypothesis's drawing and the camp
 
     python benchmarks/throughput.py [--profile ci] [--cases 200] [--impl sdpa ...] [--dtype float32 ...]
                                     [--gradient-every 1] [--repeats 1] [--lean-bare] [--no-stages]
+
+`--cli` measures instead what a user's command gets: `fuzzattn fuzz --impl NAME --dtype D
+--max-examples N --no-save` as typed (watched, the default) against the same command with
+FUZZATTN_SUPERVISE=off (in-process), alternating --repeats times; each rate is the campaign's own
+cases / seconds from the command's table (start-up excluded), the ratio watched / in-process.
 """
 from __future__ import annotations
 
@@ -165,6 +170,42 @@ def measure(impl, strategy, args, device, reference) -> dict:
     return row
 
 
+def cli_rate(impl: str, dtype: str, cases: int, profile: str, watched: bool) -> float:
+    """Judged cases per second of one `fuzzattn fuzz` command, read from its table."""
+    import os
+    import re
+    import subprocess
+    import sys
+    env = dict(os.environ)
+    env.pop("FUZZATTN_SUPERVISE", None)
+    if not watched:
+        env["FUZZATTN_SUPERVISE"] = "off"
+    done = subprocess.run([sys.executable, "-m", "fuzzattn.cli", "fuzz", "--impl", impl, "--dtype",
+                           dtype, "--max-examples", str(cases), "--profile", profile, "--no-save"],
+                          capture_output=True, text=True, env=env)
+    row = re.search(rf"^{re.escape(impl)}\s+{dtype}\s+\S+\s+(\d+)\s+([\d.]+)", done.stdout, re.M)
+    if row is None:
+        raise SystemExit(f"throughput.py: no table row for {impl} {dtype}:\n{done.stdout}{done.stderr}")
+    return int(row.group(1)) / max(float(row.group(2)), 0.05)     # the table rounds to 0.1 s
+
+
+def cli_table(impls, dtypes, cases: int, profile: str, repeats: int) -> str:
+    lines = [f"{'implementation':<16}{'dtype':<10}{'cases':>6}{'watched/s':>11}{'in-process/s':>14}"
+             f"{'ratio':>7}{'range':>12}"]
+    for name in impls:
+        for dtype in dtypes:
+            pairs = []
+            for _ in range(repeats):
+                pairs.append((cli_rate(name, dtype, cases, profile, True),
+                              cli_rate(name, dtype, cases, profile, False)))
+            ratios = [w / p for w, p in pairs]
+            watched = statistics.median(w for w, _ in pairs)
+            plain = statistics.median(p for _, p in pairs)
+            lines.append(f"{name:<16}{dtype:<10}{cases:>6}{watched:>11.1f}{plain:>14.1f}"
+                         f"{statistics.median(ratios):>7.3f}{min(ratios):>6.2f}-{max(ratios):.2f}")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--profile", default="ci", help="size profile (default ci)")
@@ -179,7 +220,15 @@ def main(argv=None) -> int:
     parser.add_argument("--lean-bare", action="store_true",
                         help="the bare loop's oracle without the noise terms' magnitudes")
     parser.add_argument("--no-stages", action="store_true", help="skip the stage table's run")
+    parser.add_argument("--cli", action="store_true",
+                        help="rates of the `fuzzattn fuzz` command itself, watched against in-process")
     args = parser.parse_args(argv)
+    if args.cli:
+        print(f"fuzzattn fuzz, profile={args.profile}, {run_settings.device_description()}, "
+              f"median of {args.repeats} alternating pair(s)")
+        print(cli_table(args.impl or ["sdpa"], args.dtype or ["float32"], args.cases, args.profile,
+                        args.repeats))
+        return 0
     profile = run_settings.load_profile(args.profile)
     device = default_device()
     impls = implementations()

@@ -113,6 +113,16 @@ def test_throughput_prints_the_rates_and_a_stage_table_that_adds_up(restored, ca
     assert stages["judge"] + stages["outside the judge"] == pytest.approx(stages["all"], abs=0.02)
 
 
+def test_throughput_of_the_command_watched_and_in_process(capsys):
+    """--cli times `fuzzattn fuzz` as a user types it, watched and with FUZZATTN_SUPERVISE=off."""
+    throughput = _script("throughput")
+    assert throughput.main(["--cli", "--cases", "20", "--impl", "sdpa", "--dtype", "float32"]) == 0
+    (row,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("sdpa ")]
+    name, dtype, cases, watched, plain, ratio, spread = row.split()
+    assert (dtype, cases) == ("float32", "20") and float(watched) > 0 and float(plain) > 0
+    assert float(ratio) == pytest.approx(float(watched) / float(plain), rel=0.01)
+
+
 # -- gpu_campaign.py ----------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
