@@ -164,22 +164,26 @@ def test_keep_going_carries_on_isolated_after_a_crash(tmp_path):
     assert re.search(r"odd_keys\s+float32\s+FAIL", table) and re.search(r"sdpa\s+float32\s+ok", table)
 
 
-def test_interrupting_the_command_leaves_no_process_behind(tmp_path):
+@pytest.mark.parametrize("signum, status", [(2, 130), (15, 143)], ids=["SIGINT", "SIGTERM"])
+def test_a_stopped_command_prints_its_table_and_leaves_no_process_behind(tmp_path, signum, status):
     (tmp_path / "slow.py").write_text(
         "import time\nimport torch.nn.functional as F\n"
         "def slow(q, k, v, *, causal, scale):\n    time.sleep(0.05)\n"
         "    return F.scaled_dot_product_attention(q, k, v, is_causal=bool(causal), scale=scale)\n")
     child = subprocess.Popen([sys.executable, "-m", "fuzzattn.cli", "fuzz", "--impl", "slow.py:slow",
-                              "--max-examples", "100000", "--no-save"], cwd=tmp_path, env=user_env(),
+                              "--dtype", "float32", "--max-examples", "100000",
+                              "--regressions-dir", str(tmp_path / "reg")], cwd=tmp_path, env=user_env(),
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    deadline = time.monotonic() + START_UP
-    while time.monotonic() < deadline and len(leftovers("slow.py:slow")) < 2:   # watchdog + child
-        time.sleep(0.2)
-    time.sleep(3)
-    child.send_signal(2)                                  # Ctrl-C
-    out, _ = child.communicate(timeout=120)
-    assert child.returncode == 130, out
-    assert leftovers("slow.py:slow") == []
+    seen = []
+    for line in child.stdout:                 # a progress line every 10 s: the campaign is running
+        seen.append(line)
+        if " judged " in line:
+            break
+    child.send_signal(signum)
+    out = "".join(seen) + child.communicate(timeout=120)[0]
+    assert child.returncode == status, out
+    assert "stopped by" in out and "impl" in out.split(" judged ")[-1], out     # the table so far
+    assert leftovers(str(tmp_path)) == [] and not (tmp_path / "reg").exists()
 
 
 # -- pytest, watched -------------------------------------------------------------------------------

@@ -3,9 +3,11 @@ campaign as an Outcome, and the common ending (failure details, a total, the exi
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import math
 import os
+import signal
 import time
 
 from fuzzattn.campaigns.outcome import ERROR, FAIL, OK, SKIP, Outcome
@@ -230,6 +232,33 @@ def run_campaign(impl, dtype: str | None, *, profile, max_examples: int, seconds
         outcome.detail = "; ".join(filter(None, [outcome.detail, loud + refusals]))
     outcome.campaign = result
     return outcome
+
+
+class Terminated(BaseException):
+    """SIGTERM arrived (a BaseException, like KeyboardInterrupt: the engine turns what an
+    implementation raises into verdicts, and this must not become one)."""
+
+
+@contextlib.contextmanager
+def stop_on_sigterm():
+    """SIGTERM raises Terminated for the duration, so a command stopped from outside (a CI
+    step's timeout) still reports what it did, as ^C does."""
+    def handler(signum, frame):
+        raise Terminated()
+    try:
+        previous = signal.signal(signal.SIGTERM, handler)
+    except ValueError:          # not the main thread (an embedding caller): leave signals alone
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def stopped_status(exc: BaseException) -> tuple[str, int]:
+    """('SIGINT', 130) or ('SIGTERM', 143) for what stopped a command."""
+    return ("SIGTERM", 143) if isinstance(exc, Terminated) else ("SIGINT", 130)
 
 
 def finish(outcomes, last_line: str) -> int:

@@ -33,11 +33,21 @@ def run(args) -> int:
     max_examples = args.max_examples or profile.max_examples
     regressions_dir = args.regressions_dir or default_dir()
     progress = tables.Progress()
-    outcomes = [common.run_campaign(impl, dtype, profile=profile, max_examples=max_examples,
-                                    seconds=args.seconds, hypothesis_seed=args.hypothesis_seed,
-                                    save=not args.no_save, regressions_dir=regressions_dir,
-                                    progress=progress, isolate=isolate, timeout=timeout)
-                for impl, dtype in plan]
+    outcomes, stopped = [], None
+    # Stopped from outside (^C, a CI step's timeout), the campaigns done so far are still
+    # reported (their files are already saved), then the exit status says how it stopped.
+    with common.stop_on_sigterm():
+        try:
+            for impl, dtype in plan:
+                outcomes.append(common.run_campaign(
+                    impl, dtype, profile=profile, max_examples=max_examples, seconds=args.seconds,
+                    hypothesis_seed=args.hypothesis_seed, save=not args.no_save,
+                    regressions_dir=regressions_dir, progress=progress, isolate=isolate,
+                    timeout=timeout))
+        except (KeyboardInterrupt, common.Terminated) as exc:
+            progress.clear()
+            stopped = common.stopped_status(exc)
+    plan = plan[:len(outcomes)]
 
     print(f"fuzzattn fuzz: profile={profile.name} hypothesis_seed={args.hypothesis_seed} "
           f"max_examples={max_examples}{' seconds=%g' % args.seconds if args.seconds else ''}"
@@ -53,4 +63,9 @@ def run(args) -> int:
                      str(found.judged.case) if found else o.detail])
     print(tables.table(("impl", "dtype", "verdict", "cases", "seconds", "first failure at",
                         "check", "shrunk case / detail"), rows, max_width=90))
+    if stopped is not None:
+        signal_name, status = stopped
+        common.finish(outcomes, f"stopped by {signal_name} after {len(outcomes)} campaign(s): "
+                                f"{tables.totals(outcomes)}")
+        return status
     return common.finish(outcomes, tables.totals(outcomes))

@@ -2,8 +2,6 @@
 supports their case (or only the --impl ones). A bad file is one failing row, never a crash."""
 from __future__ import annotations
 
-import contextlib
-import signal
 import time
 from pathlib import Path
 
@@ -118,12 +116,12 @@ def run(args) -> int:
     # replayed so far are still reported: a long replay cut short must not print nothing.
     outcomes: list[Outcome] = []
     stopped = None
-    with _stop_on_sigterm():
+    with common.stop_on_sigterm():
         try:
             replay_all(paths, subjects, only_given=bool(args.impl), progress=tables.Progress(),
                        isolate=isolate, timeout=timeout, outcomes=outcomes)
-        except (KeyboardInterrupt, _Terminated) as exc:
-            stopped = "SIGTERM" if isinstance(exc, _Terminated) else "SIGINT"
+        except (KeyboardInterrupt, common.Terminated) as exc:
+            stopped = "SIGTERM" if isinstance(exc, common.Terminated) else "SIGINT"
     rows = []
     for o in outcomes:
         file, _, impl = o.subject.partition(" on ")
@@ -142,23 +140,3 @@ def run(args) -> int:
                                 f"file(s): {tables.totals(outcomes)}")
         return 130 if stopped == "SIGINT" else 143
     return common.finish(outcomes, f"{len(paths)} regression file(s): {tables.totals(outcomes)}")
-
-
-class _Terminated(BaseException):
-    """SIGTERM arrived during the replay (a BaseException, like KeyboardInterrupt: the engine
-    turns what an implementation raises into verdicts, and this must not become one)."""
-
-
-@contextlib.contextmanager
-def _stop_on_sigterm():
-    def handler(signum, frame):
-        raise _Terminated()
-    try:
-        previous = signal.signal(signal.SIGTERM, handler)
-    except ValueError:          # not the main thread (an embedding caller): leave signals alone
-        yield
-        return
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)

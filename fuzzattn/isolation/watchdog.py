@@ -128,7 +128,7 @@ def run_watched(argv: list[str], *, env: dict | None = None, timeout: float | No
         previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
             ending = _watch(child, directory, None if limit is None else start + limit,
-                            stop_at_first)
+                            stop_at_first, forwarded)
         finally:
             for s, handler in previous.items():
                 signal.signal(s, handler)
@@ -140,7 +140,8 @@ def run_watched(argv: list[str], *, env: dict | None = None, timeout: float | No
         return ending
 
 
-def _watch(child: subprocess.Popen, directory: str, stop: float | None, stop_at_first: bool) -> Ending:
+def _watch(child: subprocess.Popen, directory: str, stop: float | None, stop_at_first: bool,
+           forwarded: list) -> Ending:
     crashes: list[Crash] = []
     seen: set[tuple[int, int]] = set()          # (pid, seq) of records already judged a crash
     while True:
@@ -155,7 +156,7 @@ def _watch(child: subprocess.Popen, directory: str, stop: float | None, stop_at_
             record = flight.read(path)
             if record is None or (record["pid"], record["seq"]) in seen:
                 continue
-            crash = _crash(record, directory, child.pid, code)
+            crash = _crash(record, directory, child.pid, code, stopping=bool(forwarded))
             if crash is not None:
                 seen.add((record["pid"], record["seq"]))
                 crashes.append(crash)
@@ -170,7 +171,8 @@ def _watch(child: subprocess.Popen, directory: str, stop: float | None, stop_at_
             return Ending(code, crashes, died=died)
 
 
-def _crash(record: flight.Flight, directory: str, child_pid: int, child_code: int | None) -> Crash | None:
+def _crash(record: flight.Flight, directory: str, child_pid: int, child_code: int | None, *,
+           stopping: bool = False) -> Crash | None:
     """The crash a record shows, if any; a hung process is ended here. The child's own exit
     status is known (`child_code`); an xdist worker's belongs to its controller."""
     pid = record["pid"]
@@ -179,6 +181,8 @@ def _crash(record: flight.Flight, directory: str, child_pid: int, child_code: in
     if not record.in_flight:
         return None
     if not _alive(pid):
+        if stopping:
+            return None                 # stopped on request (^C, SIGTERM), mid-call: no finding
         if pid == child_pid and child_code is None:
             return None                 # the child's own status comes with the next look
         how = ""

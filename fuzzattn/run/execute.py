@@ -201,13 +201,12 @@ def call(impl: Implementation, q, k, v, case: AttentionCase, *, out=None, lse=No
             got_out, got_lse = impl(q, k, v, case, out=out, lse=lse)
             if synchronize and q.device.type == "cuda":
                 torch.cuda.synchronize(q.device)
-        except ContractError as exc:
-            result = Call(CONTRACT, error=_detached(exc), summary=one_line(exc))
-        except Exception as exc:       # a kernel that raises is a verdict, not a harness error
-            declared = is_declared_refusal(impl, exc)
-            status = REFUSED if declared or isinstance(exc, UnsupportedCaseError) else CRASH
-            result = Call(status, error=_detached(exc), summary=one_line(exc),
-                          declared_refusal=declared)
+        except BaseException as exc:
+            if record is not None and not isinstance(exc, Exception):
+                record.end(impl, case)      # ^C or SIGTERM inside the call: the run stops, cleanly
+            if not isinstance(exc, Exception):
+                raise
+            result = _failed_call(impl, exc)
         else:
             result = Call(OK, out=got_out, lse=got_lse)
         if record is not None:
@@ -215,6 +214,21 @@ def call(impl: Implementation, q, k, v, case: AttentionCase, *, out=None, lse=No
         printed = output_text()
     if record is not None:
         _end_on_device_fault(record, impl, case, "forward", result, q.device)
+    return _summarised(impl, case, result, printed)
+
+
+def _failed_call(impl: Implementation, exc: Exception) -> Call:
+    """What a call that raised is: a contract violation, a refusal, or a crash."""
+    if isinstance(exc, ContractError):
+        return Call(CONTRACT, error=_detached(exc), summary=one_line(exc))
+    declared = is_declared_refusal(impl, exc)
+    status = REFUSED if declared or isinstance(exc, UnsupportedCaseError) else CRASH
+    return Call(status, error=_detached(exc), summary=one_line(exc), declared_refusal=declared)
+
+
+def _summarised(impl, case, result: Call, printed: str) -> Call:
+    """A compile error as one line with its log's path; anything else the call printed, on
+    stderr."""
     if result.status == CRASH and is_compile_error(result.error):
         log = _compile_log(impl, case, result.error, printed)
         config = f" config={case.config_dict}" if case.config else ""
@@ -237,13 +251,12 @@ def call_gradients(impl: Implementation, q, k, v, dout, case: AttentionCase, *, 
         grads = impl.gradients(q, k, v, dout, case, out=out, lse=lse)
         if synchronize and q.device.type == "cuda":
             torch.cuda.synchronize(q.device)
-    except ContractError as exc:
-        result = Call(CONTRACT, error=_detached(exc), summary=one_line(exc))
-    except Exception as exc:       # a backward that raises is a verdict, not a harness error
-        declared = is_declared_refusal(impl, exc)
-        status = REFUSED if declared or isinstance(exc, UnsupportedCaseError) else CRASH
-        result = Call(status, error=_detached(exc), summary=one_line(exc),
-                      declared_refusal=declared)
+    except BaseException as exc:   # a backward that raises is a verdict, not a harness error
+        if record is not None and not isinstance(exc, Exception):
+            record.end(impl, case)
+        if not isinstance(exc, Exception):
+            raise
+        result = _failed_call(impl, exc)
     else:
         result = Call(OK, grads=tuple(grads))
     if record is not None:
