@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
 # On a CUDA host, from the repository root: install this checkout over the host's torch and
 # triton, then run what benchmarks/REPORT.md's GPU tables report. Each step writes under OUT.
-#     bash benchmarks/gpu_run.sh [suite] [zoo] [campaign] [throughput] [speed]   (default: all)
+#     bash benchmarks/gpu_run.sh [suite] [zoo] [campaign] [throughput] [speed] [watched]   (default: all)
 #   suite       the test suite on compiled kernels and the CUDA backends (profile dev)
 #   zoo         every mutant fuzzed compiled, ZOO processes side by side
 #   campaign    PARTS isolated campaign parts spread over the GPUs, CAMPAIGN_SECONDS each
 #   throughput  K = 1 and 16 sdpa fp32 fuzzers side by side on GPU 0, 30 s (MPS=1: under MPS)
 #   speed       the forward and backward TFLOP/s tables
+#   watched     the fuzz command watched (the default) against in-process, and a Triton kernel's
+#               illegal address saved as device_fault and replayed
 set -uo pipefail
 OUT=${OUT:-gpu-out} CAMPAIGN_SECONDS=${CAMPAIGN_SECONDS:-300} PARTS=${PARTS:-12} ZOO=${ZOO:-4}
-STEPS=${*:-suite zoo campaign throughput speed}
+STEPS=${*:-suite zoo campaign throughput speed watched}
 NGPU=$(nvidia-smi -L 2>/dev/null | grep -c "^GPU") || { echo "gpu_run.sh: no GPU visible"; exit 2; }
 mkdir -p "$OUT"
 step() { echo; echo "== $1 ($(date +%T))"; }
@@ -59,5 +61,17 @@ throughput)
 speed)
     step "speed"
     python3 benchmarks/speed.py --pass both 2>&1 | tee "$OUT/speed.txt" ;;
-*)  echo "gpu_run.sh: unknown step $s (suite, zoo, campaign, throughput, speed)"; exit 2 ;;
+watched)
+    step "watched against in-process: sdpa fp32, profile gpu"
+    python3 benchmarks/throughput.py --cli --impl sdpa --dtype float32 --cases 1000 --repeats 3 \
+        --profile gpu 2>&1 | tee "$OUT/watched.txt"
+    step "a device fault, found and replayed"
+    rm -rf "$OUT/fault"
+    python3 -m fuzzattn.cli fuzz --impl tests/isolation_kernels.py:TRITON_OOB --max-examples 30 \
+        --regressions-dir "$OUT/fault" >"$OUT/fault.txt" 2>&1; echo "fuzz exit $?" | tee -a "$OUT/fault.txt"
+    grep -E "device_fault|regression file|replay:" "$OUT/fault.txt"
+    replay=$(grep -oE "fuzzattn replay .*" "$OUT/fault.txt" | head -n 1)
+    [[ -n "$replay" ]] && { python3 -m fuzzattn.cli ${replay#fuzzattn } >"$OUT/fault_replay.txt" 2>&1
+        echo "replay exit $?"; grep -E "device_fault|FAIL" "$OUT/fault_replay.txt" | head -n 3; } ;;
+*)  echo "gpu_run.sh: unknown step $s (suite, zoo, campaign, throughput, speed, watched)"; exit 2 ;;
 esac; done
