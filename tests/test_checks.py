@@ -286,7 +286,7 @@ def test_a_fault_surfacing_in_the_read_back_is_the_runs_crash(together, monkeypa
 
 
 def test_a_fault_surfacing_in_the_backwards_read_back_is_its_crash(monkeypatch):
-    gradients_module = importlib.import_module("fuzzattn.gradients.judge")
+    gradients_module = importlib.import_module("fuzzattn.gradients.runs")
 
     def faulted(*args, **kwargs):
         raise RuntimeError("CUDA error: misaligned address")
