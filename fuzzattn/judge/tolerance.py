@@ -23,9 +23,8 @@ score sums (oracle.Reference.score_magnitude).
   into q for exp2 (fast kernels), or q and k pre-scaled by sqrt(scale) (PyTorch's math path),
   differs from the reference's (q.k) * scale by a few units of roundoff of S, the sum of the
   magnitudes it adds — far more than of |q.k| itself when terms cancel. An absolute score error
-  d moves the output by about d relative, and the lse by d absolute. Seen without this term:
-  SDPA fp32 at 4.8e-7 against 3.6e-7 allowed (H200); triton_fa2 lse off by 1.7e-4 against
-  1.5e-4 on a score of 248 whose terms summed to 9362 (values=large).
+  d moves the output by about d relative, and the lse by d absolute (set by: SDPA fp32 at 4.8e-7
+  against 3.6e-7 allowed without it, H200).
 - lse is always float32. A tiled kernel forms it as m + log(l), where l went through a rescale,
   an exp and an add per key tile and a log at the end, each worth about one unit of fp32
   roundoff relative to l, i.e. absolute on log(l); the one-pass reference does fewer. So its
@@ -68,9 +67,6 @@ for each term:
   of their magnitudes, plus the dot products forming dP and Delta, the exp and the scale
   (GRAD_EXTRA_OPS = 8, as rounding.EXTRA_OPS).
 - K_GRAD = 2: FlashAttention's tests bound dq, dk, dv by 2x the PyTorch reference's error.
-Measured (CPU, interpreter): one key block skipped in dq (17 keys visible, bf16) errs 0.06
-against ~0.03 allowed; with T_mag in place of T (a first, looser form) 0.31 was allowed and that
-bug survived 60 fuzzed cases.
 """
 from __future__ import annotations
 
@@ -106,11 +102,7 @@ ULP32 = 2.0 * U32
 # correctly rounded acc / l (1/2 ulp). So the kernel's quotient lies within 1 + 1/2 + O(u) ulps of
 # the exact one; rounded to fp32 it is a whole number of ulps away from it, at most 2: the
 # relative error is at most 2 ULP32 = 4 u32 of |out| <= max(|oracle out|, FLOOR).
-# Measured on the H200 (torch 2.11): SDPA fp32 with one key (default dispatch = EFFICIENT) returns
-# v off by 2 ulps, where MATH is exact. There l = 1 and acc = v exactly, so the reference error is
-# 0, the score term is 0 for zero query rows, and EPS_ULPS u(fp32) (at most 1 ulp at the
-# largest |out|) was all the bound allowed: a false positive of the judge
-# (B=1 H=2 Nq=1 Nk=1 D=96 fp32 values=zero_query_rows).
+# (Set by: SDPA fp32 with one key returns v off by 2 ulps on the H200, where the reference is exact.)
 # The normalisation runs in the fp32 accumulator whatever the output dtype, so the term is in fp32
 # ulps for every dtype. For bf16/fp16 outputs it is 2^-22 relative before the final rounding,
 # which EPS_ULPS u(dtype) >= 2^-10 already covered; added anyway, it costs them nothing.
@@ -132,12 +124,8 @@ NORM_ULPS = 2.0
 # s * scale - m), and two fp32 values that close can truncate a whole TF32 ulp apart, which is
 # at most 2^-10 = 2 u_mm of p_j. Summed over the keys that moves out_i by at most
 # 2 u_mm sum_j p_j |v_j| / l = 2 u_mm A_i (A = oracle.Reference.out_magnitude), added absolutely
-# at max A. Seen without it on the H200: triton_fa2 fp32 at 1.04x on one-hot rows (values=
-# dominant_key) returned out = trunc(v) (1 - 2^-11) to within 3e-7 (measured), i.e. a weight
-# TF32 read as 1 - 2^-11, what any fp32 value just below 1 truncates to, where the reference's
-# exp(0) = 1 stayed 1. (Why the kernel's weight fell below 1 was not measured; an exp2 of a
-# tiny negative exponent left by a contracted s * scale - m would do it.) The reference, exact
-# in P there, could not count it.
+# at max A. (Set by: triton_fa2 fp32 at 1.04x on one-hot rows on the H200, a weight read as
+# 1 - 2^-11 where the reference's exp(0) = 1 stayed 1.)
 TF32_WEIGHT_ULPS = 2.0
 #
 # Other summation orders (split-K over key blocks, tree reductions in P @ V and in l): any order
@@ -151,9 +139,8 @@ TF32_WEIGHT_ULPS = 2.0
 # Every rule here is allowed = K * (the reference's error) + noise, with the reference's error
 # >= 0. So an error within the noise alone passes whatever the reference's error is, and the
 # judge asks for the same-precision reference (oracle.same_precision_reference, a second
-# attention) only when an error is above its noise (measured on the CPU, 300 ci cases each of
-# sdpa fp32 and bf16: no max-rule bound and no fp32 out_rms needed it; half of bf16's out_rms
-# did). A pass decided on the noise reports the noise as its `allowed` and NaN as the reference's
+# attention) only when an error is above its noise. A pass decided on the noise reports the
+# noise as its `allowed` and NaN as the reference's
 # error; `margins=True` decides every bound on the whole rule instead, for tools reporting how
 # far a kernel is from each bound (`fuzzattn explain`, benchmarks/calibrate_error_stats.py). The
 # verdict is the same either way: the noise is at most the whole allowance, in floating point
@@ -338,11 +325,9 @@ def grad_noise(dtype: torch.dtype, fp32_matmul: str, score_magnitude: float, ter
     # A backward recomputes P = exp(s - lse) from scores and an lse computed apart (the forward's):
     # each is off by up to SCORE_ULPS u32 S, so P is off by a factor of up to e^(+-2 d), d that
     # bound, not by 1 + 2d. Linear while d is small (normal values: d ~ 1e-5); past u32 S ~ 1/8
-    # (scores beyond ~1e7, values=below_sentinel reaches 3e8) no fp32 recomputation can say
-    # anything about its P, and the allowance grows without bound accordingly. Seen before this:
-    # triton_fa2 (interpreted and compiled) and SDPA's CPU FLASH backward failing grad_dv on
-    # values=below_sentinel by factors up to 1e10 ~ e^23, while MATH (saved probabilities, no
-    # recomputation) and the float64 oracle agree.
+    # (scores beyond ~1e7) no fp32 recomputation can say anything about its P, and the
+    # allowance grows without bound accordingly (set by: SDPA's CPU FLASH backward off by up to
+    # e^23 on values=below_sentinel, where MATH, saving P, agrees with the oracle).
     recompute = math.expm1(min(2 * SCORE_ULPS * U32 * score_magnitude, 700.0))
     return (GRAD_EPS_ULPS * u_op, u_op, recompute + (terms + GRAD_EXTRA_OPS) * U32)
 
@@ -383,25 +368,19 @@ def grad_allowance(dtype: torch.dtype, terms, *, fp32_matmul: str = "ieee",
 # - RMS_SAMPLING = 2: the rms of n independent rounding errors fluctuates by ~0.45 / sqrt(n) of
 #   itself (uniform errors: sqrt(Var(e^2)) / (2 E e^2) = sqrt(0.8) / 2); the kernel's and the
 #   reference's fluctuate independently where their roundings differ, sqrt(2) of that, and
-#   2 / sqrt(n) is ~3 of those standard deviations. Seen without it: sdpa fp16 at 1.46x the
-#   reference's rms on a case of fewer than 16 elements, 1.38x below 256 (300 cases).
+#   2 / sqrt(n) is ~3 of those standard deviations (set by: sdpa fp16 at 1.46x without it).
 # - The one-element term: one element EPS_ULPS roundings off where the reference is right, spread
 #   over n (the rms of an error in one element). An element rounds at two scales: the output
 #   dtype's rounding at |out| (a final rounding that fell the other way: at most one ulp, <= 2 u
 #   |out|), and the fp32 sum of the terms p_j v_j, whose rounding is relative to their size A,
-#   not to the result, which can cancel far below it. Seen with |out| alone as the scale: sdpa
-#   fp32 at 4.19e-8 against 3.9e-8 allowed on a 1-element output (Nq = 1, Nk = 43, D = 1,
-#   near_constant: a uniform average of 43 values, |out| ~ 0.1 A). Not the max rule's epsilon
-#   (2 u max(max|out|, FLOOR)), the worst element's scale: spread over n it is several times
-#   the typical element's; measured with it (400 bf16 and 400 fp16 cases), mutant_pv_low_precision
-#   stayed under the bound on every case (at most 0.97 of it) and the accumulator mutants reached
-#   1.21-1.29 at most, where the final rule fails 12-18% of their cases.
+#   not to the result, which can cancel far below it (set by: sdpa fp32 at 1.07x a 1-element
+#   near_constant output with |out| alone). Not the max rule's epsilon (2 u max(max|out|, FLOOR)),
+#   the worst element's scale: spread over n it is several times the typical element's.
 K_RMS = 1.2
 # - K_RMS_TF32 = sqrt(2), for fp32 kernels whose matmuls read TF32 operands: there the final
 #   rounding R (to fp32) is ~2^13 times smaller than the reference's P noise (TF32 truncation of
 #   P and V), so the ratio above is sqrt((R^2 + 2 P^2) / (R^2 + P^2)) -> sqrt(2), not sqrt(3/2):
-#   nothing left to dilute a second P-type rounding. Seen with K_RMS on the H200: triton_fa2 fp32
-#   (TF32, 16x16 tiles) failed out_rms on dominant_key cases (B=1 H=1 Nq=1 Nk=17 D=16, and
-#   B=3 H=8/4 Nq=Nk=146 D=16 bottom-right), where its every element is within the max rule.
+#   nothing left to dilute a second P-type rounding (set by: triton_fa2 fp32, TF32, failing
+#   out_rms with K_RMS on dominant_key cases on the H200).
 K_RMS_TF32 = math.sqrt(2.0)
 RMS_SAMPLING = 2.0
