@@ -135,6 +135,25 @@ def test_mutant_is_caught_where_its_real_kernel_passes(name):
     assert report.first_failure.check in expected, report.describe()
 
 
+def test_a_kill_is_reported_by_the_check_furthest_past_its_bound():
+    """A case failing out by a hair and out_rms by a mile is not one tolerance change from
+    passing: the table names out_rms, and a check without a bound (non-finite values) before
+    either."""
+    from fuzzattn.cli.mutants import catching, margin
+    from fuzzattn.judge.judge import JudgedCase
+    from fuzzattn.judge.verdict import Verdict
+
+    def verdict(check, error=None, allowed=None):
+        return Verdict(impl="m", case=case(), check=check, passed=False, error=error,
+                       allowed=allowed)
+
+    judged = JudgedCase("m", case(), [verdict("out", 1.05, 1.0), verdict("out_rms", 9.0, 2.0)])
+    assert judged.first_failure.check == "out"
+    assert catching(judged).check == "out_rms" and margin(catching(judged)) == "4.5x"
+    judged.verdicts.append(verdict("nonfinite"))
+    assert catching(judged).check == "nonfinite" and margin(catching(judged)) == "-"
+
+
 def test_an_edit_must_match_exactly_once():
     assert apply_edits("a = 1\nb = 2\n", [("b = 2", "b = 3")], "m") == "a = 1\nb = 3\n"
     with pytest.raises(EditError, match="occurs 0 times"):
@@ -179,3 +198,35 @@ def test_a_result_cache_keyed_by_shape_is_caught_across_cases():
                   max_examples=30, save_to_file=False)
     assert result.counterexample is not None, f"survived {result.cases} cases"
     assert result.cases_to_first_failure > 1
+
+
+# -- the kill table under several profiles ------------------------------------------------------
+def _doubled(q, k, v, *, causal, scale):
+    out, lse = sdpa_forward(q, k, v, causal=causal, scale=scale)
+    return out * 2, lse
+
+
+def test_the_kill_table_reports_cases_to_kill_under_each_profile(capsys, monkeypatch):
+    """`--profiles dev,ci` runs the zoo under each profile and puts their cases to kill side by
+    side, with a mutation score and kill speed per profile; exit 0 only if every one is killed."""
+    import fuzzattn.run.registry
+    from fuzzattn.cli import main
+    from fuzzattn.contract import Capabilities
+    caps = Capabilities(dtypes={"float32"})
+    zoo = {"mutant_doubled": Implementation(name="mutant_doubled", fn=_doubled, caps=caps,
+                                            description="doubles the output", mutant_of="sdpa"),
+           "mutant_harmless": Implementation(name="mutant_harmless", fn=sdpa_forward, caps=caps,
+                                             description="changes nothing", mutant_of="sdpa")}
+    monkeypatch.setattr(fuzzattn.run.registry, "mutants", lambda: zoo)
+    status = main(["mutants", "--profiles", "dev,ci", "--max-examples", "4"])
+    out = capsys.readouterr().out
+    assert status == 1, out                                   # mutant_harmless survives both
+    assert "profile=dev" in out and "profile=ci" in out
+    table = out[out.index("cases to kill by profile:"):].splitlines()
+    assert table[1].split() == ["mutant", "dev", "ci"]
+    doubled = next(line for line in table if line.startswith("mutant_doubled"))
+    assert doubled.split()[1:] == ["1", "(fp32)", "1", "(fp32)"]
+    assert "SURVIVED" in next(line for line in table if line.startswith("mutant_harmless"))
+    assert "dev: mutation score: 1/2" in out and "ci: mutation score: 1/2" in out
+    assert main(["mutants", "--profiles", "dev,nope"]) == 2
+    assert "--profiles 'dev,nope': each must be one of ci, dev, gpu, nightly" in capsys.readouterr().err

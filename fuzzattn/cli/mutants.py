@@ -6,9 +6,13 @@ catches it ends its run. A precision bug planted for one dtype (an fp16 accumula
 show on cases of that dtype, so a single campaign over all dtypes would spend two thirds of its
 budget where the bug cannot be seen, and its cases-to-kill would measure the dtype draw, not the
 checks. "cases to kill" is counted within the campaign that caught the mutant; the campaigns
-before it are reported beside it (the dtype column and the total cases judged)."""
+before it are reported beside it (the dtype column and the total cases judged).
+
+`--profiles ci,gpu` runs the zoo under each profile in turn: a table each, then the cases to
+kill of every profile side by side, and the median / 90th percentile / max per profile."""
 from __future__ import annotations
 
+import math
 import statistics
 import tempfile
 
@@ -31,8 +35,22 @@ def add_parser(commands) -> None:
                    help="shrink each mutant's first failing case (minutes per mutant under the interpreter)")
     common.budget_options(p, "cases per mutant (default: the profile's max_examples)",
                           "wall-time cap per mutant (default: none)")
+    p.add_argument("--profiles", type=_profile_list, metavar="P,P",
+                   help="run the zoo under each of these profiles in turn (e.g. ci,gpu) and "
+                        "report the cases to kill under each side by side (default: --profile's)")
     common.isolation_options(p)
     p.set_defaults(run=run)
+
+
+def _profile_list(text: str) -> list[str]:
+    import argparse
+    from fuzzattn.contract.profiles import PROFILES
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    unknown = [name for name in names if name not in PROFILES]
+    if not names or unknown:
+        raise argparse.ArgumentTypeError(
+            f"--profiles {text!r}: each must be one of {', '.join(sorted(PROFILES))}")
+    return list(dict.fromkeys(names))
 
 
 def select(only) -> list:
@@ -91,15 +109,36 @@ def _mutant_outcome(mutant, runs):
     return o
 
 
+def _bounded(verdict) -> bool:
+    return verdict.error is not None and verdict.allowed is not None
+
+
+def _ratio(verdict) -> float:
+    if verdict.allowed == 0:
+        return math.inf
+    return verdict.error / verdict.allowed
+
+
+def catching(judged):
+    """The failing check of a killing case that is furthest past its bound: one without a bound
+    (a crash, a non-finite value, a canary ...) if any failed, else the largest error / allowed.
+    A mutant is one tolerance change from surviving only if every check that failed was near its
+    bound, so this, not the first check in the judge's order, says how firmly it was caught."""
+    fails = judged.failures
+    if not fails:
+        return None
+    unbounded = [v for v in fails if not _bounded(v)]
+    return unbounded[0] if unbounded else max(fails, key=_ratio)
+
+
 def margin(verdict) -> str:
     """How far past its bound the catching check was: error / allowed (e.g. '3.1e+04x'), so a
     mutant caught by a hair (a ratio near 1, one tolerance change from surviving) stands out.
     Checks without a bound (crash, nonfinite, a canary ...) are not a matter of degree: '-'."""
-    if verdict is None or verdict.error is None or verdict.allowed is None:
+    if verdict is None or not _bounded(verdict):
         return "-"
-    if verdict.allowed == 0:
-        return "inf"
-    return f"{verdict.error / verdict.allowed:.3g}x"
+    ratio = _ratio(verdict)
+    return "inf" if math.isinf(ratio) else f"{ratio:.3g}x"
 
 
 def mutation_score(outcomes) -> str:
@@ -108,12 +147,17 @@ def mutation_score(outcomes) -> str:
     return f"mutation score: {killed}/{len(outcomes)} killed{pct}"
 
 
+def cases_to_kill(outcome) -> int | None:
+    """Cases to the first failure in the dtype campaign that caught the mutant (None: not killed)."""
+    if outcome.verdict != KILLED or outcome.campaign is None:
+        return None
+    return outcome.campaign.cases_to_first_failure
+
+
 def kill_speed(outcomes) -> str:
     """Cases to the first failure (in the dtype campaign that caught it) over the killed
     mutants: median, 90th percentile, max."""
-    counts = sorted(o.campaign.cases_to_first_failure for o in outcomes
-                    if o.verdict == KILLED and o.campaign is not None
-                    and o.campaign.cases_to_first_failure is not None)
+    counts = sorted(n for n in map(cases_to_kill, outcomes) if n is not None)
     if not counts:
         return ""
     p90 = counts[min(len(counts) - 1, int(0.9 * len(counts)))]
@@ -132,34 +176,64 @@ def run(args) -> int:
         print(tables.table(("mutant", "mutant of", "plants"),
                            [[m.name, m.mutant_of or "", m.description] for m in selected], max_width=110))
         return 0
-    profile = common.load_profile(args.profile)
     if not selected:
+        common.load_profile(args.profile)
         print("no mutants registered (kernels/mutants: MUTANTS is empty); nothing to run")
         return 0
-    max_examples = args.max_examples or profile.max_examples
-    outcomes = run_mutants(selected, profile=profile, max_examples=max_examples,
-                           seconds=args.seconds, hypothesis_seed=args.hypothesis_seed,
-                           progress=tables.Progress(), shrink=args.shrink, isolate=isolate,
-                           timeout=timeout, dtype=args.dtype)
-    print(f"fuzzattn mutants: profile={profile.name} hypothesis_seed={args.hypothesis_seed} "
-          f"max_examples={max_examples} per dtype campaign"
-          f"{' seconds=%g' % args.seconds if args.seconds else ''}"
-          f"{' isolated' if isolate else ''}{' timeout=%g' % timeout if timeout else ''}")
+    by_profile = {}
+    for name in args.profiles or [args.profile]:
+        profile = common.load_profile(name)
+        max_examples = args.max_examples or profile.max_examples
+        outcomes = run_mutants(selected, profile=profile, max_examples=max_examples,
+                               seconds=args.seconds, hypothesis_seed=args.hypothesis_seed,
+                               progress=tables.Progress(), shrink=args.shrink, isolate=isolate,
+                               timeout=timeout, dtype=args.dtype)
+        print(f"fuzzattn mutants: profile={profile.name} hypothesis_seed={args.hypothesis_seed} "
+              f"max_examples={max_examples} per dtype campaign"
+              f"{' seconds=%g' % args.seconds if args.seconds else ''}"
+              f"{' isolated' if isolate else ''}{' timeout=%g' % timeout if timeout else ''}")
+        _print_table(outcomes, args.shrink)
+        by_profile[profile.name] = outcomes
+    if len(by_profile) > 1:
+        print("\ncases to kill by profile:")
+        print(tables.table(["mutant"] + list(by_profile),
+                           [[m.name] + [_kill_cell(outcomes[i]) for outcomes in by_profile.values()]
+                            for i, m in enumerate(selected)]))
+    summaries = {name: mutation_score(outcomes) + (f"; {kill_speed(outcomes)}"
+                                                   if kill_speed(outcomes) else "")
+                 for name, outcomes in by_profile.items()}
+    summary = (next(iter(summaries.values())) if len(summaries) == 1 else
+               "\n".join(f"{name}: {line}" for name, line in summaries.items()))
+    return common.finish([o for outcomes in by_profile.values() for o in outcomes], summary)
+
+
+def _kill_cell(outcome) -> str:
+    n = cases_to_kill(outcome)
+    if n is None:
+        return outcome.verdict
+    return f"{n} ({DTYPE_SHORT.get(getattr(outcome, 'dtype', ''), '')})"
+
+
+DTYPE_SHORT = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+
+
+def _print_table(outcomes, shrink: bool) -> None:
     rows = []
     for o in outcomes:
         campaign = o.campaign
         found = campaign.counterexample if campaign is not None else None
+        caught = catching(found.judged) if found else None
         rows.append([o.subject, o.verdict, getattr(o, "dtype", "") if found else "",
                      "" if campaign is None or campaign.cases_to_first_failure is None
                      else campaign.cases_to_first_failure,
                      getattr(o, "total_cases", o.cases),
                      tables.seconds(o.seconds),
-                     found.judged.first_failure.check if found else "",
-                     margin(found.judged.first_failure) if found else "",
+                     caught.check if caught else "",
+                     margin(caught) if found else "",
                      str(found.judged.case) if found else o.detail])
     print(tables.table(("mutant", "killed", "dtype", "cases to kill", "cases judged", "seconds",
                         "caught by", "margin (error / allowed)",
-                        f"{'shrunk' if args.shrink else 'first failing'} case / detail"),
+                        f"{'shrunk' if shrink else 'first failing'} case / detail"),
                        rows, max_width=90))
     # The table cuts the case; a configuration-only bug is read from its configuration in full.
     configured = [(o.subject, o.campaign.counterexample.judged.case) for o in outcomes
@@ -169,5 +243,3 @@ def run(args) -> int:
         print("\nconfiguration of each failing case:")
         for name, case in configured:
             print(f"  {name}: " + " ".join(f"{key}={value}" for key, value in case.config))
-    speed = kill_speed(outcomes)
-    return common.finish(outcomes, mutation_score(outcomes) + (f"; {speed}" if speed else ""))
