@@ -135,6 +135,21 @@ def test_mutant_is_caught_where_its_real_kernel_passes(name):
     assert report.first_failure.check in expected, report.describe()
 
 
+@pytest.mark.parametrize("name,dtype", [("mutant_acc_bf16", "bfloat16"), ("mutant_acc_fp16", "float16"),
+                                        ("mutant_pv_low_precision", "bfloat16"),
+                                        ("mutant_pv_low_precision", "float16")])
+def test_exact_mean_catches_a_running_state_rounded_by_a_wide_margin(name, dtype):
+    """On exact_mean values the reference is exact, so one rounding too many is several times its
+    bound (on other values 1.0-1.4x), and the real kernel stays exact."""
+    from fuzzattn.cli.mutants import catching
+    the_case = case(20, 70, 32, batch=2, heads=4, kv_heads=2, causal="top_left",
+                    values="exact_mean", dtype=dtype, data_seed=0)
+    real = judge(implementations()["torch_tiled"], the_case, margins=True)
+    assert real.passed and {v.check: v.error for v in real.verdicts}["out"] == 0.0
+    caught = catching(judge(mutants()[name], the_case))
+    assert caught.check == "out_rms" and caught.error > 3 * caught.allowed, caught
+
+
 def test_a_kill_is_reported_by_the_check_furthest_past_its_bound():
     """A case failing out by a hair and out_rms by a mile is not one tolerance change from
     passing: the table names out_rms, and a check without a bound (non-finite values) before
