@@ -43,6 +43,16 @@ CAUGHT_BY = {
     # out-based attribution, so any of the non-finite labels is accepted here.
     "mutant_causal_off_by_one": (case(causal="top_left"), {"nonfinite", "unwritten_output"}),
     "mutant_finite_sentinel": (case(values="below_sentinel"), {"out", "lse"}),
+    # Sentinels at other magnitudes, whose kernels take a row whose max stayed at the sentinel
+    # for empty (so empty rows cannot give them away): only scores past them can. sentinel_sweep
+    # puts these cases' scores at -1.07e9 (-1.55e9 in base 2), -32768 (past fp16's lowest halved)
+    # and -16384; the rows these kernels think empty come back as -inf lse, or P as inf.
+    "mutant_sentinel_minus_1e9": (case(2, 3, causal="top_left", values="sentinel_sweep",
+                                       data_seed=46), {"nonfinite", "lse"}),
+    "mutant_sentinel_half_dtype_min": (case(2, 3, causal="top_left", values="sentinel_sweep",
+                                            data_seed=4, dtype="float16"), {"nonfinite", "out", "lse"}),
+    "mutant_bwd_sentinel_minus_1e4": (case(2, 3, causal="top_left", values="sentinel_sweep",
+                                           data_seed=40), {"grad_nonfinite", "grad_dq"}),
     "mutant_lse_base2": (case(seq_k=2), "lse"),
     "mutant_head_dim_truncated": (case(head_dim=64), {"out", "lse"}),
     "mutant_gqa_modulo": (case(heads=4, kv_heads=2), "out"),
