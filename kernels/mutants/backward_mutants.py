@@ -57,12 +57,6 @@ BACKWARD_BUGS = (
     ("mutant_bwd_gqa_first_head_only",
      "GQA dK/dV not summed over the group: only the group's first query head contributes",
      {"dkdv": [("for g in range(GROUP_SIZE):", "for g in range(1):")]}),
-    ("mutant_bwd_sentinel_minus_1e4",
-     "backward masks recomputed scores with -1e4 instead of -inf (the sentinel of many "
-     "attention codes): hidden keys get P = exp(-1e4 - lse), which is 0 until real scores, and "
-     "so lse, fall below about -1e4",
-     {"dkdv": [('s_t = tl.where(keep, s_t, float("-inf"))', "s_t = tl.where(keep, s_t, -1.0e4)")],
-      "dq": [('s = tl.where(keep, s, float("-inf"))', "s = tl.where(keep, s, -1.0e4)")]}),
     ("mutant_bwd_dq_skips_key_block",
      "causal dQ loop bound uses BLOCK_N for the query block's height: when BLOCK_M > BLOCK_N "
      "the last visible key block(s) of each query block are skipped",
