@@ -57,3 +57,34 @@ def test_tiers_give_the_whole_rules_verdicts(name, dtype):
         assert judged["failed"], f"{name} failed nowhere: the comparison saw no failure"
     if not name.startswith("mutant_"):
         assert judged["by_noise"], "no pass was decided on the noise alone"
+
+
+# -- the gradient rule past exp's fp32 range ---------------------------------------------------
+def test_the_gradient_rule_allows_anything_once_recomputed_p_can_leave_fp32s_range():
+    """Past RECOMPUTE_LIMIT a backward's recomputed P may be off by more than fp32 holds, so the
+    recomputation term is infinite: an allowance is then inf (a term of magnitude 0 adds 0, not
+    NaN), which the gradient judge skips as vacuous and a gradient relation cannot fail. Seen
+    without it: triton_fa2's dv inf in one run of grad_key_permutation on a sentinel_sweep case
+    (T = 1e17), against 1.2e304 allowed."""
+    import math
+    from types import SimpleNamespace
+
+    import torch
+
+    from fuzzattn.contract.case import AttentionCase
+    from fuzzattn.contract.dtypes import U32
+    from fuzzattn.judge.tolerance import RECOMPUTE_LIMIT, SCORE_ULPS, grad_allowance, grad_noise
+    from fuzzattn.relations.backward import GRAD_RELATIONS
+
+    edge = RECOMPUTE_LIMIT / (2 * SCORE_ULPS * U32)
+    assert math.isfinite(grad_noise(torch.float32, "ieee", 0.99 * edge, 10)[2])
+    assert grad_noise(torch.float32, "ieee", 1.01 * edge, 10)[2] == math.inf
+    terms = SimpleNamespace(actual=torch.ones(3), delta=torch.zeros(3), magnitude=torch.zeros(3))
+    assert grad_allowance(torch.float32, terms, score_magnitude=2 * edge) < 1e-5
+    terms.magnitude = torch.ones(3)
+    assert grad_allowance(torch.float32, terms, score_magnitude=2 * edge) == math.inf
+    case = AttentionCase(1, 2, 2, 35, 61, 48, values="sentinel_sweep", data_seed=6821, config=(
+        ("BLOCK_M", 16), ("BLOCK_N", 32), ("bwd_BLOCK_M", 32), ("bwd_BLOCK_N", 16),
+        ("bwd_num_stages", 1), ("bwd_num_warps", 4), ("num_stages", 2), ("num_warps", 2)))
+    verdict = GRAD_RELATIONS["grad_key_permutation"](implementations()["triton_fa2"], case, "cpu")
+    assert verdict.passed and verdict.allowed == math.inf, verdict.describe()

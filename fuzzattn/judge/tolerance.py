@@ -86,6 +86,7 @@ FLOOR = 1.0
 K_GRAD = 2.0
 GRAD_EPS_ULPS = 4.0
 GRAD_EXTRA_OPS = 8
+RECOMPUTE_LIMIT = math.log(float(torch.finfo(torch.float32).max))   # ~88.7: exp's fp32 range
 
 # -- What correct GPU kernels legitimately do -----------------------------------------------------
 # The same-precision reference divides correctly rounded, exponentiates with torch.exp and sums in
@@ -327,8 +328,11 @@ def grad_noise(dtype: torch.dtype, fp32_matmul: str, score_magnitude: float, ter
     # bound, not by 1 + 2d. Linear while d is small (normal values: d ~ 1e-5); past u32 S ~ 1/8
     # (scores beyond ~1e7) no fp32 recomputation can say anything about its P, and the
     # allowance grows without bound accordingly (set by: SDPA's CPU FLASH backward off by up to
-    # e^23 on values=below_sentinel, where MATH, saving P, agrees with the oracle).
-    recompute = math.expm1(min(2 * SCORE_ULPS * U32 * score_magnitude, 700.0))
+    # e^23 on values=below_sentinel, where MATH, saving P, agrees with the oracle). Past
+    # RECOMPUTE_LIMIT, P may be off by more than fp32 holds (inf, or inf - inf = NaN, from a
+    # correct backward): the rule says nothing, an infinite allowance.
+    exponent = 2 * SCORE_ULPS * U32 * score_magnitude
+    recompute = math.inf if exponent > RECOMPUTE_LIMIT else math.expm1(exponent)
     return (GRAD_EPS_ULPS * u_op, u_op, recompute + (terms + GRAD_EXTRA_OPS) * U32)
 
 
@@ -347,7 +351,9 @@ def grad_allowance(dtype: torch.dtype, terms, *, fp32_matmul: str = "ieee",
     past the dtype's largest finite value, the rule says nothing: a backward that recomputes P
     from fp32 scores this large may overflow to inf (or inf - inf = NaN) and still be correct."""
     coeffs = grad_noise(dtype, fp32_matmul, score_magnitude, terms_summed)
-    return sum(c * m for c, m in zip(coeffs, maxima(terms.actual, terms.delta, terms.magnitude)))
+    # (A term of magnitude 0 adds nothing, whatever its coefficient: no inf * 0.)
+    return sum(c * m for c, m in zip(coeffs, maxima(terms.actual, terms.delta, terms.magnitude))
+               if m)
 
 
 # -- error statistics (error_statistics.py: the `out_rms` check) --------------------------------
