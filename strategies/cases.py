@@ -47,7 +47,7 @@ class _Parts:
         self.group = st.integers(1, profile.max_group) if caps.gqa else st.just(1)
         self.shape = _shapes(caps, profile)
         self.causal = {family: st.sampled_from(_causal_choices(caps, family))
-                       for family in ("decode", "chunk", "tall", None)}
+                       for family in ("decode", "square", "chunk", "tall", None)}
         self.scale = st.one_of(st.none(), st.sampled_from(OTHER_SCALES))
         # Head dims are never narrowed by a palette: bugs that only some head dims show (a mask
         # past D, a truncated head dim) need them all (strategies/palette.py).
@@ -56,7 +56,7 @@ class _Parts:
             self.layout = layouts(caps)
         else:
             self.layout = st.sampled_from(subset(layout_choices(caps), palette, "layout"))
-        self.values = value_profiles()
+        self.values = {dtype: value_profiles(dtype) for dtype in dtypes}
         self.data_seed = st.integers(0, 2**31 - 1)
 
 
@@ -87,7 +87,7 @@ def _cases(draw, caps: Capabilities, dtypes: tuple[str, ...], profile: Profile,
         seq_k = seq_q                      # the shape's Nq keeps every length constraint
     scale = draw(parts.scale)
     layout = draw(parts.layout)
-    values = draw(parts.values)
+    values = draw(parts.values[dtype])
     data_seed = draw(parts.data_seed)
     case = AttentionCase(batch=batch, heads=kv_heads * group, kv_heads=kv_heads, seq_q=seq_q,
                          seq_k=seq_k, head_dim=head_dim, dtype=dtype, causal=causal, scale=scale,
@@ -121,13 +121,14 @@ def _shapes(caps: Capabilities, profile: Profile) -> st.SearchStrategy[tuple[str
 
 def _causal_choices(caps: Capabilities, family: str) -> tuple[str, ...]:
     """Decode and chunked prefill are where the causal alignment decides which keys a query sees
-    (top-left lets a lone decode query see key 0 only): draw them causal, in each declared
-    alignment. The tall family is there for the empty-row convention, which only bottom-right
+    (top-left lets a lone decode query see key 0 only), and square shapes are causal prefill,
+    where every query tile has a diagonal block: draw them causal, in each declared alignment
+    (a loop bound off by a tile shows on those blocks: a dQ loop bounded by BLOCK_N survived 100
+    dev cases while square shapes were left to a coin). The tall family is there for the empty-row convention, which only bottom-right
     alignment produces, so it is drawn bottom-right whenever that is declared (left to a coin,
-    a short campaign may draw no Nq > Nk >= 1 bottom-right case at all). Non-causal and
-    top-left versions of these shapes still come from the independent, multi_block and
-    tile_edges families."""
-    if not caps.causal or family not in ("decode", "chunk", "tall"):
+    a short campaign may draw no Nq > Nk >= 1 bottom-right case at all). Non-causal versions of
+    these shapes still come from the independent, multi_block and tile_edges families."""
+    if not caps.causal or family not in ("decode", "square", "chunk", "tall"):
         return ("none",) + caps.causal
     if family == "tall" and "bottom_right" in caps.causal:
         return ("bottom_right",)

@@ -31,7 +31,7 @@ class _Entry:
         self.caps = caps                   # kept alive: the cache below is keyed by its id
         self.combos = _valid_configs(caps, case)
         drawn = self.combos if palette is None else subset(self.combos, palette, "config")
-        self.strategy = st.sampled_from(drawn) if drawn else st.nothing()
+        self.strategy = st.sampled_from(unequal_tiles_weighted(drawn)) if drawn else st.nothing()
 
 
 _ENTRIES: dict = {}
@@ -52,6 +52,27 @@ def _valid_configs(caps: Capabilities, case: AttentionCase) -> list:
         if caps.config_rule is None or not caps.config_rule(dict(config), case.replace(config=config)):
             combos.append(config)
     return combos
+
+
+# Tile pairs: axes named <prefix>BLOCK_M and <prefix>BLOCK_N (query rows, keys per tile). A loop
+# or stage bound that uses one where the other belongs is exact whenever the two are equal, so
+# a combination is drawn UNEQUAL_EXTRA times more per pair it draws unequal (set by: a dQ loop
+# bounded by BLOCK_N survived 100 dev cases with combinations drawn uniformly).
+TILE_PAIR = ("BLOCK_M", "BLOCK_N")
+UNEQUAL_EXTRA = 2
+
+
+def unequal_tiles_weighted(combos: list) -> list:
+    """`combos` in their order, then the ones with unequal tile pairs again (UNEQUAL_EXTRA times
+    per such pair): sampled from, unequal tiles come more often and shrinking still moves toward
+    the first combination."""
+    extra = []
+    for combo in combos:
+        config = dict(combo)
+        unequal = sum(config.get(name[:-len("BLOCK_M")] + "BLOCK_N", value) != value
+                      for name, value in config.items() if name.endswith(TILE_PAIR[0]))
+        extra += [combo] * (UNEQUAL_EXTRA * unequal)
+    return list(combos) + extra
 
 
 def configs(caps: Capabilities, case: AttentionCase,

@@ -50,13 +50,13 @@ def seq_lens(*, min_len: int = 1, max_len: int = 40, max_large_len: int | None =
 # mask, or Nq > Nk under bottom-right alignment). Ordered simplest first: Hypothesis shrinks a
 # one_of toward its first branch.
 SHAPE_FAMILIES = ("independent", "decode", "square", "chunk", "tall", "multi_block", "tile_edges")
-MAX_CHUNK = 16      # chunked prefill / speculative decoding: a few new queries against a long cache
+MAX_CHUNK = 16      # speculative decoding: a few new queries against a long cache (half the chunks)
 # Families drawn twice as often as the others. Hypothesis spends most of a 60-case campaign
 # mutating a dozen or so fresh draws, so a family's share of fresh draws decides how soon it is
 # seen: tall (bottom-right empty rows, otherwise seen late in a short campaign) and multi_block
 # (where accumulator precision bugs show; the only family besides chunk and decode that always
-# spans several key tiles).
-EXTRA_WEIGHT = ("tall", "multi_block")
+# spans several key tiles), and square (causal prefill: a diagonal block in every query tile).
+EXTRA_WEIGHT = ("tall", "multi_block", "square")
 
 
 def seq_shapes(*, max_len: int = 40, max_large_len: int | None = None, tile: int = TILE,
@@ -67,12 +67,14 @@ def seq_shapes(*, max_len: int = 40, max_large_len: int | None = None, tile: int
     decode       Nq = 1 against Nk from 1 up to the longest length (half the time several key
                  tiles): one new token against a KV cache
     square       Nq = Nk: prefill, where causal top-left and bottom-right coincide
-    chunk        2 <= Nq <= 16 with Nk >= 2 Nq and more than one key tile when the limits allow:
-                 chunked prefill and speculative decoding, where causal alignment decides all
+    chunk        2 <= Nq <= 16, or half the time a chunk of several query tiles (tile < Nq <=
+                 top / 2), with Nk >= 2 Nq and more than one key tile when the limits allow:
+                 speculative decoding and chunked prefill, where causal alignment decides all
     tall         Nq > Nk >= 1: bottom-right alignment leaves the first Nq - Nk rows with no
                  visible key beside rows that have some, the empty-row convention's main source
-    multi_block  Nk > tile (two key tiles or more) against any Nq: where a tiled kernel's online
-                 softmax rescales and its accumulator is carried, and rounded, across tiles
+    multi_block  Nk > tile (two key tiles or more) against any Nq, half the time Nq > tile too:
+                 where a tiled kernel's online softmax rescales and its accumulator is carried,
+                 and rounded, across tiles, and a backward's loops over both run several blocks
     tile_edges   Nq and Nk each one of the tile-boundary sizes (tile - 1, tile, tile + 1, ...)
 
     The decode, chunk and multi_block families put most draws past one key tile because that is
@@ -92,7 +94,10 @@ def seq_shapes(*, max_len: int = 40, max_large_len: int | None = None, tile: int
         def chunk_keys(nq: int):
             lo = 2 * nq
             return st.integers(max(lo, tile + 1) if top > max(lo, tile) else lo, top)
-        branches["chunk"] = st.integers(2, min(MAX_CHUNK, top // 2)).flatmap(
+        queries = st.integers(2, min(MAX_CHUNK, top // 2))
+        if top // 2 > tile:                # half the time a chunk of several query tiles
+            queries = st.one_of(queries, st.integers(tile + 1, top // 2))
+        branches["chunk"] = queries.flatmap(
             lambda nq: chunk_keys(nq).map(lambda nk: ("chunk", nq, nk)))
     if top >= 2:
         # Nk >= 1: rows with keys next to rows without, the mix a kernel must keep apart (with
@@ -101,7 +106,8 @@ def seq_shapes(*, max_len: int = 40, max_large_len: int | None = None, tile: int
         branches["tall"] = st.integers(1, top - 1).flatmap(
             lambda nk: st.integers(nk + 1, top).map(lambda nq: ("tall", nq, nk)))
     if several is not None:
-        branches["multi_block"] = st.tuples(st.just("multi_block"), positive, several)
+        branches["multi_block"] = st.tuples(st.just("multi_block"), st.one_of(positive, several),
+                                            several)
     edges = _edges(tile, top, 1)
     if edges:
         branches["tile_edges"] = st.tuples(st.just("tile_edges"), st.sampled_from(edges),

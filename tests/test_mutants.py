@@ -43,6 +43,16 @@ CAUGHT_BY = {
     # out-based attribution, so any of the non-finite labels is accepted here.
     "mutant_causal_off_by_one": (case(causal="top_left"), {"nonfinite", "unwritten_output"}),
     "mutant_finite_sentinel": (case(values="below_sentinel"), {"out", "lse"}),
+    # Sentinels at other magnitudes, whose kernels take a row whose max stayed at the sentinel
+    # for empty (so empty rows cannot give them away): only scores past them can. sentinel_sweep
+    # puts these cases' scores at -1.07e9 (-1.55e9 in base 2), -32768 (past fp16's lowest halved)
+    # and -16384; the rows these kernels think empty come back as -inf lse, or P as inf.
+    "mutant_sentinel_minus_1e9": (case(2, 3, causal="top_left", values="sentinel_sweep",
+                                       data_seed=46), {"nonfinite", "lse"}),
+    "mutant_sentinel_half_dtype_min": (case(2, 3, causal="top_left", values="sentinel_sweep",
+                                            data_seed=4, dtype="float16"), {"nonfinite", "out", "lse"}),
+    "mutant_bwd_sentinel_minus_1e4": (case(2, 3, causal="top_left", values="sentinel_sweep",
+                                           data_seed=40), {"grad_nonfinite", "grad_dq"}),
     "mutant_lse_base2": (case(seq_k=2), "lse"),
     "mutant_head_dim_truncated": (case(head_dim=64), {"out", "lse"}),
     "mutant_gqa_modulo": (case(heads=4, kv_heads=2), "out"),
@@ -135,6 +145,21 @@ def test_mutant_is_caught_where_its_real_kernel_passes(name):
     assert report.first_failure.check in expected, report.describe()
 
 
+@pytest.mark.parametrize("name,dtype", [("mutant_acc_bf16", "bfloat16"), ("mutant_acc_fp16", "float16"),
+                                        ("mutant_pv_low_precision", "bfloat16"),
+                                        ("mutant_pv_low_precision", "float16")])
+def test_exact_mean_catches_a_running_state_rounded_by_a_wide_margin(name, dtype):
+    """On exact_mean values the reference is exact, so one rounding too many is several times its
+    bound (on other values 1.0-1.4x), and the real kernel stays exact."""
+    from fuzzattn.cli.mutants import catching
+    the_case = case(20, 70, 32, batch=2, heads=4, kv_heads=2, causal="top_left",
+                    values="exact_mean", dtype=dtype, data_seed=0)
+    real = judge(implementations()["torch_tiled"], the_case, margins=True)
+    assert real.passed and {v.check: v.error for v in real.verdicts}["out"] == 0.0
+    caught = catching(judge(mutants()[name], the_case))
+    assert caught.check == "out_rms" and caught.error > 3 * caught.allowed, caught
+
+
 def test_a_kill_is_reported_by_the_check_furthest_past_its_bound():
     """A case failing out by a hair and out_rms by a mile is not one tolerance change from
     passing: the table names out_rms, and a check without a bound (non-finite values) before
@@ -168,7 +193,9 @@ def test_an_edit_must_match_exactly_once():
 def test_a_small_campaign_kills_the_mutant(name):
     mutant = mutants()[name]
     profile = profiles.PROFILES["ci"]
-    result = fuzz(mutant, attention_cases(mutant.caps, profile=profile), max_examples=25, save_to_file=False)
+    # One dtype's campaign, as `fuzzattn mutants` runs them (these bugs show in every dtype).
+    result = fuzz(mutant, attention_cases(mutant.caps, dtype="float32", profile=profile),
+                  max_examples=25, save_to_file=False)
     assert result.counterexample is not None, f"{name} survived {result.cases} cases"
 
 
