@@ -109,6 +109,8 @@ PINNED = {
     "dominant_key": "5f8dd9178d4b",
     "zero_query_rows": "f07c5bbdb3a3",
     "below_sentinel": "3d8a2dc579a2",
+    "sentinel_sweep": "bcb97bf82642",
+    "exact_mean": "1ab5dc0d976e",
 }
 
 
@@ -262,3 +264,81 @@ def test_the_fused_kernel_serves_only_after_agreeing_with_the_torch_ops(monkeypa
         assert "bits differ" in capsys.readouterr().err
     finally:
         vs._fused_here.cache_clear()
+
+
+# -- the profiles sources.py builds -----------------------------------------------------------
+SWEEP_CASES = [AttentionCase(2, 4, 2, 7, 19, d, dtype=dtype, scale=scale, values="sentinel_sweep",
+                             data_seed=seed_value, layout=("sliced", "transposed", "contiguous"))
+               for dtype in ("float32", "bfloat16", "float16")
+               for d, scale in ((1, None), (3, 0.125), (16, 2.0), (64, None), (96, 1.0), (256, None))
+               for seed_value in range(6)]
+
+
+@pytest.mark.parametrize("case", SWEEP_CASES, ids=str)
+def test_sweep_scores_lie_past_minus_the_cases_magnitude_by_at_most_2x(case):
+    """Every score is the same -2^e scale with T < 2^e |scale| <= 2T: past a sentinel of
+    magnitude T and not far past it. q.k is a power of two, exact in fp32 whatever the order,
+    so its product with any scale is exact too (a kernel that fuses s * c - m into one FMA
+    subtracts the max exactly), and the scores stay finite before the scale and in base 2."""
+    from fuzzattn.inputs.sources import FP32_MAX, LOG2E, sentinel_magnitude
+    magnitude = sentinel_magnitude(case)
+    inputs = materialize(case)
+    k = inputs.k.repeat_interleave(case.group_size, dim=1)
+    dots = inputs.q.double() @ k.double().transpose(-1, -2)
+    assert torch.equal((inputs.q.float() @ k.float().transpose(-1, -2)).double(), dots)
+    assert len(torch.unique(dots)) == 1 and math.frexp(dots.flatten()[0].item())[0] == -0.5
+    scores = dots * case.softmax_scale
+    assert -2 * magnitude <= scores.max() < -magnitude
+    assert dots.abs().max() < FP32_MAX and scores.abs().max() * LOG2E < FP32_MAX
+
+
+def test_the_sweep_reaches_every_sentinel_magnitude_a_case_allows():
+    """Over data seeds, each reachable magnitude is drawn: every decade a dtype holds, fp16's
+    lowest value and half of it, and (at scale 1) half of bf16's and fp32's lowest."""
+    from fuzzattn.inputs.sources import reachable_magnitudes, sentinel_magnitude
+    for dtype, limits, top in (("float16", (32752.0, 65504.0), 1e10),
+                               ("bfloat16", (float(torch.finfo(torch.bfloat16).max) / 2,), 1e38),
+                               ("float32", (float(torch.finfo(torch.float32).max) / 2,), 1e38)):
+        case = AttentionCase(1, 1, 1, 4, 4, 64, dtype=dtype, scale=1.0, values="sentinel_sweep")
+        drawn = {sentinel_magnitude(case.replace(data_seed=s)) for s in range(3000)}
+        assert drawn == set(reachable_magnitudes(dtype, 64, 1.0))
+        assert set(limits) <= drawn and {10.0, 1e4, 1e9, top} <= drawn
+
+
+def test_the_sweep_scores_lie_past_each_sentinel_they_target():
+    """A sentinel of magnitude T (a mask fill) loses to every real score of a T-case."""
+    from fuzzattn.inputs.sources import sentinel_magnitude
+    for seed_value in range(40):
+        case = AttentionCase(1, 2, 1, 3, 9, 40, dtype="bfloat16", scale=1.0,
+                             values="sentinel_sweep", data_seed=seed_value)
+        inputs = materialize(case)
+        scores = (inputs.q.float() @ inputs.k.float().transpose(-1, -2)) * case.softmax_scale
+        assert bool((scores < -sentinel_magnitude(case)).all())
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_exact_mean_outputs_are_representable_and_running_sums_are_not(dtype):
+    """q = 0 and v constant along the keys: every row's output is that constant, exactly, in
+    the case's dtype, whatever keys the row sees; n * c for a count n needs more bits than the
+    dtype has, for most columns."""
+    case = AttentionCase(2, 4, 2, 9, 45, 32, dtype=dtype, causal="bottom_right",
+                         values="exact_mean", data_seed=3)
+    inputs = materialize(case)
+    assert not inputs.q.any()
+    v = inputs.v.float()
+    assert torch.equal(v, v[:, :, :1].expand_as(v))
+    c = v[:, :, 0].double()
+    assert bool(((c.abs() >= 1 / 16) & (c.abs() < 1 / 4)).all())
+    sums = 45 * c
+    assert (sums.to(inputs.v.dtype).double() != sums).float().mean() > 0.5
+    oracle = torch.softmax(torch.zeros(45, dtype=torch.float64), 0) @ v[0, 0].double()
+    assert torch.equal(oracle.to(inputs.v.dtype).double(), c[0, 0])
+
+
+def test_exact_mean_keeps_standard_normal_values_in_fp32():
+    """An fp32 output is only as exact as a kernel's normalisation: fp32 cases get q = 0 and the
+    standard normal v of zero_query_rows' zero rows instead."""
+    case = AttentionCase(1, 2, 1, 5, 33, 16, values="exact_mean", data_seed=2)
+    inputs = materialize(case)
+    assert not inputs.q.any()
+    assert torch.equal(inputs.v, materialize(case.replace(values="normal")).v)

@@ -42,8 +42,13 @@ KV_ONLY_LAYOUTS = ("broadcast_batch", "broadcast_heads")
 #   dominant_key    one key per (batch, head) aligned with every query: softmax almost one-hot
 #   zero_query_rows some query rows are exactly zero: uniform weights over visible keys
 #   below_sentinel  every score far below -1e6: a finite mask sentinel then out-votes real keys
+#   sentinel_sweep  every score past minus one of a sweep of magnitudes (10 to half fp32's
+#                   lowest), by at most 2x: a finite mask sentinel that size or less out-votes them
+#   exact_mean      q = 0 and v constant along the keys: every output exact, so a running state
+#                   rounded to the input dtype errs where the reference does not
+#                   (the last two: fuzzattn/inputs/sources.py)
 VALUE_PROFILES = ("normal", "large", "near_constant", "dominant_key", "zero_query_rows",
-                  "below_sentinel")
+                  "below_sentinel", "sentinel_sweep", "exact_mean")
 
 # Where the case's values come from (fuzzattn/inputs/sources.py): the CPU torch.Generator, or a
 # counter-based generator giving the same bits on any device, so inputs can be born there.

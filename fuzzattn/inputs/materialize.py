@@ -23,7 +23,7 @@ import torch
 from fuzzattn.contract.case import AttentionCase
 from fuzzattn.contract.dtypes import BY_NAME, torch_dtype
 from fuzzattn.inputs.transfer import FILL, packed_buffer_to, same_device, storage_offsets
-from fuzzattn.inputs.sources import source
+from fuzzattn.inputs.sources import PROFILE_VALUES, source
 
 
 # NaN padding before and after each tensor inside its storage: a tile load without its row mask
@@ -169,6 +169,8 @@ def _apply_profile(case, q, k, v, g):
         q = torch.full_like(q, 1024.0)
         m = g.integers(1, 33, (case.batch, case.kv_heads, case.seq_k, 1)).float()
         k = (-1024.0 * m).expand_as(k).clone()
+    elif profile in PROFILE_VALUES:        # the profiles sources.py builds
+        q, k, v = PROFILE_VALUES[profile](case, q, k, v, g)
     else:  # guarded by AttentionCase validation
         raise AssertionError(profile)
     return q, k, v

@@ -197,6 +197,132 @@ class CpuSource:
         return torch.rand(shape, generator=self.generator) < 0.5
 
 
+# -- value profiles built from a source's draws (materialize applies them by name) -------------
+# Each takes the case and its standard normal q, k, v (float32, logical shapes) and the source
+# they came from, and returns the profile's q, k, v, to be rounded to the case's dtype. A choice
+# made per case (not per element) comes from the data seed through `mix_int`, on the host: the
+# same on every device, with nothing read back from one.
+
+def _per_case(case, salt: int, n: int) -> int:
+    """A choice among n, fixed by the case's data seed (`salt` keeps choices independent)."""
+    return mix_int(case.data_seed ^ salt) % n
+
+
+# exact_mean: q = 0, so every visible key weighs exactly 1 and a row's output is the mean of the
+# values it sees; v is one value c per batch and kv head, of 8 significant bits, |c| in
+# [1/16, 1/4). Every output is then c exactly, in every dtype, whatever
+# keys a row sees, and a correct kernel is exact (sums of c stay within fp32's 24 bits, the
+# division by the count is exact); the oracle and the reference are too. The running sums n c a
+# tiled kernel carries need up to 15 bits: rounded to bf16 (8) or fp16 (11) they err, so a
+# kernel that keeps its running state in the input dtype (the accumulator, the P V products of a
+# block) is off by a rounding where the reference's error is 0: no rounding of the reference's
+# own to hide in, in a row of any length (a running state rounded once per key block is
+# otherwise the reference's rounding again, a few tenths past it at the CPU's lengths). One c for
+# every column makes the error all or nothing across a row: where the running sums round the
+# output off c, every element is off by the same ulp, several times the statistic's allowance
+# for one element off, also in the smallest case a shrinker finds.
+# |c| < FLOOR keeps the max rule's absolute allowance above such an error: it is the statistic's
+# to see (fuzzattn/judge/error_statistics.py). fp32 cases keep standard normal v: an fp32
+# output is only as exact as the normalisation, and a kernel that normalises P before P V
+# (SDPA's math backend: p = 1/l, rounded) is a few ulps off an exact mean, correctly.
+def exact_mean(case, q, k, v, g):
+    if case.dtype == "float32":
+        return torch.zeros_like(q), k, v
+    shape = (case.batch, case.kv_heads, 1, 1)
+    mantissa = (129 + 2 * g.integers(0, 64, shape)).to(torch.float32)   # odd: 8 bits
+    c = mantissa * (1 + g.integers(0, 2, shape)).to(torch.float32) * 2.0 ** -11   # exact
+    c = torch.where(g.coin(shape), -c, c)
+    return torch.zeros_like(q), k, c.expand(v.shape).clone()
+
+
+# sentinel_sweep: every score past minus one magnitude T of SENTINEL_MAGNITUDES (one per case,
+# among those its dtype, head dim and scale can reach), by at most a factor 2, so that a kernel
+# filling hidden scores with a finite sentinel of magnitude T or less (-1e4, -1e9, half the
+# dtype's lowest value ...) gives the hidden keys the larger score. Every key is -2^y in every
+# head dim and q is +-2^x on some dims and 0 on the rest, so that q.k, the same for every key, is
+# minus a power of two (the least one past T / |scale|): exact in fp32 in any order, in every
+# dtype, and so is its product with any scale, scale * log2(e) included: a fused kernel that
+# contracts s * c - m into one FMA subtracts the row's max exactly (p = 1), where a score of many
+# significant bits would leave the product's rounding error, past 2^32 in base 2 enough for exp2
+# to give 0 and empty the row. Every row's weights are uniform over the keys it sees.
+# Below SIGNED_BELOW the dims come in threes, two +2^x and one -2^x: the terms cancel in part, so
+# the sum of their magnitudes (the rule's S) is 3 times the score, and a kernel that rounds
+# q * scale first rounds terms that do not all add in one direction (measured with equal terms of
+# one sign: SDPA's CPU backward recomputed scores of 1e7 ~12 units of fp32 roundoff off, past the
+# gradient rule's allowance). Above it no gradient can be judged (the rule allows more than
+# fp32's range), and dims of one sign keep the partial sums within it.
+FP16_MAX = float(torch.finfo(torch.float16).max)
+BF16_MAX = float(torch.finfo(torch.bfloat16).max)
+FP32_MAX = float(torch.finfo(torch.float32).max)
+SENTINEL_MAGNITUDES = tuple(sorted({10.0 ** e for e in range(1, 39)}
+                                   | {m * f for m in (FP16_MAX, BF16_MAX, FP32_MAX)
+                                      for f in (0.5, 1.0)}))
+SIGNED_BELOW = 1e20
+LOG2E = 1.4426950408889634
+# Room left below fp32's largest value for what a correct kernel forms from these scores: q.k
+# (= score / scale) and the score times log2(e) of exp2 kernels.
+HEADROOM = 1.1
+FP16_EXPONENT = 15              # 2^15 = 32768: the largest power of two fp16 holds
+_SWEEP_SALT = 0x5E27
+
+
+def _query_dims(head_dim: int, signed: bool) -> tuple[int, int]:
+    """(P, N): P head dims of q at +2^x then N at -2^x (the rest 0), P - N a power of two."""
+    if signed and head_dim >= 3:
+        negative = 1 << ((head_dim // 3).bit_length() - 1)
+        return 2 * negative, negative
+    return 1 << (head_dim.bit_length() - 1), 0
+
+
+def _sweep_dot(magnitude: float, dtype: str, head_dim: int, scale: float) -> int | None:
+    """log2 of |q.k| for magnitude T: the least power of two with |scale| 2^e > T, or None when a
+    correct kernel could not form the scores finitely (fp32: q.k and score * log2(e); fp16: q
+    and k within fp16's powers of two)."""
+    s = abs(scale)
+    if s == 0:
+        return None
+    exponent = math.floor(math.log2(magnitude / s)) + 1
+    while 2.0 ** exponent * s <= magnitude:            # (log2 rounded at a power of two)
+        exponent += 1
+    dot = 2.0 ** exponent
+    if HEADROOM * dot * max(1.0, s * LOG2E) > FP32_MAX:
+        return None
+    if dtype == "float16":
+        positive, negative = _query_dims(head_dim, magnitude < SIGNED_BELOW)
+        if exponent - (positive - negative).bit_length() + 1 > 2 * FP16_EXPONENT:
+            return None
+    return exponent
+
+
+def reachable_magnitudes(dtype: str, head_dim: int, scale: float) -> list[float]:
+    """The SENTINEL_MAGNITUDES a case of this dtype, head dim and scale can put scores past."""
+    return [t for t in SENTINEL_MAGNITUDES if _sweep_dot(t, dtype, head_dim, scale) is not None]
+
+
+def sentinel_magnitude(case) -> float | None:
+    """The case's magnitude T: one of its reachable magnitudes, chosen by its data seed."""
+    reachable = reachable_magnitudes(case.dtype, case.head_dim, case.softmax_scale)
+    return reachable[_per_case(case, _SWEEP_SALT, len(reachable))] if reachable else None
+
+
+def sentinel_sweep(case, q, k, v, g):
+    magnitude = sentinel_magnitude(case)
+    if magnitude is None:                  # scale 0: every score is 0 whatever q and k are
+        return q, k, v
+    exponent = _sweep_dot(magnitude, case.dtype, case.head_dim, case.softmax_scale)
+    positive, negative = _query_dims(case.head_dim, magnitude < SIGNED_BELOW)
+    per_dim = exponent - (positive - negative).bit_length() + 1     # x + y
+    y = per_dim // 2 if case.dtype != "float16" else min(per_dim // 2, FP16_EXPONENT)
+    a = math.copysign(2.0 ** (per_dim - y), case.softmax_scale)
+    signs = [-1.0 if d % 3 == 2 and d < 3 * negative else 1.0 if d < positive + negative else 0.0
+             for d in range(case.head_dim)]
+    row = torch.tensor(signs, dtype=torch.float32, device=q.device) * a
+    return row.expand(q.shape).clone(), torch.full_like(k, -(2.0 ** y)), v
+
+
+PROFILE_VALUES = {"exact_mean": exact_mean, "sentinel_sweep": sentinel_sweep}
+
+
 def source(generator: str, seed: int, device="cpu"):
     """The source a case's `generator` names, seeded with `seed`; a counter source computes on
     `device`, a CPU source always on the CPU."""
