@@ -8,7 +8,8 @@ nothing. A bug that naturally lives in two kernels (the same line in the dK/dV a
 is planted in both, as one logical edit.
 
 `BACKWARD_MUTANTS` is a tuple of (name, description, backward_fn); backward_fn has the signature
-of `triton_fa2_backward`. `MUTANTS` registers each as an `Implementation` of triton_fa2 whose
+of `triton_fa2_backward`; `SENTINEL_MUTANTS` the same for the bugs only scores past a finite
+mask sentinel show. `MUTANTS` registers each as an `Implementation` of triton_fa2 whose
 forward is the real one and whose `backward_fn` is the mutated backward, so the engine's gradient
 checks (fuzzattn/gradients/judge.py) must kill it; the forward checks all pass.
 
@@ -92,6 +93,18 @@ class _DqGridFloor:
         return launch
 
 
+# Bugs that ordinary values never show: a finite mask sentinel loses only to scores past it.
+# Kept apart from BACKWARD_MUTANTS, each of which differs from float64 on ordinary values
+# (tests/test_triton_backward.py); their case is a sentinel_sweep one (tests/test_mutants.py).
+SENTINEL_BUGS = (
+    ("mutant_bwd_sentinel_minus_1e4",
+     "backward masks recomputed scores with -1e4 instead of -inf (the sentinel of many "
+     "attention codes): hidden keys get P = exp(-1e4 - lse), which is 0 until real scores, and "
+     "so lse, fall below about -1e4",
+     {"dkdv": [('s_t = tl.where(keep, s_t, float("-inf"))', "s_t = tl.where(keep, s_t, -1.0e4)")],
+      "dq": [('s = tl.where(keep, s, float("-inf"))', "s = tl.where(keep, s, -1.0e4)")]}),
+)
+
 LAUNCH_BUGS = (
     ("mutant_bwd_dq_grid_floor",
      "dQ pass launched over Nq // BLOCK_M query blocks instead of cdiv: the rows of the last "
@@ -100,22 +113,28 @@ LAUNCH_BUGS = (
 )
 
 
-def _build():
+def _edited(bugs) -> list:
     built = []
-    for name, description, edits_by_kernel in BACKWARD_BUGS:
+    for name, description, edits_by_kernel in bugs:
         kernels = {key: mutate(KERNELS[key], edits, name=f"{name}[{key}]")
                    for key, edits in edits_by_kernel.items()}
         built.append((name, description, _backward(kernels, name)))
+    return built
+
+
+def _build():
+    built = _edited(BACKWARD_BUGS)
     for name, description, kernels in LAUNCH_BUGS:
         built.append((name, description, _backward(kernels, name)))
     return tuple(built)
 
 
 BACKWARD_MUTANTS = _build()
+SENTINEL_MUTANTS = tuple(_edited(SENTINEL_BUGS))
 
 _SOURCES = (str(Path(__file__).resolve()),) + triton_fa2.IMPL.sources
 # The real forward (its checks pass), the mutated backward: only the gradient checks can kill these.
 MUTANTS = tuple(Implementation(name=name, fn=triton_fa2.IMPL.fn, caps=triton_fa2.IMPL.caps,
                                description=description, mutant_of=triton_fa2.IMPL.name,
                                backend="triton", sources=_SOURCES, backward_fn=backward)
-                for name, description, backward in BACKWARD_MUTANTS)
+                for name, description, backward in BACKWARD_MUTANTS + SENTINEL_MUTANTS)

@@ -60,6 +60,16 @@ TILED_BUGS = (
      "masked scores filled with the dtype's most negative finite value: rows with no visible key "
      "average all of V",
      [("s = s.masked_fill(~visible, -math.inf)", "s = s.masked_fill(~visible, torch.finfo(s.dtype).min)")]),
+    ("mutant_sentinel_half_dtype_min",
+     "masked scores and the running max start at half the input dtype's lowest value (fp16 "
+     "-32752, bf16 and fp32 ~-1.7e38), rows whose max stays there taken as empty: right until "
+     "real scores fall below it",
+     [("s = s.masked_fill(~visible, -math.inf)",
+       "s = s.masked_fill(~visible, torch.finfo(q.dtype).min / 2)"),
+      ("m_i = torch.full(q_i.shape[:-1], -math.inf,",
+       "m_i = torch.full(q_i.shape[:-1], torch.finfo(q.dtype).min / 2,"),
+      ("empty = l_i == 0 ",
+       "empty = m_i <= torch.finfo(q.dtype).min / 2; acc = acc.masked_fill(empty[..., None], 0.0) ")]),
     ("mutant_tiled_denominator_detached",
      "softmax denominator detached from autograd before the final division (as the running max "
      "may be): the forward is exact, but dq and dk miss the denominator's gradient",

@@ -155,6 +155,15 @@ KERNEL_BUGS = (
     ("mutant_finite_sentinel",
      "masked scores set to -1e6 instead of -inf: masked keys out-vote real scores below -1e6",
      [('s = tl.where(keep, s, float("-inf"))', "s = tl.where(keep, s, -1.0e6)")]),
+    ("mutant_sentinel_minus_1e9",
+     "masked scores and the running max start at -1e9 instead of -inf, rows with m <= -1e9 "
+     "taken as empty: right until real scores (base 2) fall below -1e9, where hidden keys "
+     "out-vote them or the row is zeroed",
+     [('s = tl.where(keep, s, float("-inf"))', "s = tl.where(keep, s, -1.0e9)"),
+      ('m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)',
+       "m_i = tl.full((BLOCK_M,), -1.0e9, dtype=tl.float32)"),
+      ("empty = l_i == 0.0", "empty = m_i <= -1.0e9"),
+      ("out = acc / l_safe[:, None]", "out = tl.where(empty[:, None], 0.0, acc / l_safe[:, None])")]),
     ("mutant_lse_base2",
      "lse left in base 2 (m + log2 l of the exp2 kernel's scores) without the final ln 2 factor",
      [("(m_i + tl.log2(l_safe)) * 0.6931471805599453)", "(m_i + tl.log2(l_safe)))")]),
