@@ -241,7 +241,8 @@ def fuzz(impl: Implementation, strategy: st.SearchStrategy[AttentionCase], *, ma
          seconds: float | None = None, hypothesis_seed_value: int | None = 0,
          save_to_file: bool = True, regressions_dir=None, device=None,
          shrink: bool = True, isolate: bool = False, timeout: float | None = None,
-         judge_fn=None, gradient_every: int = 1) -> Campaign:
+         judge_fn=None, gradient_every: int = 1, database=None,
+         database_key: bytes | None = None) -> Campaign:
     """Judge up to `max_examples` drawn cases, or until `seconds` pass, and shrink the first
     failure. Once the time cap is spent, draws are no longer judged: before a failure the search
     ends at the next draw; during shrinking the shrink winds down, and Hypothesis's final replay
@@ -259,7 +260,12 @@ def fuzz(impl: Implementation, strategy: st.SearchStrategy[AttentionCase], *, ma
     replay of a case judges what its first judgement did), for throughput campaigns where a
     backward costs several forwards. Once a failure of the forward is found, the rest of the
     campaign (its shrinking) judges the forward only: a smaller case that fails only in its
-    gradients is another bug, and shrinking toward it would lose the one found."""
+    gradients is another bug, and shrinking toward it would lose the one found.
+
+    `database`: a Hypothesis ExampleDatabase (a seeded campaign only) whose failures saved under
+    `database_key` are replayed first and where new ones are saved; the default key is the
+    implementation's cli name, never the test function's source, so it survives code edits.
+    None (the default) keeps no memory between runs."""
     if gradient_every < 1:
         raise ValueError(f"gradient_every={gradient_every} must be at least 1")
     if timeout is not None and not isolate:
@@ -272,7 +278,8 @@ def fuzz(impl: Implementation, strategy: st.SearchStrategy[AttentionCase], *, ma
         return _fuzz(impl, strategy, max_examples=max_examples, seconds=seconds,
                      hypothesis_seed_value=hypothesis_seed_value, save_to_file=save_to_file,
                      regressions_dir=regressions_dir, device=device, shrink=shrink,
-                     judge_fn=judge_fn, gradient_every=gradient_every)
+                     judge_fn=judge_fn, gradient_every=gradient_every, database=database,
+                     database_key=database_key)
 
 
 class _TimeIsUp(BaseException):
@@ -283,7 +290,8 @@ class _TimeIsUp(BaseException):
 
 
 def _fuzz(impl, strategy, *, max_examples, seconds, hypothesis_seed_value, save_to_file,
-          regressions_dir, device, shrink, judge_fn, gradient_every) -> Campaign:
+          regressions_dir, device, shrink, judge_fn, gradient_every, database=None,
+          database_key=None) -> Campaign:
     state = {"judged": 0, "first": None, "over": False, "forward_failed": False}
     with_gradients: dict[str, bool] = {}
     refused: collections.Counter[str] = collections.Counter()
@@ -333,8 +341,13 @@ def _fuzz(impl, strategy, *, max_examples, seconds, hypothesis_seed_value, save_
                 state["forward_failed"] = not (first and first.check.startswith("grad_"))
             raise
 
+    campaign._hypothesis_internal_database_key = database_key or impl.cli_name.encode()
     if hypothesis_seed_value is not None:
         campaign = hypothesis_seed(hypothesis_seed_value)(campaign)
+        # @seed turns the example database off; a seeded campaign keeps the one it was given
+        # (a derandomized one has none: Hypothesis refuses the pair)
+        campaign._hypothesis_internal_use_settings = settings(
+            campaign._hypothesis_internal_use_settings, database=database)
     result = dict(impl=impl.name)
 
     def finished(**kw) -> Campaign:
