@@ -10,6 +10,7 @@ import os
 import signal
 import time
 
+from fuzzattn.campaigns import example_db
 from fuzzattn.campaigns.outcome import ERROR, FAIL, OK, SKIP, Outcome
 from fuzzattn.campaigns.regression_file import display_path, replay_command
 from fuzzattn.cli import tables
@@ -158,8 +159,10 @@ def _failure_text(found, rerun: str) -> str:
 
 def run_campaign(impl, dtype: str | None, *, profile, max_examples: int, seconds: float | None,
                  hypothesis_seed: int, save: bool, regressions_dir, progress, stage: str = "fuzz",
-                 shrink: bool = True, isolate: bool = False, timeout: float | None = None) -> Outcome:
-    """Fuzz one implementation (one dtype) and describe it as an Outcome (its Campaign attached)."""
+                 shrink: bool = True, isolate: bool = False, timeout: float | None = None,
+                 database=None) -> Outcome:
+    """Fuzz one implementation (one dtype) and describe it as an Outcome (its Campaign attached);
+    `database`: the Hypothesis example database it replays and saves failures in (example_db)."""
     from hypothesis.errors import HypothesisException
     from fuzzattn import settings
     from fuzzattn.campaigns.campaign import fuzz
@@ -206,7 +209,8 @@ def run_campaign(impl, dtype: str | None, *, profile, max_examples: int, seconds
         result = fuzz(impl, strategy, max_examples=max_examples, seconds=seconds,
                       hypothesis_seed_value=hypothesis_seed, save_to_file=save,
                       regressions_dir=regressions_dir, shrink=shrink, isolate=isolate,
-                      timeout=timeout)
+                      timeout=timeout, database=database,
+                      database_key=example_db.key(impl.cli_name, dtype, profile.name))
     except Exception as exc:   # e.g. a drawn case the harness cannot judge here: report, go on
         progress.clear()
         text = f"{type(exc).__name__}: {one_line(exc)}"
