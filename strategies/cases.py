@@ -12,6 +12,7 @@ from .configs import configs, constrained_length
 from .layouts import layout_choices, layouts
 from .lengths import head_dims, seq_lens, seq_shapes
 from .palette import subset
+from .shape_palette import entries as palette_entries, palette_size
 from .values import value_profiles
 
 # Softmax scales other than the default 1/sqrt(D) (None), drawn in half the cases.
@@ -19,18 +20,26 @@ OTHER_SCALES = (1.0, 0.5, 0.125, 2.0, 0.3)
 
 
 def attention_cases(caps: Capabilities = Capabilities(), *, dtype: str | None = None,
-                    profile: Profile | None = None, palette: int | None = None
-                    ) -> st.SearchStrategy[AttentionCase]:
+                    profile: Profile | None = None, palette: int | None = None,
+                    shapes: int | None = None) -> st.SearchStrategy[AttentionCase]:
     """Cases inside `caps`, sized by `profile` (default: the active one); `dtype` pins one.
 
     `palette`: draw the layouts and the configuration, which multiply a compiled kernel's
     variants, from a small subset numbered `palette` (see fuzzattn.strategies.palette), so that a
-    campaign's compiled variants repeat; None draws from everything declared."""
+    campaign's compiled variants repeat; None draws from everything declared. For a declaration
+    that `compiles_per_shape`, the palette fixes shapes, scales and layouts too: `shapes` entries
+    (default: fuzzattn.strategies.shape_palette.palette_size) of that module."""
     if dtype is not None and dtype not in caps.dtypes:
         raise InvalidArgument(f"dtype={dtype!r} is not among the declared dtypes {sorted(caps.dtypes)}")
     profile = profile or active()
     dtypes = [dtype] if dtype is not None else [d for d in DTYPES if d in caps.dtypes]
-    return _cases(caps, tuple(dtypes), profile, palette)
+    if palette is None or not caps.compiles_per_shape:
+        shapes = None
+    elif shapes is None:
+        shapes = palette_size(caps)
+    elif shapes < 1:
+        raise InvalidArgument(f"shapes={shapes} must be at least 1")
+    return _cases(caps, tuple(dtypes), profile, palette, shapes)
 
 
 class _Parts:
@@ -38,7 +47,7 @@ class _Parts:
     built inside the composite on every draw costs more than drawing from it."""
 
     def __init__(self, caps: Capabilities, dtypes: tuple[str, ...], profile: Profile,
-                 palette: int | None):
+                 palette: int | None, shapes: int | None):
         self.caps = caps                  # kept alive: the cache below is keyed by its id
         self.palette = palette
         self.dtype = st.sampled_from(dtypes)
@@ -58,35 +67,44 @@ class _Parts:
             self.layout = st.sampled_from(subset(layout_choices(caps), palette, "layout"))
         self.values = {dtype: value_profiles(dtype) for dtype in dtypes}
         self.data_seed = st.integers(0, 2**31 - 1)
+        # A kernel compiled per shape: whole shapes (with scale and layout) from a few entries.
+        self.entry = None if shapes is None else st.sampled_from(
+            palette_entries(caps, profile, palette, shapes))
 
 
 _PARTS: dict = {}
 
 
 def _parts(caps: Capabilities, dtypes: tuple[str, ...], profile: Profile,
-           palette: int | None) -> _Parts:
-    key = (id(caps), dtypes, profile, palette)
+           palette: int | None, shapes: int | None) -> _Parts:
+    key = (id(caps), dtypes, profile, palette, shapes)
     if key not in _PARTS:
-        _PARTS[key] = _Parts(caps, dtypes, profile, palette)
+        _PARTS[key] = _Parts(caps, dtypes, profile, palette, shapes)
     return _PARTS[key]
 
 
 @st.composite
 def _cases(draw, caps: Capabilities, dtypes: tuple[str, ...], profile: Profile,
-           palette: int | None = None) -> AttentionCase:
-    parts = _parts(caps, dtypes, profile, palette)
+           palette: int | None = None, shapes: int | None = None) -> AttentionCase:
+    parts = _parts(caps, dtypes, profile, palette, shapes)
     dtype = draw(parts.dtype)
-    head_dim = draw(parts.head_dim)
-    batch = draw(parts.batch)
-    kv_heads = draw(parts.kv_heads)
-    group = draw(parts.group)
-    family, seq_q, seq_k = draw(parts.shape)
+    if parts.entry is not None:
+        e = draw(parts.entry)
+        head_dim, batch, kv_heads, group = e.head_dim, e.batch, e.kv_heads, e.group
+        family, seq_q, seq_k, scale, layout = e.family, e.seq_q, e.seq_k, e.scale, e.layout
+    else:
+        head_dim = draw(parts.head_dim)
+        batch = draw(parts.batch)
+        kv_heads = draw(parts.kv_heads)
+        group = draw(parts.group)
+        family, seq_q, seq_k = draw(parts.shape)
     event(f"shape family={family}")
     causal = draw(parts.causal.get(family, parts.causal[None]))
     if causal != "none" and caps.causal_equal_lengths:
         seq_k = seq_q                      # the shape's Nq keeps every length constraint
-    scale = draw(parts.scale)
-    layout = draw(parts.layout)
+    if parts.entry is None:
+        scale = draw(parts.scale)
+        layout = draw(parts.layout)
     values = draw(parts.values[dtype])
     data_seed = draw(parts.data_seed)
     case = AttentionCase(batch=batch, heads=kv_heads * group, kv_heads=kv_heads, seq_q=seq_q,

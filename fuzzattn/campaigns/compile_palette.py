@@ -1,9 +1,12 @@
 """Which compile palette (strategies/palette.py) a campaign draws with.
 
-FUZZATTN_PALETTE chooses: `auto` (the default) narrows only compiled Triton kernels, whose new
-variants are compiles; `off` draws from everything declared for every implementation (a
-campaign that values reach over speed); `on` narrows every Triton kernel, interpreted too (how
-to measure on the CPU what palettes cost in bugs found).
+FUZZATTN_PALETTE chooses: `auto` (the default) narrows compiled Triton kernels and
+implementations declaring `compiles_per_shape` (torch.compile'd ones such as flex, which compile
+on the CPU too), whose new variants are compiles; `off` draws from everything declared for every
+implementation (a campaign that values reach over speed); `on` narrows every Triton kernel,
+interpreted too (how to measure on the CPU what palettes cost in bugs found). A palette of a
+`compiles_per_shape` implementation fixes its shapes as well (strategies/shape_palette.py, sized
+by FUZZATTN_SHAPES or the declaration).
 """
 from __future__ import annotations
 
@@ -25,10 +28,15 @@ def palette_mode() -> str:
 
 def campaign_palette(impl: Implementation, number: int) -> int | None:
     """The palette a campaign numbered `number` (its Hypothesis seed or shard) draws with: that
-    number for a compiled Triton kernel; None (everything declared) for anything else, where
-    narrowing the drawn axes would buy nothing. FUZZATTN_PALETTE overrides (module docstring)."""
+    number for a compiled Triton kernel or a declared per-shape compiler; None (everything
+    declared) for anything else, where narrowing the drawn axes would buy nothing.
+    FUZZATTN_PALETTE overrides (module docstring)."""
     mode = palette_mode()
-    if impl.backend != "triton" or mode == "off":
+    if mode == "off":
+        return None
+    if impl.caps.compiles_per_shape:
+        return number
+    if impl.backend != "triton":
         return None
     if mode == "on" or not is_interpreted():
         return number

@@ -80,6 +80,11 @@ class Capabilities:
     # Upstream defects already pinned by regression files (fuzzattn.contract.known_defects):
     # campaigns pass over the cases they cover, as over a declared refusal.
     known_defects: tuple = ()
+    # -- compiled per shape (torch.compile with static shapes, say): every new shape, stride
+    # pattern and scale is a compile, so a palette campaign draws them from `palette_shapes`
+    # fixed entries (fuzzattn.strategies.shape_palette) and varies the rest per case.
+    compiles_per_shape: bool = False
+    palette_shapes: int = 4
 
     def __post_init__(self):
         if isinstance(self.configs, dict):
@@ -96,6 +101,8 @@ class Capabilities:
         for name, choices in self.configs:
             if not choices:
                 raise ValueError(f"configs[{name!r}] has no choices")
+        if self.palette_shapes < 1:
+            raise ValueError(f"palette_shapes={self.palette_shapes} must be >= 1")
         if self.min_seq_len < 0 or self.seq_multiple < 1:
             raise ValueError(f"min_seq_len={self.min_seq_len} must be >= 0 and seq_multiple="
                              f"{self.seq_multiple} >= 1")
