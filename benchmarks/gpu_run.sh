@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On a CUDA host, from the repository root: install this checkout over the host's torch and
 # triton, then run what benchmarks/REPORT.md's GPU tables report. Each step writes under OUT.
-#     bash benchmarks/gpu_run.sh [suite] [zoo] [campaign] [throughput] [speed] [watched]   (default: all)
+#     bash benchmarks/gpu_run.sh [suite] [zoo] [campaign] [throughput] [speed] [watched] [flex]   (default: all)
 #   suite       the test suite on compiled kernels and the CUDA backends (profile dev)
 #   zoo         every mutant fuzzed compiled, ZOO processes side by side
 #   campaign    PARTS isolated campaign parts spread over the GPUs, CAMPAIGN_SECONDS each
@@ -9,9 +9,12 @@
 #   speed       the forward and backward TFLOP/s tables
 #   watched     the fuzz command watched (the default) against in-process, and a Triton kernel's
 #               illegal address saved as device_fault and replayed
+#   flex        FlexAttention fuzzed FLEX_SECONDS per dtype (compiles included) with its shape
+#               palette, and float32 once without it (FUZZATTN_PALETTE=off): cases/s each
 set -uo pipefail
 OUT=${OUT:-gpu-out} CAMPAIGN_SECONDS=${CAMPAIGN_SECONDS:-300} PARTS=${PARTS:-12} ZOO=${ZOO:-4}
-STEPS=${*:-suite zoo campaign throughput speed watched}
+FLEX_SECONDS=${FLEX_SECONDS:-60}
+STEPS=${*:-suite zoo campaign throughput speed watched flex}
 NGPU=$(nvidia-smi -L 2>/dev/null | grep -c "^GPU") || { echo "gpu_run.sh: no GPU visible"; exit 2; }
 mkdir -p "$OUT"
 step() { echo; echo "== $1 ($(date +%T))"; }
@@ -73,5 +76,17 @@ watched)
     replay=$(grep -oE "fuzzattn replay .*" "$OUT/fault.txt" | head -n 1)
     [[ -n "$replay" ]] && { python3 -m fuzzattn.cli ${replay#fuzzattn } >"$OUT/fault_replay.txt" 2>&1
         echo "replay exit $?"; grep -E "device_fault|FAIL" "$OUT/fault_replay.txt" | head -n 3; } ;;
-*)  echo "gpu_run.sh: unknown step $s (suite, zoo, campaign, throughput, speed, watched)"; exit 2 ;;
+flex)
+    # The summary row reads: fuzz  flex DTYPE  VERDICT  CASES  SECONDS  detail
+    for run in float32 bfloat16 float16 float32:off; do
+        d=${run%%:*} palette=$([[ $run == *:off ]] && echo off || echo auto)
+        step "flex $d, FUZZATTN_PALETTE=$palette, $FLEX_SECONDS s"
+        FUZZATTN_PALETTE=$palette python3 -m fuzzattn.cli fuzz --impl flex --dtype "$d" --profile gpu \
+            --seconds "$FLEX_SECONDS" --max-examples 1000000 --no-save >"$OUT/flex_${d}_$palette.txt" 2>&1
+        echo "fuzz exit $?"
+        awk -v d="$d" -v p="$palette" '$1 == "fuzz" && $2 == "flex" && $3 == d && $6 > 0 {
+            printf "flex %s palette=%s: %d cases in %.1f s = %.1f cases/s (%s)\n", d, p, $5, $6, $5 / $6, $4}' \
+            "$OUT/flex_${d}_$palette.txt"
+    done ;;
+*)  echo "gpu_run.sh: unknown step $s (suite, zoo, campaign, throughput, speed, watched, flex)"; exit 2 ;;
 esac; done

@@ -1,4 +1,5 @@
-"""Implementations under test: the article's Triton FA2 forward, its tiled PyTorch twin, and SDPA.
+"""Implementations under test: the article's Triton FA2 forward, its tiled PyTorch twin, SDPA
+and FlexAttention.
 
 `ensure_backend()` runs before anything else here: `@triton.jit` reads TRITON_INTERPRET when it
 decorates, so the interpreter must be chosen (on machines without a GPU) before triton_fa2 loads.
@@ -7,8 +8,8 @@ from fuzzattn.triton_interpreter.backend import ensure_backend
 
 ensure_backend()
 
-from . import sdpa, torch_tiled, triton_fa2  # noqa: E402  (must follow ensure_backend)
+from . import flex, sdpa, torch_tiled, triton_fa2  # noqa: E402  (must follow ensure_backend)
 
 # sdpa.BACKEND_IMPLS: one SDPA backend each, those that can run on this torch and device
 # (sdpa.UNAVAILABLE says why the others are absent).
-IMPLEMENTATIONS = (triton_fa2.IMPL, torch_tiled.IMPL, sdpa.IMPL) + sdpa.BACKEND_IMPLS
+IMPLEMENTATIONS = (triton_fa2.IMPL, torch_tiled.IMPL, sdpa.IMPL) + sdpa.BACKEND_IMPLS + (flex.IMPL,)

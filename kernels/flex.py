@@ -1,0 +1,115 @@
+"""FlexAttention (`torch.nn.attention.flex_attention`) compiled with `torch.compile`, under test.
+
+The call is what a user of FlexAttention writes: `torch.compile(flex_attention)` with a block
+mask from `create_block_mask` for causal attention and none otherwise, `enable_gqa=True` when
+Hkv < Hq, the case's scale, and the lse through `return_aux=AuxRequest(lse=True)` (flex converts
+its base-2 statistic to natural log before returning it, the contract's unit).
+
+Causal: key j is visible to query i iff j - i <= offset, with offset 0 for top-left and Nk - Nq
+for bottom-right. Rows with no visible key (bottom-right, Nq > Nk) are left to flex: its answer
+for them (out 0, lse -inf) is judged, not patched.
+
+Compilation. `dynamic=False`: every shape, stride pattern, dtype, mask and scale compiles once
+(dynamo guards on the scale's value: `scale == 0.3`; with automatic dynamic shapes every new
+length still recompiled, measured on the CPU). Campaigns therefore draw shapes from a palette
+(`Capabilities.compiles_per_shape`). `fullgraph=True` and raised recompile limits (with
+`fail_on_recompile_limit_hit`) make a graph break or the limit an error, never a silent run of
+the eager fallback, which would be judged in flex's place.
+
+The CPU (inductor's C++ template) computes no lse and no gradients under torch.compile ("torch.compile
+on CPU only supports inference and `return_lse` is not supported yet"), so there flex declares
+out only and no backward; on CUDA both.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch._dynamo
+from torch.nn.attention.flex_attention import AuxRequest, create_block_mask, flex_attention
+
+from fuzzattn.contract import Capabilities, Implementation
+
+ON_CUDA = torch.cuda.is_available()
+RECOMPILE_LIMIT = 1 << 20           # per code object and in all: far above any campaign's variants
+PALETTE_SHAPES = 4                  # shapes per campaign (each compiles once per mask and dtype)
+
+# Compiled lazily: the first call compiles anyway, and importing the registry stays cheap.
+_compiled = None
+
+
+def _flex():
+    global _compiled
+    if _compiled is None:
+        _compiled = torch.compile(flex_attention, dynamic=False, fullgraph=True)
+    return _compiled
+
+
+def _limits():
+    """Raised recompile limits for the call, and an error (not eager) should one be hit."""
+    return torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT, cache_size_limit=RECOMPILE_LIMIT,
+                                      accumulated_recompile_limit=RECOMPILE_LIMIT,
+                                      accumulated_cache_size_limit=RECOMPILE_LIMIT,
+                                      fail_on_recompile_limit_hit=True)
+
+
+CAPS = Capabilities(
+    dtypes={"float32", "bfloat16", "float16"},
+    # CUDA: flex's Triton template refuses E < 16 ("NYI: embedding dimension of the query, key,
+    # and value must be at least 16"); 256 is left out until measured on a GPU. The CPU template
+    # runs any head dim.
+    head_dims={16, 24, 32, 40, 48, 64, 72, 80, 96, 128} if ON_CUDA else None,
+    max_head_dim=256,
+    causal=("top_left", "bottom_right"),
+    gqa=True,
+    strides="any",
+    zero_length=False,               # a block mask needs Nq, Nk >= 1
+    returns_lse=ON_CUDA,
+    backward=ON_CUDA,                # autograd through the compiled flex (its own backward kernel)
+    deterministic_backward=False,    # not measured on a GPU yet: reruns are not required to match
+    fp32_matmul="ieee",              # torch's default fp32 matmul precision, which flex follows
+    deterministic=True,
+    compiles_per_shape=True,
+    palette_shapes=PALETTE_SHAPES,
+)
+
+
+@functools.lru_cache(maxsize=None)
+def _visible(offset: int):
+    """The mask_mod for one diagonal offset: one function object per offset, so a recompile
+    happens per mask, not per call (dynamo guards on the mask function)."""
+    def mask_mod(b, h, q_idx, kv_idx):
+        return kv_idx - q_idx <= offset
+    mask_mod.__name__ = f"visible_offset_{offset}".replace("-", "m")
+    return mask_mod
+
+
+@functools.lru_cache(maxsize=256)
+def _block_mask(seq_q: int, seq_k: int, causal: str, device: str):
+    """The block mask of one causal alignment and shape (None for non-causal), built once."""
+    if causal == "none":
+        return None
+    offset = 0 if causal == "top_left" else seq_k - seq_q
+    return create_block_mask(_visible(offset), None, None, seq_q, seq_k, device=device)
+
+
+def flex_forward(q, k, v, *, causal, scale):
+    """(out, lse) on CUDA, out on the CPU, from the compiled flex_attention."""
+    causal, scale = CAPS.check_inputs(q, k, v, causal=causal, scale=scale)
+    block_mask = _block_mask(q.shape[2], k.shape[2], causal, str(q.device))
+    kwargs = dict(block_mask=block_mask, scale=scale, enable_gqa=k.shape[1] != q.shape[1])
+    with _limits():
+        if not CAPS.returns_lse:
+            return _flex()(q, k, v, **kwargs)
+        out, aux = _flex()(q, k, v, return_aux=AuxRequest(lse=True), **kwargs)
+    return out, aux.lse.float()
+
+
+IMPL = Implementation(
+    name="flex",
+    fn=flex_forward,
+    caps=CAPS,
+    description="torch.compile(flex_attention): block masks for both causal alignments, "
+                "enable_gqa, lse from return_aux (CUDA), static shapes.",
+    sources=(__file__,),
+)
