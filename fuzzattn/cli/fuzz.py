@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fuzzattn.cli import common, tables
+from fuzzattn.cli import common, tables, workers
 from fuzzattn.contract.dtypes import DTYPES
 
 
@@ -20,6 +20,7 @@ def add_parser(commands) -> None:
     p.add_argument("--regressions-dir", type=Path, metavar="DIR",
                    help="where counterexamples are saved (default: FUZZATTN_REGRESSIONS_DIR, else ./regressions)")
     p.add_argument("--no-save", action="store_true", help="do not write counterexamples as regression files")
+    workers.add_options(p, default=1)
     common.isolation_options(p)
     p.set_defaults(run=run)
 
@@ -32,26 +33,30 @@ def run(args) -> int:
     plan = [(impl, dtype) for impl in subjects for dtype in common.dtypes_of(impl, args.dtype)]
     max_examples = args.max_examples or profile.max_examples
     regressions_dir = args.regressions_dir or default_dir()
+    database = workers.open_database(args.database, regressions_dir)
+    n_workers = workers.resolve_count(args.workers)
     progress = tables.Progress()
     outcomes, stopped = [], None
     # Stopped from outside (^C, a CI step's timeout), the campaigns done so far are still
     # reported (their files are already saved), then the exit status says how it stopped.
-    with common.stop_on_sigterm():
+    with common.stop_on_sigterm(), workers.Pool(n_workers, progress) as pool:
         try:
             for impl, dtype in plan:
-                outcomes.append(common.run_campaign(
-                    impl, dtype, profile=profile, max_examples=max_examples, seconds=args.seconds,
-                    hypothesis_seed=args.hypothesis_seed, save=not args.no_save,
-                    regressions_dir=regressions_dir, progress=progress, isolate=isolate,
-                    timeout=timeout))
+                outcomes.append(workers.run_campaign(
+                    pool, impl, dtype, profile=profile, max_examples=max_examples,
+                    seconds=args.seconds, hypothesis_seed=args.hypothesis_seed,
+                    save=not args.no_save, regressions_dir=regressions_dir, progress=progress,
+                    isolate=isolate, timeout=timeout, database=database))
         except (KeyboardInterrupt, common.Terminated) as exc:
+            pool.close(now=True)
             progress.clear()
             stopped = common.stopped_status(exc)
     plan = plan[:len(outcomes)]
 
     print(f"fuzzattn fuzz: profile={profile.name} hypothesis_seed={args.hypothesis_seed} "
           f"max_examples={max_examples}{' seconds=%g' % args.seconds if args.seconds else ''}"
-          f"{' isolated' if isolate else ''}{' timeout=%g' % timeout if timeout else ''}")
+          f"{' isolated' if isolate else ''}{' timeout=%g' % timeout if timeout else ''}"
+          f"{' workers=%d' % n_workers if n_workers > 1 else ''}")
     rows = []
     for (impl, dtype), o in zip(plan, outcomes):
         campaign = o.campaign

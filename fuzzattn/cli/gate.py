@@ -2,6 +2,11 @@
 that supports it, (2) fuzz every implementation within a budget, saving what it finds, (3) with
 --mutants, check that every seeded bug is still caught. Exit 0 only when everything passed.
 
+The budget (--budget, the wall time of (1) and (2)) is spent in order: the replay takes what it
+needs, then each fuzzing campaign (one implementation and dtype, over --workers processes) gets
+an equal share of what is left, so time a quick campaign leaves unused goes to the later ones.
+The gate ends within the budget plus the time to shrink what it found, and the mutant self-test.
+
 A gate that finds no regression file to replay fails: it is almost always run from the wrong
 directory (or with a wrong --regressions-dir), and "passed" would be a lie about what it checked.
 `--allow-empty` accepts an empty directory on purpose (a new project's first run).
@@ -12,7 +17,7 @@ import time
 from pathlib import Path
 
 from fuzzattn.campaigns.outcome import FAIL, SKIP, Outcome
-from fuzzattn.cli import changes, common, mutants, replay, tables
+from fuzzattn.cli import changes, common, mutants, replay, tables, workers
 
 # The gate's budget while Triton runs under its CPU interpreter, per campaign (one implementation
 # and one dtype). Measured on the 2-core CI machine, hypothesis seed 0, ci/dev shapes: the
@@ -21,8 +26,14 @@ from fuzzattn.cli import changes, common, mutants, replay, tables
 # cap bounds each campaign when the machine is shared (it then judges fewer cases, and says so),
 # so the gate stays under ~2 minutes plus replay time. Compiled on a GPU the profile's count applies.
 GATE_INTERPRETED_EXAMPLES = 60
-GATE_INTERPRETED_SECONDS = 30.0
+GATE_INTERPRETED_SECONDS = 30.0      # the mutant self-test's cap per campaign (--mutants)
 GATE_COMPILED_SECONDS = 120.0
+# The gate's total budget for replay and fuzzing: on a CUDA host the 5 minutes a pre-merge
+# check may take; on the CPU what the interpreted gate took before it had a budget (55-105 s
+# for the 9 default campaigns, plus replay).
+GATE_BUDGET_CUDA = 300.0
+GATE_BUDGET_CPU = 120.0
+MIN_SHARE = 0.5         # seconds: a campaign offered less is not started (reported as not fuzzed)
 
 
 def add_parser(commands) -> None:
@@ -32,8 +43,10 @@ def add_parser(commands) -> None:
                                         "(3) with --mutants, the mutant self-test. Exit 0 only when all pass.")
     common.budget_options(p, f"cases per campaign (default: {GATE_INTERPRETED_EXAMPLES} while Triton is "
                              "interpreted, else the profile's max_examples)",
-                          f"wall-time cap per campaign (default: {GATE_INTERPRETED_SECONDS:g} interpreted, "
-                          f"{GATE_COMPILED_SECONDS:g} compiled)")
+                          "wall-time cap per campaign (default: its share of --budget)")
+    p.add_argument("--budget", type=common.seconds, metavar="S",
+                   help="wall time of replay and fuzzing together, split over the campaigns "
+                        f"(default: {GATE_BUDGET_CUDA:g} on a CUDA host, {GATE_BUDGET_CPU:g} on the CPU)")
     p.add_argument("--mutants", action="store_true",
                    help="also run the mutant self-test (first failing cases, not shrunk)")
     p.add_argument("--changed-since", metavar="REV",
@@ -48,6 +61,7 @@ def add_parser(commands) -> None:
                    help="pass even when there is no regression file to replay")
     p.add_argument("--impl", action="append", default=[], metavar="FILE.py:NAME",
                    help="also replay and fuzz an implementation defined outside the repo; repeatable")
+    workers.add_options(p, default="auto")
     common.isolation_options(p)
     p.set_defaults(run=run)
 
@@ -66,13 +80,21 @@ def run(args) -> int:
     interpreted = common.triton_interpreted()
     max_examples = args.max_examples or (GATE_INTERPRETED_EXAMPLES if interpreted else profile.max_examples)
     seconds = args.seconds or (GATE_INTERPRETED_SECONDS if interpreted else GATE_COMPILED_SECONDS)
+    budget = args.budget or (GATE_BUDGET_CUDA if workers.visible_gpus() else GATE_BUDGET_CPU)
+    deadline = started + budget
+    database = workers.open_database(args.database, regressions_dir)
+    n_workers = workers.resolve_count(args.workers)
     progress = tables.Progress()
     header = (f"fuzzattn gate: profile={profile.name} hypothesis_seed={args.hypothesis_seed} "
-              f"budget={max_examples} cases / {seconds:g} s per campaign; triton "
-              f"{'interpreted' if interpreted else 'compiled'}; regressions {display_path(regressions_dir)}"
+              f"budget={budget:g} s for replay and fuzzing, up to {max_examples} cases per campaign"
+              f"{', at most %g s each' % args.seconds if args.seconds else ''}; "
+              f"{n_workers} worker(s); triton {'interpreted' if interpreted else 'compiled'}; "
+              f"regressions {display_path(regressions_dir)}"
               f"{'; isolated' if isolate else ''}{' timeout=%g s' % timeout if timeout else ''}")
+    print(header, flush=True)
 
     # (1) every known bug stays fixed, on every implementation that can run its case
+    print(f"gate: replaying {len(paths)} regression file(s)", flush=True)
     outcomes = replay.replay_all(paths, subjects, only_given=False, progress=progress,
                                  isolate=isolate, timeout=timeout)
     if not paths and not args.allow_empty:
@@ -84,16 +106,34 @@ def run(args) -> int:
                                         "repository root, pass --regressions-dir, or --allow-empty."))
 
     # (2) look for new bugs; counterexamples become regression files for step (1) next time
+    plan = []
     for impl in subjects:
         if impl.name not in to_fuzz:
             outcomes.append(Outcome("fuzz", impl.name, SKIP, True, skipped=True,
                                     detail=f"unchanged since {args.changed_since}: replayed only"))
             continue
-        for dtype in common.dtypes_of(impl, None):
-            outcomes.append(common.run_campaign(impl, dtype, profile=profile, max_examples=max_examples,
-                                                seconds=seconds, hypothesis_seed=args.hypothesis_seed,
-                                                save=True, regressions_dir=regressions_dir,
-                                                progress=progress, isolate=isolate, timeout=timeout))
+        plan += [(impl, dtype) for dtype in common.dtypes_of(impl, None)]
+    unfuzzed = 0
+    with workers.Pool(n_workers, progress) as pool:
+        if plan and deadline - time.perf_counter() > MIN_SHARE * len(plan):
+            pool.start()        # its start-up is spent before the shares are measured out
+        print(f"gate: fuzzing {len(plan)} campaign(s) in the {max(0, deadline - time.perf_counter()):.0f} s "
+              "left of the budget", flush=True)
+        for i, (impl, dtype) in enumerate(plan):
+            share = (deadline - time.perf_counter()) / (len(plan) - i)
+            if share < MIN_SHARE:
+                unfuzzed += 1
+                outcomes.append(Outcome("fuzz", f"{impl.name} {dtype}", SKIP, True, skipped=True,
+                                        detail=f"not fuzzed: the {budget:g} s budget was spent"))
+                continue
+            outcomes.append(workers.run_campaign(
+                pool, impl, dtype, profile=profile, max_examples=max_examples,
+                seconds=min(share, args.seconds) if args.seconds else share,
+                hypothesis_seed=args.hypothesis_seed, save=True, regressions_dir=regressions_dir,
+                progress=progress, isolate=isolate, timeout=timeout, database=database))
+    if unfuzzed:
+        notes.append(f"{unfuzzed} campaign(s) not fuzzed: the {budget:g} s budget was spent "
+                     "before them (--budget S)")
 
     # (3) the fuzzer still catches every seeded bug
     if args.mutants:
@@ -106,7 +146,6 @@ def run(args) -> int:
 
     wall = time.perf_counter() - started
     notes.append(f"{len(paths)} regression file(s) replayed; wall time {wall:.0f} s")
-    print(header)
     for note in notes:
         print(note)
     print(tables.summary_table(outcomes))

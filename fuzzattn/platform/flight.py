@@ -118,6 +118,7 @@ class Recorder:
 
 _recorder: Recorder | None = None
 _checked_pid: int | None = None
+_adopted: int | None = None      # this process's pid once a watched parent vouched for it
 
 
 def _parent_of(pid: int) -> int | None:
@@ -127,10 +128,21 @@ def _parent_of(pid: int) -> int | None:
         return None
 
 
+def adopt() -> None:
+    """Watch this process too: a worker of a watched process's own process pool (`fuzzattn fuzz
+    --workers`), started by spawn or a fork server, so that neither its parent nor its
+    grandparent need be the watched process. Called in the worker, when its parent was watched."""
+    global _adopted, _checked_pid
+    _adopted, _checked_pid = os.getpid(), None
+
+
 def watched_here() -> bool:
-    """Whether this process is one its watchdog watches: the watchdog's child itself, or an
-    xdist worker of that child. Anything they start (a test's own subprocess, an isolation
-    worker) inherits the environment but is not watched: its crashes are not the run's."""
+    """Whether this process is one its watchdog watches: the watchdog's child itself, an xdist
+    worker of that child, or a pool worker it adopted. Anything they start (a test's own
+    subprocess, an isolation worker) inherits the environment but is not watched: its crashes
+    are not the run's."""
+    if _adopted == os.getpid():
+        return True
     try:
         watcher = int(os.environ.get(WATCHER_ENV, ""))
     except ValueError:

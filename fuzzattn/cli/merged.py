@@ -1,0 +1,112 @@
+"""One Outcome for a campaign that --workers spread over several processes (fuzzattn/cli/workers.py):
+the workers' cases, refusals and budgets summed, and each distinct failure listed once.
+
+With defect signatures (campaigns/defects.py: the first failing check and the factors its
+shrunk case needs), defects found by several workers are one, their hits summed, and the
+regression files their later shrinks wrote in this run removed: one file per defect. Without
+them, two failures are one when they are the same shrunk case (the same regression file).
+"""
+from __future__ import annotations
+
+import collections
+import contextlib
+import dataclasses
+import os
+
+from fuzzattn.campaigns.outcome import ERROR, FAIL, OK, SKIP, Outcome
+from fuzzattn.cli import common
+
+
+def _signature(defect) -> tuple:
+    """Two workers' defects are one when their signatures (check, factors) are (campaigns/defects.py)."""
+    return defect.check_key, tuple(sorted(defect.factors.items()))
+
+
+def _found_key(found) -> tuple:
+    """Without defect signatures: one failure when it is the same shrunk case (the same file)."""
+    if found.written is not None:
+        return ("file", str(found.written.path))
+    return ("case", found.judged.case.key())
+
+
+def _rerun(outcome) -> str:
+    """The command that reruns the worker that found it (common._failure_text's last line)."""
+    marker = "  found by: "
+    return next((line[len(marker):] for line in outcome.message.splitlines()
+                 if line.startswith(marker)), "")
+
+
+def _distinct(failed: list) -> list[tuple]:
+    """(counterexample, defect or None, rerun) of each distinct failure, in the order found;
+    defects met by several workers are tallied together, and the regression files of their
+    later shrinks, when this run wrote them, are removed (one file per defect)."""
+    merged: dict[tuple, list] = {}
+    for outcome in failed:
+        campaign, rerun = outcome.campaign, _rerun(outcome)
+        defects = getattr(campaign, "defects", None) or []
+        if not defects:
+            merged.setdefault(_found_key(campaign.counterexample),
+                              [campaign.counterexample, None, rerun])
+            continue
+        for defect in defects:
+            kept = merged.get(_signature(defect))
+            if kept is None:
+                merged[_signature(defect)] = [defect.counterexample, dataclasses.replace(defect), rerun]
+                continue
+            kept[1].hits += defect.hits
+            extra = defect.counterexample.written
+            if extra is not None and extra.new and extra.path != getattr(kept[0].written, "path", None):
+                with contextlib.suppress(OSError):
+                    os.unlink(extra.path)
+    return [tuple(entry) for entry in merged.values()]
+
+
+def merge(stage: str, label: str, parts: list, problems: list[str], wall: float, *,
+          max_examples: int, seconds: float | None) -> Outcome:
+    """One Outcome (with a Campaign) for the workers' Outcomes of one campaign."""
+    campaigns = [o.campaign for o in parts if o.campaign is not None]
+    cases = sum(o.cases or 0 for o in parts)
+    refused = collections.Counter()
+    for c in campaigns:
+        refused.update(c.refused)
+    distinct = _distinct([o for o in parts if o.campaign is not None
+                          and o.campaign.counterexample is not None])
+    firsts = [c.cases_to_first_failure for c in campaigns if c.cases_to_first_failure is not None]
+    errors = [o.detail for o in parts if o.verdict == ERROR] + problems
+    campaign = None
+    if campaigns:
+        campaign = dataclasses.replace(
+            campaigns[0], cases=cases, seconds=wall,
+            counterexample=distinct[0][0] if distinct else None,
+            cases_to_first_failure=min(firsts) if firsts else None,
+            error=errors[0] if errors and not distinct else None,
+            budget_hit=any(c.budget_hit for c in campaigns), refused=dict(refused))
+        if hasattr(campaign, "defects"):
+            campaign.defects = [d for _, d, _ in distinct if d is not None]
+    if distinct:
+        found = distinct[0][0]
+        detail = f"{found.judged.first_failure.check}: {found.judged.case}"
+        if len(distinct) > 1:
+            detail = f"{len(distinct)} defects: " + ", ".join(
+                f"{d.check_key} ({d.hits} case{'s' if d.hits != 1 else ''})" if d is not None
+                else c.judged.first_failure.check for c, d, _ in distinct)
+        message = "\n\n".join(common._failure_text(c, rerun, *([d] if d is not None else []))
+                               for c, d, rerun in distinct)
+        outcome = Outcome(stage, label, FAIL, False, cases, wall, detail=detail,
+                          message=message + "".join("\n" + p for p in problems), judged=found.judged)
+    elif errors:
+        messages = [o.message for o in parts if o.verdict == ERROR] + problems
+        outcome = Outcome(stage, label, ERROR, False, cases, wall, detail=common.one_line(errors[0]),
+                          message="\n".join(messages))
+    elif parts and all(o.skipped for o in parts):
+        outcome = Outcome(stage, label, SKIP, True, cases, wall, detail=parts[0].detail, skipped=True)
+    else:
+        outcome = Outcome(stage, label, OK, True, cases, wall)
+        if campaign is not None and campaign.budget_hit:
+            outcome.detail = (f"time cap {seconds:g} s reached after {cases} of {max_examples} "
+                              f"cases ({len(parts)} workers)")
+    if campaign is not None and campaign.refusal_note() and not outcome.skipped:
+        loud = "MOSTLY REFUSED: " if campaign.mostly_refused else ""
+        outcome.detail = "; ".join(filter(None, [outcome.detail, loud + campaign.refusal_note()]))
+    outcome.campaign = campaign
+    return outcome

@@ -1,0 +1,336 @@
+"""`--workers N|auto` (fuzz, gate): one campaign per implementation and dtype, spread over N worker
+processes that draw different cases, reported as one campaign.
+
+Worker i of N draws with Hypothesis seed `seed * N + i` and judges its share of --max-examples;
+--seconds is the campaign's wall time, shared (every worker stops at the same deadline). Every
+worker replays and saves in the same example database (fuzzattn/campaigns/example_db.py), judges
+exactly as the single-process path does (common.run_campaign: the profile, gradients on every
+case, the compile palette of its seed) and shrinks and saves what it finds; the parent shows one
+progress line, merges the parts into one Outcome, and lists each distinct failure once (two
+workers that shrink to the same case share its regression file). The "found by" command of a
+failure reruns the one worker that found it, in one process.
+
+The processes come from concurrent.futures.ProcessPoolExecutor, started once per command and
+reused by every campaign: by a fork server that has imported fuzzattn on a machine without CUDA
+(a worker starts in a fraction of a second), by spawn where CUDA is visible (a process that has
+touched CUDA cannot fork). Each worker on a CUDA host sees one GPU (CUDA_VISIBLE_DEVICES, round
+robin over the visible ones). Under the watchdog (fuzzattn/cli/watched.py) each worker keeps its
+own flight record (flight.adopt), so a worker that dies or hangs is a segfault / hang verdict with
+its case saved and shrunk, as in one process.
+"""
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import dataclasses
+import multiprocessing
+import os
+import signal
+import time
+import warnings
+
+from fuzzattn.campaigns.outcome import Outcome
+from fuzzattn.cli import common, merged
+
+# --workers auto on a CUDA host: worker processes per visible GPU. One process leaves the GPU
+# idle while it draws, materialises and judges on the host; several overlap those host phases
+# with each other's kernels (issue #34 measured 16 hand-started processes judging 404 sdpa fp32
+# cases/s on one H200 against ~37 for one). 4 is a first choice, to be measured on the H200 with
+# `python benchmarks/throughput.py --cli-workers 1,2,4,8,16` (benchmarks/gpu_run.sh does).
+PER_GPU = 4
+# --workers auto on a machine without CUDA: one process per core, at most this many (judging is
+# single-threaded per process; past a handful of cores the fork server's start-up and the
+# per-worker shrink of a shared failure cost more than they return).
+CPU_CAP = 8
+POLL = 0.1              # seconds between looks at the workers (and progress redraws)
+START_LIMIT = 300.0     # seconds a worker waits for the others to start (CUDA, imports)
+
+
+def workers_arg(text: str):
+    """argparse type: a whole number >= 1, or 'auto'."""
+    if text == "auto":
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number or auto") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be at least 1 (or auto)")
+    return value
+
+
+def add_options(p: argparse.ArgumentParser, default) -> None:
+    """--workers and --database."""
+    p.add_argument("--workers", type=workers_arg, default=default, metavar="N|auto",
+                   help="worker processes per campaign, each drawing different cases (auto: "
+                        f"{PER_GPU} per visible GPU, else one per core up to {CPU_CAP}; default: "
+                        f"{default})")
+    p.add_argument("--database", metavar="DIR|redis://HOST:PORT[/DB]|off",
+                   help="the Hypothesis example database whose saved failures are replayed first "
+                        "and where new ones go; share one between runs, workers and hosts "
+                        "(default: FUZZATTN_DATABASE, else .fuzzattn/examples beside the "
+                        "regressions directory)")
+
+
+def visible_gpus() -> list[str]:
+    """The CUDA devices this process sees, as CUDA_VISIBLE_DEVICES entries ([] without CUDA)."""
+    import torch
+    if not torch.cuda.is_available():
+        return []
+    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if listed:
+        return [d.strip() for d in listed.split(",") if d.strip()][:torch.cuda.device_count()]
+    return [str(i) for i in range(torch.cuda.device_count())]
+
+
+def resolve_count(value) -> int:
+    """The number of worker processes `--workers VALUE` asks for here."""
+    if value != "auto":
+        return int(value)
+    gpus = visible_gpus()
+    if gpus:
+        return PER_GPU * len(gpus)
+    return max(1, min(os.cpu_count() or 1, CPU_CAP))
+
+
+@dataclasses.dataclass(frozen=True)
+class Share:
+    """One worker's part of a campaign (picklable: only names and numbers)."""
+    slot: int
+    spec: str                       # the implementation's cli name: registered, or FILE.py:NAME
+    dtype: str | None
+    profile: str
+    max_examples: int
+    deadline: float | None          # time.monotonic() (system-wide on Linux) when it must stop
+    hypothesis_seed: int
+    save: bool
+    regressions_dir: str | None
+    isolate: bool
+    timeout: float | None
+    database: str | None            # an example_db spec, opened in the worker
+    stage: str
+    options: dict                   # further keyword arguments of common.run_campaign
+    cwd: str                        # the parent's, and its environment: a fork server's
+    env: dict                       # children start with the server's own
+
+
+# -- the worker side ----------------------------------------------------------------------------
+_counts = None          # the pool's shared counters: judged and refused per slot
+
+
+def _start(watched: bool, gpus: list[str], counter, counts) -> None:
+    """Each worker's set-up: the watchdog's flight record, its GPU, the judging settings of
+    fuzzattn.cli.main (Triton backend, one CPU thread, warning filters)."""
+    global _counts
+    from fuzzattn import settings
+    from fuzzattn.platform import flight
+    if watched:
+        from fuzzattn.isolation import watchdog
+        flight.adopt()
+        watchdog.install_fault_log()
+    with counter.get_lock():
+        index = counter.value
+        counter.value += 1
+    if gpus:
+        os.environ["CUDA_VISIBLE_DEVICES"] = gpus[index % len(gpus)]
+    # ^C on a terminal reaches the whole process group: the parent stops the workers itself
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    settings.choose_backend()
+    settings.check_environment()
+    if settings.wants_one_thread():
+        import torch
+        torch.set_num_threads(1)
+    warnings.filterwarnings("ignore", category=RuntimeWarning, module=r"triton\.runtime\.interpreter")
+    warnings.filterwarnings("ignore", message="Conversion of an array with ndim > 0 to a scalar",
+                            category=DeprecationWarning)
+    import fuzzattn.kernels  # noqa: F401  (spawned: the registry's imports, its GPU's probes)
+    _picklable_counterexamples()
+    _counts = counts
+
+
+def _ready(counter, n: int, limit: float) -> int:
+    """Hold this worker until all n have started (so each of the n start-up tasks has its own
+    process, and every process is up before a campaign's clock starts)."""
+    give_up = time.monotonic() + limit
+    while counter.value < n and time.monotonic() < give_up:
+        time.sleep(0.01)
+    return os.getpid()
+
+
+class _SharedCounts:
+    """What run_campaign's progress does in a worker: publish the counts to the parent."""
+
+    def __init__(self, slot: int):
+        self.slot = slot
+
+    def track(self, strategy, label, budget, *, cap=None, counts=None):
+        def note(case):
+            judged, refused, _ = counts()
+            _counts[2 * self.slot], _counts[2 * self.slot + 1] = judged, refused
+            return case
+        return strategy.map(note)
+
+    def clear(self) -> None:
+        pass
+
+
+def _run_share(share: Share) -> dict:
+    from fuzzattn.campaigns import example_db
+    gpu = os.environ.get("CUDA_VISIBLE_DEVICES")
+    os.chdir(share.cwd)
+    os.environ.clear()
+    os.environ.update(share.env)
+    if gpu is not None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = gpu
+    profile = common.load_profile(share.profile)
+    impl = common.resolve(share.spec, share.isolate, share.timeout)
+    seconds = None if share.deadline is None else max(share.deadline - time.monotonic(), 0.01)
+    database = example_db.open_database(share.database) if share.database else None
+    outcome = common.run_campaign(
+        impl, share.dtype, profile=profile, max_examples=share.max_examples, seconds=seconds,
+        hypothesis_seed=share.hypothesis_seed, save=share.save, regressions_dir=share.regressions_dir,
+        progress=_SharedCounts(share.slot), stage=share.stage, isolate=share.isolate,
+        timeout=share.timeout, database=database, **share.options)
+    return outcome          # pickled whole: Counterexample by _reduce_counterexample
+
+
+def _reduce_counterexample(found):
+    return type(found), (found.judged, found.written)
+
+
+def _picklable_counterexamples() -> None:
+    """A Counterexample pickles as (judged case, written file): its message is rebuilt."""
+    import copyreg
+    from fuzzattn.campaigns.campaign import Counterexample
+    copyreg.pickle(Counterexample, _reduce_counterexample)
+
+
+# -- the parent side ----------------------------------------------------------------------------
+class _Ticker:
+    """A stand-in strategy for Progress.track: its .map gives the per-draw callback, which the
+    parent calls on every look at its workers (the progress line is the single-process one)."""
+
+    @staticmethod
+    def map(function):
+        return function
+
+
+class Pool:
+    """N worker processes for the campaigns of one command (started on first use)."""
+
+    def __init__(self, n: int, progress=None):
+        self.n = n
+        self.progress = progress
+        self.startup_seconds = 0.0
+        self._executor = None
+        self._gpus: list[str] = []
+
+    def _ensure(self):
+        if self._executor is None:
+            from fuzzattn.platform import flight
+            self._gpus = visible_gpus()
+            if self._gpus:
+                context = multiprocessing.get_context("spawn")
+            else:
+                context = multiprocessing.get_context("forkserver")
+                # the isolation workers' fork server too (one per process): warm, and registered
+                context.set_forkserver_preload(["fuzzattn.isolation.preload", "fuzzattn.cli.workers",
+                                                "fuzzattn.kernels"])
+            self._counts = context.Array("q", 2 * self.n, lock=False)
+            self._counter = context.Value("i", 0)
+            self._executor = concurrent.futures.ProcessPoolExecutor(
+                self.n, mp_context=context, initializer=_start,
+                initargs=(flight.watched_here(), self._gpus, self._counter, self._counts))
+            if self.progress is not None:
+                self.progress.status(f"starting {self.n} worker processes")
+            from fuzzattn.isolation.supervisor import _main_module_hidden
+            started = time.perf_counter()
+            with _main_module_hidden():     # spawn: a script's __main__ is not run again
+                up = [self._executor.submit(_ready, self._counter, self.n, START_LIMIT)
+                      for _ in range(self.n)]
+            concurrent.futures.wait(up)
+            self.startup_seconds = time.perf_counter() - started
+        return self._executor
+
+    def start(self) -> None:
+        """Start the worker processes now (they otherwise start with the first campaign)."""
+        if self.n > 1:
+            self._ensure()
+
+    def close(self, *, now: bool = False) -> None:
+        if self._executor is None:
+            return
+        if now:          # stopped (^C, SIGTERM): end the workers' campaigns where they are
+            for process in list((getattr(self._executor, "_processes", None) or {}).values()):
+                process.terminate()
+        self._executor.shutdown(wait=not now, cancel_futures=True)
+        self._executor = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, exc, tb):
+        self.close(now=kind is not None)
+
+    def run_campaign(self, impl, dtype, *, profile, max_examples: int, seconds: float | None,
+                     hypothesis_seed: int, save: bool, regressions_dir, progress, database: str | None,
+                     isolate: bool = False, timeout: float | None = None, stage: str = "fuzz",
+                     **options) -> Outcome:
+        """common.run_campaign's Outcome for one campaign judged by the pool's workers."""
+        label = f"{impl.name} {dtype or 'all dtypes'}"
+        n = min(self.n, max_examples)
+        executor = self._ensure()           # start-up is not the campaign's time
+        start = time.perf_counter()
+        deadline = None if seconds is None else time.monotonic() + seconds
+        shares = [Share(i, impl.cli_name, dtype, profile.name, max_examples // n + (i < max_examples % n),
+                        deadline, hypothesis_seed * n + i, save,
+                        None if regressions_dir is None else str(regressions_dir), isolate, timeout,
+                        database, stage, options, os.getcwd(), dict(os.environ)) for i in range(n)]
+        for i in range(2 * self.n):
+            self._counts[i] = 0
+
+        def counts():
+            return (sum(self._counts[0:2 * n:2]), sum(self._counts[1:2 * n:2]), 0)
+
+        tick = progress.track(_Ticker(), f"{stage} {label} ({n} workers)", max_examples,
+                              cap=seconds, counts=counts)
+        futures = [executor.submit(_run_share, s) for s in shares]
+        while concurrent.futures.wait(futures, timeout=POLL).not_done:
+            tick(None)
+        progress.clear()
+        parts, problems = [], []
+        for share, future in zip(shares, futures):
+            try:
+                parts.append(future.result())
+            except concurrent.futures.process.BrokenProcessPool:
+                from fuzzattn.platform import flight
+                self.close(now=True)
+                problems.append(f"worker {share.slot} (hypothesis seed {share.hypothesis_seed}) died"
+                                + (": the watchdog saves its case" if flight.watched_here() else
+                                   "; run the fuzzattn command (watched) or --isolate to keep its case"))
+            except Exception as exc:        # e.g. the implementation could not be loaded there
+                problems.append(f"worker {share.slot}: {type(exc).__name__}: {common.one_line(exc)}")
+        return merged.merge(stage, label, parts, problems, time.perf_counter() - start,
+                     max_examples=max_examples, seconds=seconds)
+
+
+def open_database(value: str | None, regressions_dir) -> tuple[object, str | None]:
+    """(the example database, its spec for workers) that --database VALUE names, else
+    FUZZATTN_DATABASE, else the default; a bad one is a usage error, before anything runs."""
+    from fuzzattn.campaigns import example_db
+    spec, source = example_db.choose(value, regressions_dir)
+    try:
+        database = example_db.open_database(spec, source)
+    except example_db.DatabaseError as exc:
+        raise common.CLIError(str(exc)) from None
+    if database is None:
+        return None, None
+    return database, spec if "://" in spec else os.path.abspath(spec)
+
+
+def run_campaign(pool: Pool | None, impl, dtype, *, database: tuple, **kw) -> Outcome:
+    """The campaign in this process (no pool, or one worker) or over the pool's workers;
+    `database` as open_database gives it."""
+    if pool is None or pool.n == 1:
+        return common.run_campaign(impl, dtype, database=database[0], **kw)
+    return pool.run_campaign(impl, dtype, database=database[1], **kw)
