@@ -32,17 +32,20 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import itertools
 import time
-from pathlib import Path
 
 from hypothesis import Phase, given, reject, seed as hypothesis_seed, settings, strategies as st
 from hypothesis.control import current_build_context, currently_in_test_context
 from hypothesis.errors import FlakyFailure, HypothesisException
 
-from fuzzattn.campaigns import regression_file
+from fuzzattn.campaigns.defects import DefectBook, check_key, failure_keys, same_symptom
+from fuzzattn.campaigns.found import (Campaign, Counterexample, Refused,  # noqa: F401 (public)
+                                      report_stashed, save)
+from fuzzattn.campaigns.pruned import Pruned as _Pruned
 from fuzzattn.contract.case import AttentionCase
 from fuzzattn.contract.implementation import Implementation
-from fuzzattn.contract.known_defects import KNOWN_PREFIX, known_defect
+from fuzzattn.contract.known_defects import known_defect
 from fuzzattn.judge.judge import JudgedCase, default_device, judge
 from fuzzattn.judge.verdict import PROCESS_CHECKS, Verdict
 from fuzzattn.platform.gc_tuning import freeze_long_lived
@@ -51,37 +54,10 @@ FLAKY_RERUNS = 2          # extra judgements of a failing case; any pass makes i
 _MEMO_SIZE = 20_000       # remembered verdicts per process (a few hundred bytes each)
 
 
-class Counterexample(AssertionError):
-    """A case on which an implementation failed a check; carries the judged case and its file."""
-
-    def __init__(self, judged: JudgedCase, written: regression_file.Written | None):
-        self.judged = judged
-        self.written = written
-        lines = [judged.describe()]
-        if written is not None:
-            lines.append(f"  regression file: {regression_file.display_path(written.path)}"
-                         + (f" (fallback: {written.fallback_reason})" if written.fallback_reason else ""))
-            lines.append(f"  replay:  {regression_file.replay_command(written.path, judged.cli_name)}")
-        super().__init__("\n".join(lines))
-
-    @property
-    def path(self) -> Path | None:
-        return self.written.path if self.written is not None else None
-
-
-class Refused(Exception):
-    """A drawn case the implementation refused with a declared error (raised outside Hypothesis)."""
-
-
 def _is_final_run() -> bool:
     if not currently_in_test_context():
         return True            # called directly (replay, a unit test): every failure is final
     return current_build_context().is_final
-
-
-def save(judged: JudgedCase, directory=None) -> regression_file.Written:
-    """Write the judged failure as a regression file (create-if-absent, with fallback)."""
-    return regression_file.write(regression_file.from_judged(judged), directory)
 
 
 _memo: collections.OrderedDict[tuple[str, str], JudgedCase] = collections.OrderedDict()
@@ -199,54 +175,24 @@ def _raise_unless_passed(impl: Implementation, case: AttentionCase, judged: Judg
     return judged
 
 
-@dataclasses.dataclass
-class Campaign:
-    """What fuzzing one implementation (and one dtype) found."""
-    impl: str
-    cases: int                          # cases judged, shrinking included
-    seconds: float
-    counterexample: Counterexample | None = None
-    cases_to_first_failure: int | None = None
-    error: str | None = None            # the campaign could not run (e.g. nothing drawable)
-    budget_hit: bool = False            # the time cap stopped it before max_examples
-    refused: dict[str, int] = dataclasses.field(default_factory=dict)   # summary -> draws
-
-    @property
-    def passed(self) -> bool:
-        return self.counterexample is None and self.error is None
-
-    @property
-    def refused_total(self) -> int:
-        return sum(self.refused.values())
-
-    def refusal_note(self) -> str:
-        """'12% of draws refused: RuntimeError: No available kernel (30)', then the share passed
-        over as known upstream defects, or '' when there were none of either."""
-        drawn = self.refused_total + self.cases
-        notes = []
-        for known, what in ((False, "refused"), (True, "passed over")):
-            counts = {s: n for s, n in self.refused.items() if s.startswith(KNOWN_PREFIX) == known}
-            if counts:
-                top = ", ".join(f"{summary} ({n})" for summary, n in
-                                sorted(counts.items(), key=lambda kv: -kv[1])[:2])
-                notes.append(f"{100 * sum(counts.values()) / drawn:.0f}% of draws {what}: {top}")
-        return "; ".join(notes)
-
-    @property
-    def mostly_refused(self) -> bool:
-        return self.refused_total > self.cases
-
-
 def fuzz(impl: Implementation, strategy: st.SearchStrategy[AttentionCase], *, max_examples: int,
          seconds: float | None = None, hypothesis_seed_value: int | None = 0,
          save_to_file: bool = True, regressions_dir=None, device=None,
          shrink: bool = True, isolate: bool = False, timeout: float | None = None,
+         stop_at_first: bool = True, first_cases=(),
          judge_fn=None, gradient_every: int = 1, database=None,
          database_key: bytes | None = None) -> Campaign:
     """Judge up to `max_examples` drawn cases, or until `seconds` pass, and shrink the first
     failure. Once the time cap is spent, draws are no longer judged: before a failure the search
     ends at the next draw; during shrinking the shrink winds down, and Hypothesis's final replay
     of the smallest failure found so far is still judged, reported and saved.
+
+    `stop_at_first=False` keeps going after a counterexample until the budget ends, in rounds
+    (each a Hypothesis run with the budget left and its own seed), and reports every distinct
+    defect once (`Campaign.defects`, campaigns/defects.py): a failure that a defect already found
+    explains is tallied to it and passes; a new one is shrunk and saved. While a round shrinks,
+    a failure with another check is kept for later, never shrunk toward. `first_cases` are
+    judged before any draw and saved unshrunk when they fail (the load probe's case).
 
     `isolate`: judge every case in one supervised worker process, reused across the campaign's
     cases, so a hang (no result within `timeout` s, default isolation.DEFAULT_TIMEOUT), a dead
@@ -278,6 +224,7 @@ def fuzz(impl: Implementation, strategy: st.SearchStrategy[AttentionCase], *, ma
         return _fuzz(impl, strategy, max_examples=max_examples, seconds=seconds,
                      hypothesis_seed_value=hypothesis_seed_value, save_to_file=save_to_file,
                      regressions_dir=regressions_dir, device=device, shrink=shrink,
+                     stop_at_first=stop_at_first, first_cases=tuple(first_cases),
                      judge_fn=judge_fn, gradient_every=gradient_every, database=database,
                      database_key=database_key)
 
@@ -290,11 +237,19 @@ class _TimeIsUp(BaseException):
 
 
 def _fuzz(impl, strategy, *, max_examples, seconds, hypothesis_seed_value, save_to_file,
-          regressions_dir, device, shrink, judge_fn, gradient_every, database=None,
-          database_key=None) -> Campaign:
-    state = {"judged": 0, "first": None, "over": False, "forward_failed": False}
+          regressions_dir, device, shrink, stop_at_first, first_cases, judge_fn, gradient_every,
+          database=None, database_key=None) -> Campaign:
+    # drawn: cases judged outside shrinking (the case budget); target: the symptom (check key,
+    # failure keys) the round's shrink holds to (defects.same_symptom), None before the round's
+    # first new failure
+    state = {"judged": 0, "first": None, "over": False, "forward_failed": False, "drawn": 0,
+             "target": None, "raised": False}
     with_gradients: dict[str, bool] = {}
     refused: collections.Counter[str] = collections.Counter()
+    book = DefectBook(impl.caps)
+    pruned = _Pruned()
+    tallied: set[str] = set()           # case keys already counted as a known defect's hit
+    stash: dict[str, JudgedCase] = {}   # new failures met while shrinking another (by check key)
     freeze_long_lived()        # before the clock: once per process (fuzzattn/platform/gc_tuning.py)
     start = time.perf_counter()
 
@@ -313,11 +268,13 @@ def _fuzz(impl, strategy, *, max_examples, seconds, hypothesis_seed_value, save_
     def campaign(case):
         final = currently_in_test_context() and current_build_context().is_final
         if over_budget() and not final:
-            if state["first"] is None:
-                raise _TimeIsUp          # before any failure: the search ends here
+            if state["target"] is None:
+                raise _TimeIsUp          # before any new failure: the search ends here
             # While shrinking, unjudged draws pass: no candidate can improve on the smallest
             # failure so far, so the shrink winds down and its final replay is still judged.
             return
+        if pruned.seen(case):
+            reject()                     # a configuration already seen not to compile for it
         # Decided once per case: Hypothesis's replays of a case must meet the same judgement.
         key = case.key()
         if key not in with_gradients:
@@ -328,15 +285,32 @@ def _fuzz(impl, strategy, *, max_examples, seconds, hypothesis_seed_value, save_
         # One memo lookup a case: check_case's verdict on the judgement made here.
         judged = judge_once(impl, case, device=device, judge_fn=judge_fn, gradients=gradients)
         if judged.refused is not None:
-            refused[judged.refused] += 1
+            if not pruned.record(case, judged.refused):
+                refused[judged.refused] += 1
             reject()
         state["judged"] += 1
+        if state["target"] is None:
+            state["drawn"] += 1
+        if judged.failures and judged.skipped is None and not final:
+            owner = book.owner(judged)
+            if owner is not None:        # a defect found already: tallied, not shrunk again
+                if state["target"] is None and key not in tallied:
+                    tallied.add(key)
+                    owner.hits += 1
+                return
+            if state["target"] is None:
+                state["target"] = (check_key(judged), failure_keys(judged))
+            elif not same_symptom(judged, *state["target"]):
+                stash.setdefault(check_key(judged), judged)   # another new defect: later
+                return
         try:
             _raise_unless_passed(impl, case, judged, save_to_file=save_to_file,
                                  regressions_dir=regressions_dir)
         except Counterexample as found:
             if state["first"] is None:
                 state["first"] = state["judged"]
+            if not state["raised"]:      # the round's first: what its shrink holds to
+                state["raised"] = True
                 first = found.judged.first_failure
                 state["forward_failed"] = not (first and first.check.startswith("grad_"))
             raise
@@ -350,21 +324,63 @@ def _fuzz(impl, strategy, *, max_examples, seconds, hypothesis_seed_value, save_
             campaign._hypothesis_internal_use_settings, database=database)
     result = dict(impl=impl.name)
 
-    def finished(**kw) -> Campaign:
-        return Campaign(cases=state["judged"], seconds=time.perf_counter() - start,
-                        refused=dict(refused), **result, **kw)
+    def variant_judge(variant, gradients):    # a defect's factors (defects.needed_factors)
+        return judge_once(impl, variant, device=device, judge_fn=judge_fn, gradients=gradients)
 
-    try:
-        campaign()
-    except _TimeIsUp:
-        return finished(budget_hit=True)
-    except Counterexample as found:
-        return finished(counterexample=found, cases_to_first_failure=state["first"],
-                        budget_hit=state["over"])
-    except FlakyFailure as exc:
-        # judge_once makes every case's verdict stable, so this means the strategy or the
-        # harness changed between Hypothesis's runs: report it, never as an internal error.
-        return finished(error=f"FlakyFailure: {' '.join(str(exc).split())[:300]}")
-    except HypothesisException as exc:
-        return finished(error=f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}")
-    return finished(budget_hit=state["over"])
+    def finished(**kw) -> Campaign:
+        report_stashed(book, stash, variant_judge, save_to_file, regressions_dir,
+                       state["judged"])
+        kw.setdefault("budget_hit", state["over"])
+        return Campaign(cases=state["judged"], seconds=time.perf_counter() - start,
+                        refused=dict(refused), **result, **kw,
+                        counterexample=book.defects[0].counterexample if book.defects else None,
+                        cases_to_first_failure=state["first"] if book.defects else None,
+                        defects=list(book.defects), pruned=pruned.report())
+
+    for case in first_cases:            # judged before any draw, not shrunk (the load probe's)
+        try:
+            check_case(impl, case, save_to_file=save_to_file, regressions_dir=regressions_dir,
+                       device=device, judge_fn=judge_fn)
+        except Refused as exc:
+            if not pruned.record(case, str(exc)):
+                refused[str(exc)] += 1
+        except Counterexample as found:
+            state["judged"] += 1
+            if book.owner(found.judged) is None:
+                state["first"] = state["first"] or state["judged"]
+                book.add(found, variant_judge, shrunk=False, found_at=state["judged"])
+        else:
+            state["judged"] += 1
+        state["drawn"] += 1
+    base = campaign._hypothesis_internal_use_settings
+    for round_number in itertools.count():
+        # Each round draws anew (its own seed) with the budget left, and shrinks the first
+        # failure that no defect found so far explains; known ones are tallied and pass.
+        if stop_at_first and book.defects or state["drawn"] >= max_examples or over_budget():
+            break
+        state["target"], state["forward_failed"], state["raised"] = None, False, False
+        # Later rounds skip the database's replay: it deletes every saved failure that does not
+        # fail again, and the ones found so far now pass, tallied.
+        later = {"phases": [p for p in base.phases if p != Phase.reuse]} if round_number else {}
+        if round_number and hypothesis_seed_value is None:
+            later["derandomize"] = False
+        campaign._hypothesis_internal_use_settings = settings(
+            base, max_examples=max_examples - state["drawn"], **later)
+        if round_number:
+            campaign._hypothesis_internal_use_seed = (hypothesis_seed_value or 0) + round_number
+        try:
+            campaign()
+        except _TimeIsUp:
+            return finished(budget_hit=True)
+        except Counterexample as found:
+            book.add(found, variant_judge, found_at=state["judged"])
+        except FlakyFailure as exc:
+            # judge_once makes every case's verdict stable, so this means the strategy or the
+            # harness changed between Hypothesis's runs: report it, never as an internal error.
+            return finished(error=f"FlakyFailure: {' '.join(str(exc).split())[:300]}")
+        except HypothesisException as exc:
+            return finished(error=f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}")
+        else:
+            break                       # a round without a new defect: its budget is spent
+    return finished()
+

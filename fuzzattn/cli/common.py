@@ -143,9 +143,13 @@ def dtypes_of(impl, only: str | None) -> list[str]:
 
 
 # -- one campaign as an outcome ------------------------------------------------------------------
-def _failure_text(found, rerun: str) -> str:
-    """The report with its heatmap, then where the file went and how to replay it."""
+def _failure_text(found, rerun: str, defect=None) -> str:
+    """The report with its heatmap, then where the file went and how to replay it; for one of
+    a campaign's defects, how many cases hit it and what it needs."""
     lines = [found.judged.describe()]
+    if defect is not None:
+        lines.append(f"  cases hit: {defect.hits}; needs: {defect.needs()}"
+                     + ("" if defect.shrunk else "; not shrunk (as drawn)"))
     if found.written is not None:
         lines.append(f"  regression file: {display_path(found.written.path)}")
         if found.written.fallback_reason:
@@ -157,12 +161,21 @@ def _failure_text(found, rerun: str) -> str:
     return "\n".join(lines)
 
 
+def stop_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--stop-at-first", action="store_true",
+                   help="end each campaign at its first counterexample (default: go on until the "
+                        "budget ends and report every distinct defect once, each shrunk and saved, "
+                        "with the number of cases that hit it)")
+
+
 def run_campaign(impl, dtype: str | None, *, profile, max_examples: int, seconds: float | None,
                  hypothesis_seed: int, save: bool, regressions_dir, progress, stage: str = "fuzz",
                  shrink: bool = True, isolate: bool = False, timeout: float | None = None,
-                 database=None) -> Outcome:
+                 database=None, stop_at_first: bool = False) -> Outcome:
     """Fuzz one implementation (one dtype) and describe it as an Outcome (its Campaign attached);
-    `database`: the Hypothesis example database it replays and saves failures in (example_db)."""
+    `database`: the Hypothesis example database it replays and saves failures in (example_db).
+    The campaign goes on after a counterexample and reports every distinct defect unless
+    `stop_at_first`; an implementation whose load probe failed has that case judged first."""
     from hypothesis.errors import HypothesisException
     from fuzzattn import settings
     from fuzzattn.campaigns.campaign import fuzz
@@ -199,17 +212,21 @@ def run_campaign(impl, dtype: str | None, *, profile, max_examples: int, seconds
     rerun = (f"fuzzattn {command}{' --dtype ' + dtype if dtype else ''} --hypothesis-seed "
              f"{hypothesis_seed} --max-examples {max_examples}"
              f"{' --seconds %g' % seconds if seconds else ''} --profile {profile.name}"
+             f"{' --stop-at-first' if stop_at_first and stage != 'mutant' else ''}"
              f"{isolation_flags(isolate, timeout)}")
     # what a watchdog needs to run this campaign again isolated, should a case end the process
     flight.set_context(hypothesis_seed=hypothesis_seed, max_examples=max_examples, seconds=seconds,
                        profile=profile.name, dtype=dtype, stage=stage,
                        regressions_dir=str(regressions_dir) if save and regressions_dir else None)
+    probe = getattr(impl, "probe_case", None)
+    first_cases = [probe] if probe is not None and dtype in (None, probe.dtype) else []
     start = time.perf_counter()
     try:
         result = fuzz(impl, strategy, max_examples=max_examples, seconds=seconds,
                       hypothesis_seed_value=hypothesis_seed, save_to_file=save,
                       regressions_dir=regressions_dir, shrink=shrink, isolate=isolate,
-                      timeout=timeout, database=database,
+                      timeout=timeout, stop_at_first=stop_at_first, first_cases=first_cases,
+                      database=database,
                       database_key=example_db.key(impl.cli_name, dtype, profile.name))
     except Exception as exc:   # e.g. a drawn case the harness cannot judge here: report, go on
         progress.clear()
@@ -224,9 +241,15 @@ def run_campaign(impl, dtype: str | None, *, profile, max_examples: int, seconds
     elif result.counterexample is not None:
         found = result.counterexample
         failure = found.judged.first_failure
+        defects = result.defects or []
+        detail = f"{failure.check}: {found.judged.case}"
+        if len(defects) > 1:
+            detail = f"{len(defects)} defects: " + ", ".join(
+                f"{d.check_key} ({d.hits} case{'s' if d.hits != 1 else ''})" for d in defects)
+        message = (_failure_text(found, rerun) if not defects else "\n\n".join(
+            _failure_text(d.counterexample, rerun, d) for d in defects))
         outcome = Outcome(stage, label, FAIL, False, result.cases, result.seconds,
-                          detail=f"{failure.check}: {found.judged.case}",
-                          message=_failure_text(found, rerun), judged=found.judged)
+                          detail=detail, message=message, judged=found.judged)
     else:
         outcome = Outcome(stage, label, OK, True, result.cases, result.seconds)
         if result.budget_hit:
@@ -267,6 +290,9 @@ def stopped_status(exc: BaseException) -> tuple[str, int]:
 
 def finish(outcomes, last_line: str) -> int:
     """The common ending of fuzz, replay and mutants: failure details, a total, the exit status."""
+    after = tables.after_campaigns(outcomes)
+    if after:
+        print("\n" + after)
     details = tables.failure_details(outcomes)
     if details:
         print("\n" + details)

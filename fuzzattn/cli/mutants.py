@@ -80,7 +80,7 @@ def run_mutants(selected, *, profile, max_examples, seconds, hypothesis_seed, pr
                                         seconds=seconds, hypothesis_seed=hypothesis_seed,
                                         save=False, regressions_dir=scratch, progress=progress,
                                         stage="mutant", shrink=shrink, isolate=isolate,
-                                        timeout=timeout)
+                                        timeout=timeout, stop_at_first=True)
                 o.dtype = one
                 runs.append(o)
                 if o.verdict != OK and not o.skipped:   # caught, or the campaign broke: stop

@@ -65,6 +65,40 @@ def failure_details(outcomes: Sequence[Outcome]) -> str:
     return "\n\n".join(blocks)
 
 
+def defects_table(outcomes: Sequence[Outcome]) -> str:
+    """Every distinct defect of the campaigns that found any, with the cases that hit it, what
+    it needs (the factors whose plain choice makes it pass) and its file; '' when none did."""
+    rows = []
+    for o in outcomes:
+        for i, d in enumerate(getattr(o.campaign, "defects", None) or [], 1):
+            written = d.counterexample.written
+            rows.append([o.subject, i, d.check_key, d.hits, d.needs(),
+                         str(d.judged.case) + ("" if d.shrunk else " (not shrunk)"),
+                         written.path.name if written is not None else ""])
+    if not rows:
+        return ""
+    return "defects (each once; cases hit = drawn cases that failed this way):\n" + table(
+        ("campaign", "#", "check", "cases hit", "needs", "case", "file"), rows, max_width=60)
+
+
+def pruned_notes(outcomes: Sequence[Outcome]) -> list[str]:
+    """'sq fp16 float16: BLOCK_M=64 BLOCK_N=64: CompileTimeAssertionFailure for D=32, 41 draws'
+    per configuration a campaign pruned (it did not compile for those draws)."""
+    from fuzzattn.campaigns.pruned import pruned_lines
+    return [f"{o.subject}: {line}" for o in outcomes
+            for line in pruned_lines(getattr(o.campaign, "pruned", None) or {})]
+
+
+def after_campaigns(outcomes: Sequence[Outcome]) -> str:
+    """What follows a campaign table: the defects table, then the pruned configurations."""
+    parts = [defects_table(outcomes)]
+    notes = pruned_notes(outcomes)
+    if notes:
+        parts.append("pruned (configurations that do not compile for these draws, as Triton's "
+                     "autotuner would skip them):\n" + "\n".join("  " + n for n in notes))
+    return "\n\n".join(p for p in parts if p)
+
+
 def totals(outcomes: Sequence[Outcome]) -> str:
     failed = sum(not o.passed for o in outcomes)
     skipped = sum(o.skipped for o in outcomes)

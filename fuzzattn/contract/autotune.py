@@ -72,10 +72,15 @@ def launch_pinned(autotuner, grid, *args, config: dict, **kwargs):
     return autotuner.fn[grid](*args, **kwargs, **launch)
 
 
-def declare(autotuner) -> dict:
+def declare(autotuner, *, prune_compile_errors: bool = True) -> dict:
     """Capabilities keyword arguments declaring the autotuner's configurations as a space:
     `configs` (each name's values in first-seen order, so shrinking moves toward the first
-    configuration) and `config_rule`, which allows exactly the listed combinations."""
+    configuration), `config_rule`, which allows exactly the listed combinations, and
+    `prune_compile_errors`: a configuration failing to compile for a case with an error the
+    autotuner skips is pruned for that case as the autotuner would (False: such errors are
+    crashes; see fuzzattn/run/pruning.py)."""
+    if not isinstance(prune_compile_errors, bool):
+        raise TypeError(f"prune_compile_errors={prune_compile_errors!r} must be True or False")
     listed = configs(autotuner)
     axes: dict[str, list] = {}
     for config in listed:
@@ -89,4 +94,5 @@ def declare(autotuner) -> dict:
             return "not one of the autotuner's configurations"
         return None
 
-    return {"configs": {name: tuple(values) for name, values in axes.items()}, "config_rule": rule}
+    return {"configs": {name: tuple(values) for name, values in axes.items()}, "config_rule": rule,
+            "prune_compile_errors": prune_compile_errors}

@@ -77,6 +77,11 @@ class Capabilities:
     # (a regression file written by hand, or before a configuration existed) run the same tiles
     # on every machine, where an own default may be an autotuner's pick that differs by device.
     default_config: tuple[tuple[str, object], ...] = ()
+    # A configuration that fails to compile for a case with an error Triton's autotuner skips
+    # (OutOfResources, CompileTimeAssertionFailure, PTXASError) is pruned for that case, as the
+    # autotuner would skip it; only a case no configuration compiles for is a finding
+    # (fuzzattn/run/pruning.py). False: every compile error is a crash.
+    prune_compile_errors: bool = True
     # Upstream defects already pinned by regression files (fuzzattn.contract.known_defects):
     # campaigns pass over the cases they cover, as over a declared refusal.
     known_defects: tuple = ()

@@ -60,6 +60,9 @@ class Implementation:
     declares: bool = True
     # The explicit backward (module docstring); None: gradients by autograd of fn.
     backward_fn: Callable | None = None
+    # The loader's probe case when the probe call failed on it (fuzzattn/run/loader.py): a
+    # campaign judges it first, so that failure is a saved, replayable counterexample.
+    probe_case: AttentionCase | None = None
 
     @property
     def cli_name(self) -> str:

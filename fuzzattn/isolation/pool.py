@@ -48,4 +48,5 @@ def load_isolated(spec: str, *, timeout: float | None = DEFAULT_TIMEOUT) -> Impl
             probed = isolated.probe()
     except IsolationError as exc:
         raise ImplementationLoadError(f"--impl {spec!r}: {exc}") from None
-    return dataclasses.replace(impl, caps=probed["caps"]) if probed else impl
+    return (dataclasses.replace(impl, caps=probed["caps"], probe_case=probed.get("probe_case"))
+            if probed else impl)

@@ -26,7 +26,8 @@ from fuzzattn.contract.implementation import Implementation
 
 # The fields of an Implementation that travel to the worker, which resolves only the callable:
 # capabilities a supervisor probed or a test replaced must be the ones the worker judges with.
-FIELDS = ("name", "caps", "description", "mutant_of", "backend", "sources", "spec", "declares")
+FIELDS = ("name", "caps", "description", "mutant_of", "backend", "sources", "spec", "declares",
+          "probe_case")
 
 
 class IsolationError(RuntimeError):

@@ -26,7 +26,7 @@ import torch
 from fuzzattn.contract.case import AttentionCase
 from fuzzattn.contract.implementation import Implementation
 from fuzzattn.run import execute
-from fuzzattn.run import runs
+from fuzzattn.run import pruning, runs
 from fuzzattn.platform import mps as shared_gpu
 from fuzzattn.gradients.judge import judge_gradients
 from fuzzattn.inputs.budget import check_budget
@@ -158,6 +158,14 @@ def _judge(impl: Implementation, case: AttentionCase, device, *, expected_sha256
     if first.call.declared_refusal:
         judged.refused = first.call.summary
         return judged
+    if first.call.autotuner_skips and pruning.prunes(impl, case):
+        judged.refused, finding = pruning.judge_pruned(
+            impl, case, first.call.autotuner_skips,
+            lambda other: execute.call(impl, *pristine.copy().tensors(), other))
+        if finding is None:
+            return judged
+        first.failure = Verdict(impl=impl.name, case=case, check=pruning.NO_CONFIGURATION,
+                                passed=False, detail=finding)
     second, computed = None, None
     if first.pending is not None and _runs_together(references, device):
         second = runs.launch(impl, case, device, adversarial=False, inputs=pristine.copy(),

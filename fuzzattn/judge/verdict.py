@@ -15,6 +15,7 @@ CHECKS = (
     "device_fault",          # it raised a CUDA error (illegal access, device assert): context poisoned
     "segfault",              # the isolated worker process died (a signal or an exit) mid-case
     "hang",                  # the isolated worker gave no result within the per-case timeout
+    "no_configuration_compiles",  # every declared configuration fails to compile for the case
     "contract",              # wrong output shape or dtype, lse missing though declared
     "inputs_mutated",        # q, k or v (or their storage around them) changed by the call
     "out_of_bounds_write",   # a canary around a caller-provided output changed

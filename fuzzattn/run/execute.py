@@ -37,6 +37,7 @@ from fuzzattn.contract.case import AttentionCase
 from fuzzattn.contract.implementation import ContractError, Implementation
 from fuzzattn.platform import flight
 from fuzzattn.platform.device_faults import is_device_fault
+from fuzzattn.run.pruning import autotuner_skips
 
 OK, REFUSED, CONTRACT, CRASH = "ok", "refused", "contract", "crash"
 
@@ -58,6 +59,8 @@ class Call:
     summary: str = ""                        # one_line(error), or "" when it answered
     declared_refusal: bool = False           # refused with an error its Capabilities name
     grads: tuple | None = None               # (dq, dk, dv) of a call_gradients that answered
+    # 'TypeName: message' of a compile error Triton's autotuner skips (fuzzattn/run/pruning.py)
+    autotuner_skips: str = ""
 
     @property
     def answered(self) -> bool:
@@ -223,7 +226,9 @@ def _failed_call(impl: Implementation, exc: Exception) -> Call:
         return Call(CONTRACT, error=_detached(exc), summary=one_line(exc))
     declared = is_declared_refusal(impl, exc)
     status = REFUSED if declared or isinstance(exc, UnsupportedCaseError) else CRASH
-    return Call(status, error=_detached(exc), summary=one_line(exc), declared_refusal=declared)
+    skips = autotuner_skips(exc) if status == CRASH else ""     # before the traceback goes
+    return Call(status, error=_detached(exc), summary=one_line(exc), declared_refusal=declared,
+                autotuner_skips=skips)
 
 
 def _summarised(impl, case, result: Call, printed: str) -> Call:

@@ -11,6 +11,7 @@ import dataclasses
 import hashlib
 import importlib
 import importlib.util
+import inspect
 import re
 import sys
 from pathlib import Path
@@ -80,9 +81,29 @@ def load_implementation(spec: str, *, probe: bool = True) -> Implementation:
     return _probe(impl, spec) if probe else impl
 
 
+def _check_signature(impl: Implementation, spec: str, q, k, v, case: AttentionCase) -> None:
+    """A load error when the callable cannot take the contract's call at all."""
+    kwargs = dict(causal=False, scale=1.0)
+    if impl.caps.pass_config(case, backward=False):
+        kwargs["config"] = {}
+    try:
+        signature = inspect.signature(impl.fn)
+    except (TypeError, ValueError):       # a builtin or extension without one: the call tells
+        return
+    try:
+        signature.bind(q, k, v, **kwargs)
+    except TypeError as exc:
+        raise ImplementationLoadError(
+            f"--impl {spec!r}: {impl.name} cannot be called as fn(q, k, v, "
+            f"{', '.join(f'{n}=...' for n in kwargs)}): {exc}") from None
+
+
 def _probe(impl: Implementation, spec: str) -> Implementation:
     """Call once on a tiny declared case to catch a wrong signature or return shape early, and
-    learn whether a plain callable returns lse."""
+    learn whether a plain callable returns lse. A probe call that raises anything else is not a
+    load error: the implementation is returned with `probe_case` set, and its campaigns judge
+    that case first (a saved, replayable counterexample). A plain callable whose probe raised
+    is not assumed to return lse."""
     dtype = "float32" if "float32" in impl.caps.dtypes else sorted(impl.caps.dtypes)[0]
     head_dim = 16 if impl.caps.accepts_head_dim(16) else min(impl.caps.head_dims or {16})
     n = max(16, impl.caps.min_seq_len)
@@ -90,11 +111,14 @@ def _probe(impl: Implementation, spec: str) -> Implementation:
     config = {name: choices[0] for name, choices in impl.caps.configs}
     case = AttentionCase(1, 1, 1, n, n, head_dim, dtype=dtype, config=config)
     inputs = materialize(case, "cuda" if torch.cuda.is_available() else "cpu")
+    _check_signature(impl, spec, *inputs.tensors(), case)
     call = execute.call(impl, *inputs.tensors(), case)
     if call.status == execute.CONTRACT:
         raise ImplementationLoadError(f"--impl {spec!r}: {call.summary.split(': ', 1)[-1]}")
     if not call.answered:
-        raise ImplementationLoadError(f"--impl {spec!r}: probe call on {case} raised {call.summary}")
+        if not impl.declares:
+            impl = dataclasses.replace(impl, caps=dataclasses.replace(impl.caps, returns_lse=False))
+        return dataclasses.replace(impl, probe_case=case)
     if not impl.declares:
         impl = dataclasses.replace(impl, caps=dataclasses.replace(impl.caps,
                                                                   returns_lse=call.lse is not None))

@@ -1,0 +1,94 @@
+"""What campaigns find: a counterexample (a failing judged case and its file), and a Campaign
+(what fuzzing one implementation found: its defects, refusals and pruned draws)."""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from fuzzattn.campaigns import regression_file
+from fuzzattn.campaigns.defects import DefectBook
+from fuzzattn.contract.known_defects import KNOWN_PREFIX
+from fuzzattn.judge.judge import JudgedCase
+
+
+class Counterexample(AssertionError):
+    """A case on which an implementation failed a check; carries the judged case and its file."""
+
+    def __init__(self, judged: JudgedCase, written: regression_file.Written | None):
+        self.judged = judged
+        self.written = written
+        lines = [judged.describe()]
+        if written is not None:
+            lines.append(f"  regression file: {regression_file.display_path(written.path)}"
+                         + (f" (fallback: {written.fallback_reason})" if written.fallback_reason else ""))
+            lines.append(f"  replay:  {regression_file.replay_command(written.path, judged.cli_name)}")
+        super().__init__("\n".join(lines))
+
+    @property
+    def path(self) -> Path | None:
+        return self.written.path if self.written is not None else None
+
+
+class Refused(Exception):
+    """A drawn case the implementation refused with a declared error (raised outside Hypothesis)."""
+
+
+def save(judged: JudgedCase, directory=None) -> regression_file.Written:
+    """Write the judged failure as a regression file (create-if-absent, with fallback)."""
+    return regression_file.write(regression_file.from_judged(judged), directory)
+
+
+@dataclasses.dataclass
+class Campaign:
+    """What fuzzing one implementation (and one dtype) found."""
+    impl: str
+    cases: int                          # cases judged, shrinking included
+    seconds: float
+    counterexample: Counterexample | None = None
+    cases_to_first_failure: int | None = None
+    error: str | None = None            # the campaign could not run (e.g. nothing drawable)
+    budget_hit: bool = False            # the time cap stopped it before max_examples
+    refused: dict[str, int] = dataclasses.field(default_factory=dict)   # summary -> draws
+    # every distinct defect found (campaigns/defects.py), the first one `counterexample`'s
+    defects: list = dataclasses.field(default_factory=list)
+    # draws whose configuration did not compile for them (campaigns/pruned.py):
+    # (configuration, error type, case class) -> draws
+    pruned: dict = dataclasses.field(default_factory=dict)
+
+    @property
+    def passed(self) -> bool:
+        return self.counterexample is None and self.error is None
+
+    @property
+    def refused_total(self) -> int:
+        return sum(self.refused.values())
+
+    def refusal_note(self) -> str:
+        """'12% of draws refused: RuntimeError: No available kernel (30)', then the share passed
+        over as known upstream defects, or '' when there were none of either."""
+        drawn = self.refused_total + self.cases
+        notes = []
+        for known, what in ((False, "refused"), (True, "passed over")):
+            counts = {s: n for s, n in self.refused.items() if s.startswith(KNOWN_PREFIX) == known}
+            if counts:
+                top = ", ".join(f"{summary} ({n})" for summary, n in
+                                sorted(counts.items(), key=lambda kv: -kv[1])[:2])
+                notes.append(f"{100 * sum(counts.values()) / drawn:.0f}% of draws {what}: {top}")
+        return "; ".join(notes)
+
+    @property
+    def mostly_refused(self) -> bool:
+        return self.refused_total > self.cases
+
+
+def report_stashed(book: DefectBook, stash: dict, judge, save_to_file: bool, regressions_dir,
+                   judged_so_far: int) -> None:
+    """New failures met while another was shrinking and never found again by a later round (the
+    budget ended first): each becomes a defect as drawn, unshrunk, unless one found since
+    explains it."""
+    for judged in list(stash.values()):
+        if book.owner(judged) is None:
+            written = save(judged, regressions_dir) if save_to_file else None
+            book.add(Counterexample(judged, written), judge, shrunk=False,
+                     found_at=judged_so_far)
+    stash.clear()
