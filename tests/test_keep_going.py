@@ -121,3 +121,12 @@ def test_a_kernel_that_cannot_be_called_is_still_a_load_error(capsys):
     err = capsys.readouterr().err
     assert status == 2
     assert "wrong_signature cannot be called as fn(q, k, v, causal=..., scale=...)" in err
+
+
+def test_stop_at_first_keeps_one_counterexample_per_campaign(capsys, tmp_path):
+    status = cli.main(["fuzz", "--impl", f"{KERNELS}:TWO_BUGS", "--max-examples", "120",
+                       "--stop-at-first", "--regressions-dir", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert status == 1, out
+    assert len(list(tmp_path.glob("*.json"))) == 1, out
+    assert out.count("cases hit:") == 1 and "--stop-at-first" in out     # in "found by"

@@ -21,6 +21,7 @@ def add_parser(commands) -> None:
                    help="where counterexamples are saved (default: FUZZATTN_REGRESSIONS_DIR, else ./regressions)")
     p.add_argument("--no-save", action="store_true", help="do not write counterexamples as regression files")
     workers.add_options(p, default=1)
+    common.stop_option(p)
     common.isolation_options(p)
     p.set_defaults(run=run)
 
@@ -46,7 +47,8 @@ def run(args) -> int:
                     pool, impl, dtype, profile=profile, max_examples=max_examples,
                     seconds=args.seconds, hypothesis_seed=args.hypothesis_seed,
                     save=not args.no_save, regressions_dir=regressions_dir, progress=progress,
-                    isolate=isolate, timeout=timeout, database=database))
+                    isolate=isolate, timeout=timeout, database=database,
+                    stop_at_first=args.stop_at_first))
         except (KeyboardInterrupt, common.Terminated) as exc:
             pool.close(now=True)
             progress.clear()

@@ -62,6 +62,7 @@ def add_parser(commands) -> None:
     p.add_argument("--impl", action="append", default=[], metavar="FILE.py:NAME",
                    help="also replay and fuzz an implementation defined outside the repo; repeatable")
     workers.add_options(p, default="auto")
+    common.stop_option(p)
     common.isolation_options(p)
     p.set_defaults(run=run)
 
@@ -130,7 +131,8 @@ def run(args) -> int:
                 pool, impl, dtype, profile=profile, max_examples=max_examples,
                 seconds=min(share, args.seconds) if args.seconds else share,
                 hypothesis_seed=args.hypothesis_seed, save=True, regressions_dir=regressions_dir,
-                progress=progress, isolate=isolate, timeout=timeout, database=database))
+                progress=progress, isolate=isolate, timeout=timeout, database=database,
+                stop_at_first=args.stop_at_first))
     if unfuzzed:
         notes.append(f"{unfuzzed} campaign(s) not fuzzed: the {budget:g} s budget was spent "
                      "before them (--budget S)")
@@ -149,6 +151,9 @@ def run(args) -> int:
     for note in notes:
         print(note)
     print(tables.summary_table(outcomes))
+    after = tables.after_campaigns(outcomes)
+    if after:
+        print("\n" + after)
     details = tables.failure_details(outcomes)
     if details:
         print("\n" + details)
