@@ -3,8 +3,10 @@
 Each was found by the H200 campaigns (benchmarks/REPORT.md), located with `fuzzattn
 explain`, and is pinned by the regression files named here, whose `expected_failures` entries
 say what fails and where to report it. The predicates are the input classes those explanations
-measured, no wider: a campaign on CUDA passes over these cases (counted as known, never as
-passes) and keeps fuzzing everything else; the files still replay them, XFAIL until fixed.
+measured, no wider. Each names the check its file records: a campaign on CUDA judges these
+cases, tallies a failure of that check to the defect (never a pass, never shrunk again) and
+reports any other failure as a finding; the device fault is passed over unless judged isolated
+(it would poison the campaign's CUDA context). The files still replay them, XFAIL until fixed.
 """
 from __future__ import annotations
 
@@ -54,21 +56,24 @@ _CUDNN_LEAK = "CUDNN_ATTENTION: a boolean mask lets a masked key through"
 
 KNOWN_DEFECTS: dict[str, tuple[KnownDefect, ...]] = {
     "sdpa_efficient": (
-        KnownDefect(_EFFICIENT_STRIDE0, "cuda", _masked_with_stride0_kv_heads, "b72a48d1a5d8.json"),
+        KnownDefect(_EFFICIENT_STRIDE0, "cuda", _masked_with_stride0_kv_heads, "b72a48d1a5d8.json", check="out"),
     ),
     "sdpa_cudnn": (
-        KnownDefect(_CUDNN_LEAK, "cuda", _boolean_bottom_right, "6b568ee594f6.json"),
+        KnownDefect(_CUDNN_LEAK, "cuda", _boolean_bottom_right, "6b568ee594f6.json", check="out"),
     ),
     "sdpa": (
         KnownDefect(_EFFICIENT_STRIDE0 + " (fp32 dispatch)", "cuda", _efficient_fp32,
-                    "3b46e3e5e539.json"),
+                    "3b46e3e5e539.json", check="out"),
         KnownDefect(_CUDNN_LEAK + " (bf16/fp16 dispatch)", "cuda", _half_boolean_bottom_right,
-                    "95f075a17216.json"),
+                    "95f075a17216.json", check="out"),
         KnownDefect("backward faults (misaligned address) on rows not 16-byte aligned", "cuda",
-                    _unaligned_rows, "e9ea361b7922.json", backward=True),
+                    _unaligned_rows, "e9ea361b7922.json", backward=True,
+                    check="device_fault"),
         KnownDefect("CUDNN_ATTENTION backward: NaN dq, bf16 GQA bottom-right, large scores", "cuda",
-                    _bf16_gqa_large_bottom_right, "439ea7a26107.json", backward=True),
+                    _bf16_gqa_large_bottom_right, "439ea7a26107.json", backward=True,
+                    check="grad_nonfinite"),
         KnownDefect("CUDNN_ATTENTION backward: inf dq, bf16 without a mask, scores near -1e8",
-                    "cuda", _bf16_far_below_zero_unmasked, "879cc64f812c.json", backward=True),
+                    "cuda", _bf16_far_below_zero_unmasked, "879cc64f812c.json", backward=True,
+                    check="grad_nonfinite"),
     ),
 }

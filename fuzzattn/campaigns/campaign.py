@@ -101,7 +101,8 @@ def judge_once(impl: Implementation, case: AttentionCase, device=None, *,
     in this process (an isolated worker's); the memo key is the same either way."""
     key = (impl.cli_name, case.key(), gradients)
     defect = known_defect(impl.caps.known_defects, case, device or default_device(), gradients)
-    if defect is not None:         # counted and rejected by the callers, like a refusal
+    if defect is not None and not defect.judged(isolated=judge_fn is not None):
+        # counted and rejected by the callers, like a refusal
         return JudgedCase(impl=impl.name, case=case, verdicts=[], refused=defect.summary(),
                           cli_name=impl.cli_name)
     if judge_fn is not None:
@@ -118,6 +119,9 @@ def judge_once(impl: Implementation, case: AttentionCase, device=None, *,
             _rerun.discard(_memo.popitem(last=False)[0])
     if _is_final_run():
         _memo[key] = _checked_for_flakiness(impl, case, run, key, _memo[key])
+    if defect is not None and defect.matches(_memo[key]):
+        # the known defect's own failure: tallied to it by the callers, never a finding
+        return dataclasses.replace(_memo[key], refused=defect.tally())
     return _memo[key]
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from fuzzattn.campaigns import regression_file
 from fuzzattn.campaigns.defects import DefectBook
-from fuzzattn.contract.known_defects import KNOWN_PREFIX
+from fuzzattn.contract.known_defects import KNOWN_HIT, KNOWN_PREFIX
 from fuzzattn.judge.judge import JudgedCase
 
 
@@ -68,8 +68,14 @@ class Campaign:
         over as known upstream defects, or '' when there were none of either."""
         drawn = self.refused_total + self.cases
         notes = []
-        for known, what in ((False, "refused"), (True, "passed over")):
-            counts = {s: n for s, n in self.refused.items() if s.startswith(KNOWN_PREFIX) == known}
+
+        def kind(summary: str) -> str:
+            if not summary.startswith(KNOWN_PREFIX):
+                return "refused"
+            hit = summary.startswith(f"{KNOWN_PREFIX} {KNOWN_HIT} ")
+            return "judged, failing as known upstream defects" if hit else "passed over"
+        for what in ("refused", "judged, failing as known upstream defects", "passed over"):
+            counts = {s: n for s, n in self.refused.items() if kind(s) == what}
             if counts:
                 top = ", ".join(f"{summary} ({n})" for summary, n in
                                 sorted(counts.items(), key=lambda kv: -kv[1])[:2])
@@ -78,7 +84,10 @@ class Campaign:
 
     @property
     def mostly_refused(self) -> bool:
-        return self.refused_total > self.cases
+        """More draws refused or passed over than judged (known defects' judged hits aside)."""
+        hits = sum(n for s, n in self.refused.items()
+                   if s.startswith(f"{KNOWN_PREFIX} {KNOWN_HIT} "))
+        return self.refused_total - hits > self.cases
 
 
 def report_stashed(book: DefectBook, stash: dict, judge, save_to_file: bool, regressions_dir,

@@ -7,14 +7,18 @@ took the rest of an in-process run down with it. Once such a defect is understoo
 by a regression file whose `expected_failures` entry names it (its replay still reports XFAIL,
 and XPASS when upstream fixes it), and declared here as the class of cases it shows on:
 
-    KnownDefect(name, device_type, applies, regression, backward=False)
+    KnownDefect(name, device_type, applies, regression, backward=False, check="out")
 
-Campaigns (`campaigns.campaign.judge_once`) and the metamorphic relations do not judge a case a
-declared defect applies to: like a declared refusal it is counted and reported ("known upstream
-defect ..."), never a pass, and Hypothesis draws another case, so the search goes on past the
-known bug instead of shrinking it once more. A replay of a regression file judges it whatever
-is declared here. Keep each predicate as narrow as the `fuzzattn explain` evidence in its file:
-whatever it covers is no longer fuzzed on that device.
+Campaigns (`campaigns.campaign.judge_once`) still run and judge a case a declared defect applies
+to, when the defect names the `check` its file records: a case that passes is a pass; one whose
+failed checks include that check is the known defect's, tallied to it ("known upstream defect
+... hit", counted as a refusal is, never a pass and never shrunk again); any other failure on
+that case is a finding like any. A defect that names no check, or whose check is a process
+verdict (a device fault poisons the CUDA context of the process judging it) outside an isolated
+judge, is passed over unjudged, as before: counted ("known upstream defect ..."), and
+Hypothesis draws another case. The metamorphic relations pass over every covered case. A replay
+of a regression file judges it whatever is declared here. Keep each predicate as narrow as the
+`fuzzattn explain` evidence in its file.
 """
 from __future__ import annotations
 
@@ -27,6 +31,10 @@ from fuzzattn.contract.case import AttentionCase
 
 
 KNOWN_PREFIX = "known upstream defect"      # how a passed-over draw is counted and reported
+KNOWN_HIT = "hit"                           # ... and a judged draw that failed as the defect
+# Verdicts of a process that hung, died or faulted the device (judge.verdict.PROCESS_CHECKS,
+# restated: the contract imports nothing above it)
+_PROCESS_CHECKS = ("device_fault", "segfault", "hang")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,6 +44,7 @@ class KnownDefect:
     applies: Callable[[AttentionCase], bool] = dataclasses.field(compare=False)
     regression: str = ""                        # the file under regressions/ that pins it
     backward: bool = False                      # shows only when gradients are judged
+    check: str = ""                             # the check its file records ("": not judged)
 
     def covers(self, case: AttentionCase, device_type: str, gradients: bool) -> bool:
         return (device_type == self.device_type and (gradients or not self.backward)
@@ -44,6 +53,18 @@ class KnownDefect:
     def summary(self) -> str:
         """How a campaign reports the draws it passed over."""
         return f"{KNOWN_PREFIX} ({self.regression}): {self.name}"
+
+    def judged(self, isolated: bool) -> bool:
+        """Whether a covered case is run and judged (module docstring)."""
+        return bool(self.check) and (isolated or self.check not in _PROCESS_CHECKS)
+
+    def matches(self, judged) -> bool:
+        """Whether a judgement of a covered case failed the way the defect's file records."""
+        return bool(self.check) and any(v.check == self.check for v in judged.failures)
+
+    def tally(self) -> str:
+        """How a campaign reports a judged case that failed as this defect."""
+        return f"{KNOWN_PREFIX} {KNOWN_HIT} ({self.regression}): {self.name}"
 
 
 def known_defect(defects, case: AttentionCase, device, gradients: bool) -> KnownDefect | None:
