@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # On a CUDA host, from the repository root: install this checkout over the host's torch and
 # triton, then run what benchmarks/REPORT.md's GPU tables report. Each step writes under OUT.
-#     bash benchmarks/gpu_run.sh [suite] [zoo] [campaign] [throughput] [speed] [watched] [flex]   (default: all)
+#     bash benchmarks/gpu_run.sh [suite] [zoo] [campaign] [throughput] [speed] [watched] [flex] [defects]
+#                                                                                     (default: all)
 #   suite       the test suite on compiled kernels and the CUDA backends (profile dev)
 #   zoo         every mutant fuzzed compiled, ZOO processes side by side
 #   campaign    PARTS isolated campaign parts spread over the GPUs, CAMPAIGN_SECONDS each
@@ -11,10 +12,13 @@
 #               illegal address saved as device_fault and replayed
 #   flex        FlexAttention fuzzed FLEX_SECONDS per dtype (compiles included) with its shape
 #               palette, and float32 once without it (FUZZATTN_PALETTE=off): cases/s each
+#   defects     compiled: configurations pruned by their real compile errors, no configuration
+#               compiling as a finding; every distinct defect of a two-bug kernel in one run;
+#               sdpa per dtype with known defects judged (share of draws passed over, hits)
 set -uo pipefail
 OUT=${OUT:-gpu-out} CAMPAIGN_SECONDS=${CAMPAIGN_SECONDS:-300} PARTS=${PARTS:-12} ZOO=${ZOO:-4}
 FLEX_SECONDS=${FLEX_SECONDS:-60}
-STEPS=${*:-suite zoo campaign throughput speed watched flex}
+STEPS=${*:-suite zoo campaign throughput speed watched flex defects}
 NGPU=$(nvidia-smi -L 2>/dev/null | grep -c "^GPU") || { echo "gpu_run.sh: no GPU visible"; exit 2; }
 mkdir -p "$OUT"
 step() { echo; echo "== $1 ($(date +%T))"; }
@@ -88,5 +92,21 @@ flex)
             printf "flex %s palette=%s: %d cases in %.1f s = %.1f cases/s (%s)\n", d, p, $5, $6, $5 / $6, $4}' \
             "$OUT/flex_${d}_$palette.txt"
     done ;;
-*)  echo "gpu_run.sh: unknown step $s (suite, zoo, campaign, throughput, speed, watched, flex)"; exit 2 ;;
+defects)
+    for k in STATIC_ASSERT NONE_COMPILES RAISING TWO_BUGS; do
+        step "defects: tests/pruning_kernels.py:$k"
+        rm -rf "$OUT/defects_$k"
+        python3 -m fuzzattn.cli fuzz --impl "tests/pruning_kernels.py:$k" --max-examples 200 \
+            --seconds 120 --regressions-dir "$OUT/defects_$k" >"$OUT/defects_$k.txt" 2>&1
+        echo "fuzz exit $?"
+        sed -n '/^defects (each once/,/^$/p; /^pruned (/,/^$/p' "$OUT/defects_$k.txt"
+    done
+    for d in float32 bfloat16 float16; do
+        step "defects: sdpa $d, 120 s, known defects judged"
+        python3 -m fuzzattn.cli fuzz --impl sdpa --dtype "$d" --profile gpu --seconds 120 \
+            --max-examples 1000000 --no-save >"$OUT/defects_sdpa_$d.txt" 2>&1
+        echo "fuzz exit $?"
+        grep -E "^sdpa |passed over|known upstream" "$OUT/defects_sdpa_$d.txt" | head -n 5
+    done ;;
+*)  echo "gpu_run.sh: unknown step $s (suite, zoo, campaign, throughput, speed, watched, flex, defects)"; exit 2 ;;
 esac; done
