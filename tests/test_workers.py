@@ -1,0 +1,259 @@
+"""`--workers` (fuzzattn/cli/workers.py, merged.py), the shared example database
+(fuzzattn/campaigns/example_db.py) and the gate's budget (fuzzattn/cli/gate.py).
+
+Tiny budgets: the machine running the suite may have two cores, shared. No assertion here is
+about speed; benchmarks/throughput.py --cli-workers measures that.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from fuzzattn import cli
+from fuzzattn.campaigns import example_db
+from fuzzattn.campaigns.campaign import Campaign, Counterexample
+from fuzzattn.campaigns.outcome import FAIL, OK, Outcome
+from fuzzattn.campaigns.regression_file import Written
+from fuzzattn.cli import gate, merged, workers
+from fuzzattn.contract.case import AttentionCase
+from fuzzattn.judge.judge import JudgedCase
+from fuzzattn.judge.verdict import Verdict
+
+HERE = Path(__file__).resolve().parent
+# A kernel that kills its process on some drawn cases (tests/test_watched.py's, as a file).
+SEGFAULT_LATER = re.search(r"SEGFAULT_LATER = '''(.*?)'''", (HERE / "test_watched.py").read_text(),
+                           re.S).group(1)
+
+
+@pytest.fixture(autouse=True)
+def _isolated(tmp_path, monkeypatch):
+    monkeypatch.setenv("FUZZATTN_REGRESSIONS_DIR", str(tmp_path / "default-regressions"))
+    monkeypatch.delenv("FUZZATTN_DATABASE", raising=False)
+    monkeypatch.delenv("CI", raising=False)
+
+
+def run(capsys, *argv):
+    status = cli.main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+def command(*args, cwd, env=None):
+    """`python -m fuzzattn.cli ...` in its own working directory, as a user on a host runs it."""
+    clean = {k: v for k, v in os.environ.items()
+             if not k.startswith(("PYTEST_XDIST", "FUZZATTN_SUPERVISED", "FUZZATTN_FLIGHT",
+                                  "FUZZATTN_DATABASE", "FUZZATTN_REGRESSIONS_DIR"))
+             and k != "PYTEST_CURRENT_TEST"}
+    done = subprocess.run([sys.executable, "-m", "fuzzattn.cli", *map(str, args)], cwd=cwd,
+                          capture_output=True, text=True, timeout=600, env={**clean, **(env or {})})
+    return done.returncode, done.stdout + done.stderr
+
+
+def row(out: str, impl: str, dtype: str) -> list[str]:
+    """The fuzz table's cells for one campaign (columns split by two or more spaces): its first
+    line naming the campaign."""
+    line = next(l for l in out.splitlines() if re.match(rf"{impl}\s+{dtype}\s", l))
+    return re.split(r"\s{2,}", line.strip())
+
+
+# -- the options ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("value, expected", [("0", "0 must be at least 1"),
+                                             ("abc", "'abc' is not a whole number or auto"),
+                                             ("-2", "-2 must be at least 1")])
+@pytest.mark.parametrize("command_name", ["fuzz", "gate"])
+def test_a_bad_worker_count_is_a_one_line_usage_error(capsys, command_name, value, expected):
+    argv = [command_name, "--workers", value] + (["--impl", "sdpa"] if command_name == "fuzz" else [])
+    status, out, err = run(capsys, *argv)
+    assert status == 2 and out == ""
+    assert err.count("\n") == 1 and err.startswith("fuzzattn: error:") and expected in err, err
+
+
+def test_auto_is_one_worker_per_core_up_to_the_cap_without_cuda(monkeypatch):
+    monkeypatch.setattr(workers, "visible_gpus", lambda: [])
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
+    assert workers.resolve_count("auto") == workers.CPU_CAP
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    assert workers.resolve_count("auto") == 2
+    monkeypatch.setattr(workers, "visible_gpus", lambda: ["0", "3"])
+    assert workers.resolve_count("auto") == 2 * workers.PER_GPU
+    assert workers.resolve_count(3) == 3
+
+
+@pytest.mark.parametrize("value, expected", [
+    ("", "--database is empty"),
+    ("http://example.org/db", "not a directory, a redis://host:port[/db] URL, or off"),
+    ("redis://localhost:notaport", "the port is not a number"),
+    ("redis://:6379", "no host"),
+    ("redis://localhost:6379/zero", "the database number 'zero' is not a whole number"),
+    ("FILE", "is not a directory"),
+])
+def test_a_bad_database_is_a_one_line_usage_error_naming_it(capsys, tmp_path, value, expected):
+    if value == "FILE":
+        value = str(tmp_path / "a-file")
+        Path(value).write_text("not a directory")
+    status, out, err = run(capsys, "fuzz", "--impl", "sdpa", "--dtype", "float32",
+                           "--max-examples", 1, "--database", value)
+    assert status == 2 and out == ""
+    assert err.count("\n") == 1 and expected in err and "--database" in err, err
+
+
+def test_the_database_from_the_environment_is_named_when_bad(capsys, monkeypatch):
+    monkeypatch.setenv("FUZZATTN_DATABASE", "ftp://nowhere")
+    status, _, err = run(capsys, "gate", "--allow-empty", "--budget", 1)
+    assert status == 2 and "FUZZATTN_DATABASE 'ftp://nowhere'" in err, err
+
+
+def test_redis_without_its_package_says_how_to_install_it(monkeypatch):
+    monkeypatch.setitem(sys.modules, "redis", None)          # import redis raises ImportError
+    with pytest.raises(example_db.DatabaseError, match=r"pip install 'hypothesis\[redis\]'"):
+        example_db.open_database("redis://localhost:6379/0")
+
+
+def test_the_default_database_sits_beside_the_regressions_directory(tmp_path):
+    spec, source = example_db.choose(None, tmp_path / "regressions")
+    assert (spec, source) == (str(tmp_path / ".fuzzattn" / "examples"), "default")
+    assert example_db.choose("off", tmp_path)[0] == "off"
+    assert example_db.open_database("off") is None
+    assert example_db.key("sdpa", "float32", "dev") != example_db.key("sdpa", "float16", "dev")
+
+
+# -- campaigns over workers ---------------------------------------------------------------------
+def test_two_workers_judge_one_campaign_in_one_row(capsys, tmp_path):
+    status, out, err = run(capsys, "fuzz", "--impl", "sdpa", "--dtype", "float32", "--profile", "dev",
+                           "--max-examples", 6, "--workers", 2, "--regressions-dir", tmp_path / "reg")
+    assert status == 0, out + err
+    assert "workers=2" in out.splitlines()[0]
+    cells = row(out, "sdpa", "float32")
+    assert cells[2] == "ok" and int(cells[3]) == 6, cells      # 3 cases from each worker, summed
+    assert not (tmp_path / "reg").exists()
+
+
+def test_a_bug_found_by_two_workers_is_listed_and_saved_once(capsys, tmp_path):
+    # Almost every case fails (a query tile past the first is never written): both workers find
+    # it and shrink it to the same case.
+    status, out, err = run(capsys, "fuzz", "--impl", "mutant_tail_rows_unwritten", "--dtype",
+                           "float32", "--profile", "dev", "--max-examples", 4, "--workers", 2,
+                           "--database", "off", "--regressions-dir", tmp_path / "reg")
+    assert status == 1, out + err
+    files = sorted(p.name for p in (tmp_path / "reg").glob("*.json"))
+    named = [Path(p).name for p in re.findall(r"regression file: (\S+\.json)", out)]
+    assert files and len(named) == len(set(named)) and sorted(named) == files, (named, files)
+    assert row(out, "mutant_tail_rows_unwritten", "float32")[2] == "FAIL"
+
+
+def _judged(check: str, seq_q: int) -> JudgedCase:
+    case = AttentionCase(1, 1, 1, seq_q, 2, 16)
+    return JudgedCase("bad", case, [Verdict(impl="bad", case=case, check=check, passed=False,
+                                            detail="wrong")], cli_name="bad")
+
+
+def _part(judged, path, new=True, cases=5, first=2) -> Outcome:
+    written = Written(Path(path), new)
+    found = Counterexample(judged, written)
+    campaign = Campaign(impl="bad", cases=cases, seconds=1.0, counterexample=found,
+                        cases_to_first_failure=first)
+    outcome = Outcome("fuzz", "bad float32", FAIL, False, cases, 1.0, detail="x",
+                      message=f"{judged.describe()}\n  found by: fuzzattn fuzz --impl bad "
+                              f"--hypothesis-seed {first}",
+                      judged=judged)
+    outcome.campaign = campaign
+    return outcome
+
+
+def test_merging_lists_the_same_shrunk_case_once_and_keeps_different_ones(tmp_path):
+    same = [_part(_judged("out", 3), tmp_path / "a.json", first=4),
+            _part(_judged("out", 3), tmp_path / "a.json", new=False, first=2)]
+    outcome = merged.merge("fuzz", "bad float32", same, [], 2.0, max_examples=10, seconds=None)
+    assert outcome.verdict == FAIL and outcome.cases == 10
+    assert outcome.campaign.cases == 10 and outcome.campaign.cases_to_first_failure == 2
+    assert outcome.message.count("a.json") == 1 and outcome.message.count("found by:") == 1
+    two = same[:1] + [_part(_judged("lse", 4), tmp_path / "b.json")]
+    outcome = merged.merge("fuzz", "bad float32", two, [], 2.0, max_examples=10, seconds=None)
+    assert "a.json" in outcome.message and "b.json" in outcome.message
+
+
+def test_merging_passing_workers_reports_the_time_cap_once():
+    parts = []
+    for cases in (3, 4):
+        o = Outcome("fuzz", "sdpa float32", OK, True, cases, 1.0, detail="time cap ...")
+        o.campaign = Campaign(impl="sdpa", cases=cases, seconds=1.0, budget_hit=True,
+                              refused={"RuntimeError: no": 1})
+        parts.append(o)
+    outcome = merged.merge("fuzz", "sdpa float32", parts, [], 1.5, max_examples=50, seconds=1.0)
+    assert outcome.passed and outcome.cases == 7
+    assert outcome.detail.startswith("time cap 1 s reached after 7 of 50 cases (2 workers)")
+    assert "(2)" in outcome.detail                              # the refusals summed
+
+
+def test_a_worker_that_dies_is_saved_as_a_segfault_and_shrunk(tmp_path):
+    (tmp_path / "odd.py").write_text(SEGFAULT_LATER)
+    status, out = command("fuzz", "--impl", "odd.py:ODD_KEYS", "--max-examples", 40,
+                          "--workers", 2, "--database", "off", "--regressions-dir", "reg",
+                          cwd=tmp_path)
+    assert status == 1, out
+    assert "segfault: the process died" in out and "odd.py:8 in attention" in out, out
+    records = [json.loads(p.read_text()) for p in (tmp_path / "reg").glob("*.json")]
+    assert [r["check"] for r in records] == ["segfault"], out
+    assert records[0]["case"]["seq_q"] >= 3 and records[0]["case"]["seq_k"] % 2 == 1
+
+
+# -- two hosts, one database ----------------------------------------------------------------------
+def test_a_failure_found_on_one_host_is_judged_first_on_another(tmp_path):
+    shared = tmp_path / "shared-examples"
+    argv = ["fuzz", "--impl", "mutant_mqa_squeeze", "--dtype", "float32", "--profile", "dev",
+            "--max-examples", 20, "--database", shared]
+    hosts = [tmp_path / "host-a", tmp_path / "host-b"]
+    for host in hosts:
+        host.mkdir()
+    # Host A finds it (seed 1 draws it at its 10th case) and shrinks it into the database.
+    status, out_a = command(*argv, "--hypothesis-seed", 1, cwd=hosts[0],
+                            env={"FUZZATTN_SUPERVISE": "off"})
+    assert status == 1, out_a
+    found_a = row(out_a, "mutant_mqa_squeeze", "float32")
+    # Host B, another seed (which alone first fails at its 7th case), judges A's case first.
+    status, out_b = command(*argv, "--hypothesis-seed", 2, cwd=hosts[1],
+                            env={"FUZZATTN_SUPERVISE": "off"})
+    assert status == 1, out_b
+    found_b = row(out_b, "mutant_mqa_squeeze", "float32")
+    assert found_b[5] == "1", found_b                          # first failure at: case 1
+    assert found_b[-1] in out_a, (found_a, found_b)            # a case A found and saved
+    assert list((hosts[1] / "regressions").glob("*.json")), "B saves its own regression file"
+
+
+# -- the gate's budget ----------------------------------------------------------------------------
+def test_the_gate_shares_its_budget_out_and_passes_on_what_is_left(capsys, monkeypatch, tmp_path):
+    given = []
+
+    used = 0.05
+
+    def campaign(pool, impl, dtype, *, seconds, **kw):
+        given.append(seconds)
+        time.sleep(used)                       # less than its share: the rest goes to later ones
+        return Outcome("fuzz", f"{impl.name} {dtype}", OK, True, 1, used)
+
+    monkeypatch.setattr(gate.workers, "run_campaign", campaign)
+    status, out, err = run(capsys, "gate", "--budget", 40, "--allow-empty", "--workers", 1,
+                           "--regressions-dir", tmp_path / "none")
+    assert status == 0, out + err
+    assert "budget=40 s for replay and fuzzing" in out
+    assert len(given) >= 3 and all(s > 0 for s in given), out
+    # each offer is a share of what is left: what earlier campaigns used plus the last offer
+    # (all that was left) stays within the budget
+    assert used * (len(given) - 1) + given[-1] <= 40, given
+    assert given == sorted(given), given                       # unused time flows onward
+
+
+def test_the_gate_with_a_small_budget_ends_and_reports_every_campaign(capsys, tmp_path):
+    status, out, err = run(capsys, "gate", "--budget", 6, "--allow-empty", "--workers", 1,
+                           "--profile", "dev", "--regressions-dir", tmp_path / "none")
+    assert status == 0, out + err
+    assert "budget=6 s for replay and fuzzing" in out and "gate: fuzzing" in out
+    assert re.search(r"gate passed: \d+ passed, 0 failed", out), out
+    assert "fuzz   sdpa float32" in out, out
