@@ -9,9 +9,10 @@ Causal: key j is visible to query i iff j - i <= offset, with offset 0 for top-l
 for bottom-right. Rows with no visible key (bottom-right, Nq > Nk) are left to flex: its answer
 for them (out 0, lse -inf) is judged, not patched.
 
-Compilation. `dynamic=False`: every shape, stride pattern, dtype, mask and scale compiles once
-(dynamo guards on the scale's value: `scale == 0.3`; with automatic dynamic shapes every new
-length still recompiled, measured on the CPU). Campaigns therefore draw shapes from a palette
+Compilation. `dynamic=False`: every shape, stride pattern, dtype, scale and mask presence
+compiles once (dynamo guards on the scale's value: `scale == 0.3`; with automatic dynamic shapes
+every new length still recompiled, measured on the CPU); the two causal alignments of a shape
+share one compile (`_visible`). Campaigns therefore draw shapes from a palette
 (`Capabilities.compiles_per_shape`). `fullgraph=True` and raised recompile limits (with
 `fail_on_recompile_limit_hit`) make a graph break or the limit an error, never a silent run of
 the eager fallback, which would be judged in flex's place.
@@ -75,12 +76,15 @@ CAPS = Capabilities(
 
 
 @functools.lru_cache(maxsize=None)
-def _visible(offset: int):
-    """The mask_mod for one diagonal offset: one function object per offset, so a recompile
-    happens per mask, not per call (dynamo guards on the mask function)."""
+def _visible(offset: int, device: str):
+    """The mask_mod of one diagonal offset. The offset is a captured 0-d tensor, not a Python
+    constant: dynamo lifts it as an input guarded on its shape and dtype only, so both causal
+    alignments of a shape share one compile (measured: the second offset ran in 0.06 s on the
+    CPU, where a constant offset recompiled)."""
+    limit = torch.tensor(offset, device=device)
+
     def mask_mod(b, h, q_idx, kv_idx):
-        return kv_idx - q_idx <= offset
-    mask_mod.__name__ = f"visible_offset_{offset}".replace("-", "m")
+        return kv_idx - q_idx <= limit
     return mask_mod
 
 
@@ -90,7 +94,7 @@ def _block_mask(seq_q: int, seq_k: int, causal: str, device: str):
     if causal == "none":
         return None
     offset = 0 if causal == "top_left" else seq_k - seq_q
-    return create_block_mask(_visible(offset), None, None, seq_q, seq_k, device=device)
+    return create_block_mask(_visible(offset, device), None, None, seq_q, seq_k, device=device)
 
 
 def flex_forward(q, k, v, *, causal, scale):

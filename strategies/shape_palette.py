@@ -12,8 +12,9 @@ Entries are deterministic in the palette number (a campaign's Hypothesis seed or
 shards of a run see different shapes. Entry i of palette n takes the shape family
 FAMILIES[(n + i) % len(FAMILIES)]: a palette of four covers four families, and the families
 rotate over palette numbers, so ragged, decode, chunked prefill, square and tall (empty-row)
-shapes all come over a few campaigns. Entries are sorted by size: Hypothesis shrinks toward the
-first, the smallest.
+shapes all come over a few campaigns; palette 0 (the gate's, a first shard's) has ragged, tall,
+decode and square. Entries are sorted by size: Hypothesis shrinks toward the first, the
+smallest.
 
 N is the declaration's `palette_shapes`, or FUZZATTN_SHAPES when set.
 """
@@ -30,7 +31,7 @@ from .layouts import layout_choices
 from .lengths import TILE, head_dim_choices
 
 ENV = "FUZZATTN_SHAPES"
-FAMILIES = ("square", "decode", "ragged", "chunk", "tall", "multi_block")
+FAMILIES = ("ragged", "tall", "decode", "square", "chunk", "multi_block")
 SCALES = (1.0, 0.5, 0.125, 2.0, 0.3)        # besides None (1/sqrt(D)), as strategies.cases draws
 
 

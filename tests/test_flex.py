@@ -86,7 +86,7 @@ def test_a_call_raises_the_recompile_limits_and_never_falls_back_to_eager():
         assert torch._dynamo.config.fail_on_recompile_limit_hit
     assert torch._dynamo.config.recompile_limit == before        # only for the call
     # One mask function per offset: a shape seen again compiles nothing new.
-    assert flex._visible(3) is flex._visible(3) and flex._visible(3) is not flex._visible(0)
+    assert flex._visible(3, "cpu") is flex._visible(3, "cpu")
 
 
 # -- judged cases (each new shape compiles) -----------------------------------------------------
@@ -100,6 +100,14 @@ def test_a_call_raises_the_recompile_limits_and_never_falls_back_to_eager():
 ], ids=["top_left_layouts", "bottom_right_empty_rows", "bf16_large"])
 def test_flex_passes_fixed_cases(case):
     check_case(flex.IMPL, case, save_to_file=False)
+
+
+def test_both_alignments_of_a_shape_share_one_compile():
+    from torch._dynamo.utils import counters
+    check_case(flex.IMPL, TOP_LEFT, save_to_file=False)
+    compiled = counters["stats"]["unique_graphs"]
+    check_case(flex.IMPL, TOP_LEFT.replace(causal="bottom_right"), save_to_file=False)
+    assert counters["stats"]["unique_graphs"] == compiled
 
 
 def test_a_wrong_mask_is_caught(monkeypatch):
