@@ -23,7 +23,10 @@ defect's factors (the most specific such defect, when several match); otherwise 
 So one bug reached through many cases (a kernel wrong for every bottom-right case, whatever the
 values or layout) stays one defect, tallied; two bugs with different symptoms, or needing
 different factors, stay two. A bug with two symptoms (a wrong diagonal offset that gives wrong
-values where Nq < Nk and keys for empty rows where Nq > Nk) is two defects, one per check.
+values where Nq < Nk and keys for empty rows where Nq > Nk) is two defects, one per check;
+factor values are matched exactly, so a bug needing a relation between configuration axes
+(BLOCK_M != BLOCK_N) may be reported once per axis it was found needing off its first choice,
+and a bug needing either causal alignment once per alignment: over-reported, never hidden.
 """
 from __future__ import annotations
 
