@@ -12,4 +12,6 @@ from . import flex, sdpa, torch_tiled, triton_fa2  # noqa: E402  (must follow en
 
 # sdpa.BACKEND_IMPLS: one SDPA backend each, those that can run on this torch and device
 # (sdpa.UNAVAILABLE says why the others are absent).
-IMPLEMENTATIONS = (triton_fa2.IMPL, torch_tiled.IMPL, sdpa.IMPL) + sdpa.BACKEND_IMPLS + (flex.IMPL,)
+# flex.IMPL is None on a torch without FlexAttention (flex.UNAVAILABLE says why).
+IMPLEMENTATIONS = ((triton_fa2.IMPL, torch_tiled.IMPL, sdpa.IMPL) + sdpa.BACKEND_IMPLS
+                   + tuple(impl for impl in (flex.IMPL,) if impl is not None))

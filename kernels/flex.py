@@ -27,9 +27,14 @@ import functools
 
 import torch
 import torch._dynamo
-from torch.nn.attention.flex_attention import AuxRequest, create_block_mask, flex_attention
 
 from fuzzattn.contract import Capabilities, Implementation
+
+try:                                # flex_attention: torch >= 2.5; return_aux: torch >= 2.9
+    from torch.nn.attention.flex_attention import AuxRequest, create_block_mask, flex_attention
+    UNAVAILABLE = None
+except ImportError as exc:
+    UNAVAILABLE = f"torch {torch.__version__} has no FlexAttention with return_aux ({exc})"
 
 ON_CUDA = torch.cuda.is_available()
 RECOMPILE_LIMIT = 1 << 20           # per code object and in all: far above any campaign's variants
@@ -47,11 +52,14 @@ def _flex():
 
 
 def _limits():
-    """Raised recompile limits for the call, and an error (not eager) should one be hit."""
-    return torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT, cache_size_limit=RECOMPILE_LIMIT,
-                                      accumulated_recompile_limit=RECOMPILE_LIMIT,
-                                      accumulated_cache_size_limit=RECOMPILE_LIMIT,
-                                      fail_on_recompile_limit_hit=True)
+    """Raised recompile limits for the call, and an error (not eager) should one be hit. The
+    names changed over releases (cache_size_limit became recompile_limit): set those that exist."""
+    config = torch._dynamo.config
+    wanted = {name: RECOMPILE_LIMIT for name in ("recompile_limit", "cache_size_limit",
+                                                 "accumulated_recompile_limit",
+                                                 "accumulated_cache_size_limit")}
+    wanted.update(fail_on_recompile_limit_hit=True, fail_on_cache_limit_hit=True)
+    return config.patch(**{name: value for name, value in wanted.items() if hasattr(config, name)})
 
 
 CAPS = Capabilities(
@@ -109,7 +117,7 @@ def flex_forward(q, k, v, *, causal, scale):
     return out, aux.lse.float()
 
 
-IMPL = Implementation(
+IMPL = None if UNAVAILABLE else Implementation(
     name="flex",
     fn=flex_forward,
     caps=CAPS,

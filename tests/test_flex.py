@@ -48,6 +48,7 @@ def _draw(caps, palette, n, dtype="float32", profile="dev", **kw) -> list[Attent
 def test_flex_is_registered_and_declares_what_the_device_runs():
     impl = registry.get("flex")
     caps = impl.caps
+    assert flex.UNAVAILABLE is None          # torch 2.13 has flex_attention and return_aux
     assert impl is flex.IMPL and caps.compiles_per_shape and caps.palette_shapes == flex.PALETTE_SHAPES
     assert caps.dtypes == {"float32", "bfloat16", "float16"}
     assert caps.causal == ("top_left", "bottom_right") and caps.gqa and caps.strides == "any"
