@@ -17,9 +17,9 @@ share one compile (`_visible`). Campaigns therefore draw shapes from a palette
 `fail_on_recompile_limit_hit`) make a graph break or the limit an error, never a silent run of
 the eager fallback, which would be judged in flex's place.
 
-The CPU (inductor's C++ template) computes no lse and no gradients under torch.compile ("torch.compile
-on CPU only supports inference and `return_lse` is not supported yet"), so there flex declares
-out only and no backward; on CUDA both.
+On the CPU, inductor's C++ template computes no lse and no gradients ("torch.compile on CPU only
+supports inference and `return_lse` is not supported yet"), so there flex declares out only and
+no backward; on CUDA both.
 """
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ except ImportError as exc:
 
 ON_CUDA = torch.cuda.is_available()
 RECOMPILE_LIMIT = 1 << 20           # per code object and in all: far above any campaign's variants
-PALETTE_SHAPES = 4                  # shapes per campaign (each compiles once per mask and dtype)
+PALETTE_SHAPES = 4                  # shapes per campaign: each compiles twice per dtype at most
 
 # Compiled lazily: the first call compiles anyway, and importing the registry stays cheap.
 _compiled = None
