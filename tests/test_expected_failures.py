@@ -226,6 +226,8 @@ def test_each_known_defect_covers_the_file_that_pins_it():
             assert record.expected_failure(impl_name, defect.device_type), (impl_name, defect.name)
             assert defect.covers(record.case, defect.device_type, gradients=True), defect.name
             assert not defect.covers(record.case, "cpu", gradients=True), defect.name
+            # campaigns judge the class and tally the failure the file records to the defect
+            assert defect.check == record.check, (defect.name, defect.check, record.check)
 
 
 @pytest.mark.parametrize("path", EXPECTED_FILES, ids=lambda p: p.name)
