@@ -130,3 +130,10 @@ def test_stop_at_first_keeps_one_counterexample_per_campaign(capsys, tmp_path):
     assert status == 1, out
     assert len(list(tmp_path.glob("*.json"))) == 1, out
     assert out.count("cases hit:") == 1 and "--stop-at-first" in out     # in "found by"
+
+
+def test_an_isolated_probe_that_raises_also_hands_its_case_to_the_campaign():
+    from fuzzattn.isolation.pool import load_isolated
+    impl = load_isolated(f"{KERNELS}:fails_on_16", timeout=60)
+    assert impl.probe_case is not None and impl.probe_case.seq_k == 16
+    assert impl.caps.returns_lse is False       # a plain callable whose probe raised
