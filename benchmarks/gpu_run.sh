@@ -2,6 +2,7 @@
 # On a CUDA host, from the repository root: install this checkout over the host's torch and
 # triton, then run what benchmarks/REPORT.md's GPU tables report. Each step writes under OUT.
 #     bash benchmarks/gpu_run.sh [suite] [zoo] [campaign] [throughput] [speed] [watched] [flex] [defects]
+#                                [workers]
 #                                                                                     (default: all)
 #   suite       the test suite on compiled kernels and the CUDA backends (profile dev)
 #   zoo         every mutant fuzzed compiled, ZOO processes side by side
@@ -15,10 +16,13 @@
 #   defects     compiled: configurations pruned by their real compile errors, no configuration
 #               compiling as a finding; every distinct defect of a two-bug kernel in one run;
 #               sdpa per dtype with known defects judged (share of draws passed over, hits)
+#   workers     `fuzzattn fuzz --workers auto` on sdpa fp32 for 60 s (every check, gradients on
+#               every case as the command judges them), then cases/s for --workers 1..32 and the
+#               ratio to 1 worker (what PER_GPU in fuzzattn/cli/workers.py should be)
 set -uo pipefail
 OUT=${OUT:-gpu-out} CAMPAIGN_SECONDS=${CAMPAIGN_SECONDS:-300} PARTS=${PARTS:-12} ZOO=${ZOO:-4}
 FLEX_SECONDS=${FLEX_SECONDS:-60}
-STEPS=${*:-suite zoo campaign throughput speed watched flex defects}
+STEPS=${*:-suite zoo campaign throughput speed watched flex defects workers}
 NGPU=$(nvidia-smi -L 2>/dev/null | grep -c "^GPU") || { echo "gpu_run.sh: no GPU visible"; exit 2; }
 mkdir -p "$OUT"
 step() { echo; echo "== $1 ($(date +%T))"; }
@@ -108,5 +112,15 @@ defects)
         echo "fuzz exit $?"
         grep -E "^sdpa |passed over|known upstream" "$OUT/defects_sdpa_$d.txt" | head -n 5
     done ;;
-*)  echo "gpu_run.sh: unknown step $s (suite, zoo, campaign, throughput, speed, watched, flex, defects)"; exit 2 ;;
+workers)
+    step "fuzz --workers auto: sdpa fp32, 60 s, profile gpu"
+    python3 -m fuzzattn.cli fuzz --impl sdpa --dtype float32 --workers auto --seconds 60 \
+        --max-examples 1000000 --no-save --database off --profile gpu >"$OUT/workers_auto.txt" 2>&1
+    echo "fuzz exit $?"
+    grep -E "^fuzzattn fuzz:|^sdpa " "$OUT/workers_auto.txt" \
+        | awk '{print} $1 == "sdpa" && $5 > 0 {printf "%.1f cases/s\n", $4 / $5}'
+    step "worker scaling: sdpa fp32, 30 s per command"
+    python3 benchmarks/throughput.py --cli-workers 2,4,8,16,32,auto --seconds 30 --profile gpu \
+        --impl sdpa --dtype float32 2>&1 | tee "$OUT/workers_scaling.txt" ;;
+*)  echo "gpu_run.sh: unknown step $s (suite, zoo, campaign, throughput, speed, watched, flex, defects, workers)"; exit 2 ;;
 esac; done

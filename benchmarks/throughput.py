@@ -23,6 +23,13 @@ measured without them); "outside the judge" is Hypothesis's drawing and the camp
 --max-examples N --no-save` as typed (watched, the default) against the same command with
 FUZZATTN_SUPERVISE=off (in-process), alternating --repeats times; each rate is the campaign's own
 cases / seconds from the command's table (start-up excluded), the ratio watched / in-process.
+
+`--cli-workers 1,2,4` measures how the command scales over worker processes: `fuzzattn fuzz
+--impl NAME --dtype D --workers N --seconds S --max-examples 1000000 --no-save --database off`
+for each N in turn (auto allowed), --repeats rounds; each rate is the campaign's cases / seconds
+from its table (the workers' start-up excluded), the ratio against 1 worker of the same run.
+
+    python benchmarks/throughput.py --cli-workers 1,2,4,8 --seconds 30 --impl sdpa --dtype float32
 """
 from __future__ import annotations
 
@@ -206,6 +213,40 @@ def cli_table(impls, dtypes, cases: int, profile: str, repeats: int) -> str:
     return "\n".join(lines)
 
 
+def workers_rate(impl: str, dtype: str, workers: str, seconds: float, profile: str) -> tuple[float, int]:
+    """(judged cases per second, cases) of `fuzzattn fuzz --workers N --seconds S`, from its table."""
+    import os
+    import re
+    import subprocess
+    import sys
+    done = subprocess.run([sys.executable, "-m", "fuzzattn.cli", "fuzz", "--impl", impl, "--dtype",
+                           dtype, "--workers", workers, "--seconds", f"{seconds:g}", "--max-examples",
+                           "1000000", "--profile", profile, "--no-save", "--database", "off"],
+                          capture_output=True, text=True, env=dict(os.environ))
+    row = re.search(rf"^{re.escape(impl)}\s+{dtype}\s+\S+\s+(\d+)\s+([\d.]+)", done.stdout, re.M)
+    if row is None:
+        raise SystemExit(f"throughput.py: no table row for {impl} {dtype}:\n{done.stdout}{done.stderr}")
+    return int(row.group(1)) / max(float(row.group(2)), 0.05), int(row.group(1))
+
+
+def workers_table(impls, dtypes, counts: list[str], seconds: float, profile: str, repeats: int) -> str:
+    lines = [f"{'implementation':<16}{'dtype':<10}{'workers':>8}{'cases':>8}{'cases/s':>10}"
+             f"{'vs 1':>7}{'range':>12}"]
+    for name in impls:
+        for dtype in dtypes:
+            rates: dict[str, list[tuple[float, int]]] = {n: [] for n in ["1"] + counts}
+            for _ in range(repeats):
+                for n in rates:
+                    rates[n].append(workers_rate(name, dtype, n, seconds, profile))
+            one = [r for r, _ in rates["1"]]
+            for n in ["1"] + counts:
+                ratios = [r / max(o, 1e-9) for (r, _), o in zip(rates[n], one)]
+                lines.append(f"{name:<16}{dtype:<10}{n:>8}{statistics.median(c for _, c in rates[n]):>8.0f}"
+                             f"{statistics.median(r for r, _ in rates[n]):>10.1f}"
+                             f"{statistics.median(ratios):>7.2f}{min(ratios):>6.2f}-{max(ratios):.2f}")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--profile", default="ci", help="size profile (default ci)")
@@ -222,7 +263,23 @@ def main(argv=None) -> int:
     parser.add_argument("--no-stages", action="store_true", help="skip the stage table's run")
     parser.add_argument("--cli", action="store_true",
                         help="rates of the `fuzzattn fuzz` command itself, watched against in-process")
+    parser.add_argument("--cli-workers", metavar="N,N,...",
+                        help="rates of `fuzzattn fuzz --workers N` for each N (and 1), as typed")
+    parser.add_argument("--seconds", type=float, default=20.0,
+                        help="--cli-workers: each command's --seconds (default 20)")
     args = parser.parse_args(argv)
+    if args.cli_workers:
+        import os
+        counts = [n.strip() for n in args.cli_workers.split(",") if n.strip() and n.strip() != "1"]
+        bad = [n for n in counts if n != "auto" and not (n.isdigit() and int(n) > 1)]
+        if bad or not counts:
+            parser.error(f"--cli-workers {args.cli_workers!r}: whole numbers above 1 or auto, comma-separated")
+        print(f"fuzzattn fuzz --workers N --seconds {args.seconds:g}, profile={args.profile}, "
+              f"{run_settings.device_description()}, {os.cpu_count()} cores, median of "
+              f"{args.repeats} round(s); vs 1: rate / the 1-worker rate of the same round")
+        print(workers_table(args.impl or ["sdpa"], args.dtype or ["float32"], counts, args.seconds,
+                            args.profile, args.repeats))
+        return 0
     if args.cli:
         print(f"fuzzattn fuzz, profile={args.profile}, {run_settings.device_description()}, "
               f"median of {args.repeats} alternating pair(s)")

@@ -123,6 +123,21 @@ def test_throughput_of_the_command_watched_and_in_process(capsys):
     assert float(ratio) == pytest.approx(float(watched) / float(plain), rel=0.01)
 
 
+def test_throughput_of_the_command_over_workers(capsys):
+    """--cli-workers times `fuzzattn fuzz --workers N --seconds S` as typed, for N and for 1."""
+    throughput = _script("throughput")
+    assert throughput.main(["--cli-workers", "2", "--seconds", "6", "--impl", "sdpa", "--dtype",
+                            "float32", "--profile", "dev"]) == 0
+    out = capsys.readouterr().out
+    assert "--workers N --seconds 6" in out.splitlines()[0]
+    one, two = [line.split() for line in out.splitlines() if line.startswith("sdpa ")]
+    assert [r[2] for r in (one, two)] == ["1", "2"] and one[5] == "1.00"
+    assert int(one[3]) > 0 and float(one[4]) > 0                  # the in-process campaign judged
+    assert float(two[5]) == pytest.approx(float(two[4]) / float(one[4]), abs=0.01)
+    with pytest.raises(SystemExit):
+        throughput.main(["--cli-workers", "1,zero"])
+
+
 # -- gpu_campaign.py ----------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
