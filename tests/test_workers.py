@@ -173,10 +173,28 @@ def test_merging_lists_the_same_shrunk_case_once_and_keeps_different_ones(tmp_pa
     outcome = merged.merge("fuzz", "bad float32", same, [], 2.0, max_examples=10, seconds=None)
     assert outcome.verdict == FAIL and outcome.cases == 10
     assert outcome.campaign.cases == 10 and outcome.campaign.cases_to_first_failure == 2
-    assert outcome.message.count("a.json") == 1 and outcome.message.count("found by:") == 1
+    assert outcome.message.count("regression file:") == 1 and outcome.message.count("found by:") == 1
     two = same[:1] + [_part(_judged("lse", 4), tmp_path / "b.json")]
     outcome = merged.merge("fuzz", "bad float32", two, [], 2.0, max_examples=10, seconds=None)
     assert "a.json" in outcome.message and "b.json" in outcome.message
+
+
+def test_merging_tallies_one_defect_met_by_two_workers_and_keeps_one_file(tmp_path):
+    from fuzzattn.campaigns.defects import Defect
+    parts = []
+    for name, new, hits in (("a.json", True, 3), ("b.json", True, 2)):
+        (tmp_path / name).write_text("{}")
+        part = _part(_judged("out", 3 if name == "a.json" else 4), tmp_path / name, new=new)
+        part.campaign.defects = [Defect(counterexample=part.campaign.counterexample, check_key="out",
+                                        keys=frozenset({"out"}), factors={"causal": "top_left"},
+                                        hits=hits)]
+        parts.append(part)
+    outcome = merged.merge("fuzz", "bad float32", parts, [], 2.0, max_examples=10, seconds=None)
+    [defect] = outcome.campaign.defects
+    assert defect.hits == 5 and defect.counterexample.written.path == tmp_path / "a.json"
+    assert sorted(p.name for p in tmp_path.glob("*.json")) == ["a.json"]    # b.json: the same defect
+    assert "b.json" not in outcome.message and outcome.message.count("found by:") == 1
+    assert "cases hit: 5" in outcome.message
 
 
 def test_merging_passing_workers_reports_the_time_cap_once():
