@@ -85,15 +85,15 @@ watched)
     [[ -n "$replay" ]] && { python3 -m fuzzattn.cli ${replay#fuzzattn } >"$OUT/fault_replay.txt" 2>&1
         echo "replay exit $?"; grep -E "device_fault|FAIL" "$OUT/fault_replay.txt" | head -n 3; } ;;
 flex)
-    # The summary row reads: fuzz  flex DTYPE  VERDICT  CASES  SECONDS  detail
+    # The summary row reads: flex  DTYPE  VERDICT  CASES  SECONDS  ...
     for run in float32 bfloat16 float16 float32:off; do
         d=${run%%:*} palette=$([[ $run == *:off ]] && echo off || echo auto)
         step "flex $d, FUZZATTN_PALETTE=$palette, $FLEX_SECONDS s"
         FUZZATTN_PALETTE=$palette python3 -m fuzzattn.cli fuzz --impl flex --dtype "$d" --profile gpu \
             --seconds "$FLEX_SECONDS" --max-examples 1000000 --no-save >"$OUT/flex_${d}_$palette.txt" 2>&1
         echo "fuzz exit $?"
-        awk -v d="$d" -v p="$palette" '$1 == "fuzz" && $2 == "flex" && $3 == d && $6 > 0 {
-            printf "flex %s palette=%s: %d cases in %.1f s = %.1f cases/s (%s)\n", d, p, $5, $6, $5 / $6, $4}' \
+        awk -v d="$d" -v p="$palette" '$1 == "flex" && $2 == d && $5 > 0 {
+            printf "flex %s palette=%s: %d cases in %.1f s = %.2f cases/s (%s)\n", d, p, $4, $5, $4 / $5, $3}' \
             "$OUT/flex_${d}_$palette.txt"
     done ;;
 defects)
