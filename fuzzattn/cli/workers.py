@@ -180,7 +180,7 @@ class _SharedCounts:
         pass
 
 
-def _run_share(share: Share) -> dict:
+def _run_share(share: Share) -> Outcome:
     from fuzzattn.campaigns import example_db
     gpu = os.environ.get("CUDA_VISIBLE_DEVICES")
     os.chdir(share.cwd)
