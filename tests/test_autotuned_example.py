@@ -107,8 +107,6 @@ def test_one_fuzz_run_reports_every_seeded_defect(one_run):
 
 
 @KEEP_GOING
-@pytest.mark.xfail(strict=True, reason="a defect's signature keeps the value of the factor it "
-                   "needs: BLOCK_M=32 and BLOCK_M=64, below_sentinel and sentinel_sweep count twice")
 def test_one_fuzz_run_reports_each_seeded_defect_once(one_run):
     status, out, found = one_run
     assert found == ["diagonal", "finite_max", "lse_rows"], out

@@ -56,6 +56,31 @@ def test_a_failure_belongs_to_the_most_specific_defect_whose_factors_it_has():
                                                                  "lengths": "Nq<Nk"}
 
 
+def test_factor_values_match_by_class_configuration_axes_and_sentinel_profiles():
+    """A tile bug needing BLOCK_M off its first choice owns a failure at any other BLOCK_M; a
+    sentinel bug found through below_sentinel owns one met through sentinel_sweep, not one
+    through large values; a bottom-right bug does not own a top-left failure."""
+    import dataclasses
+    caps = dataclasses.replace(pk.TWO_BUGS.caps, configs=(("BLOCK_M", (16, 32, 64)),))
+    book = DefectBook(caps)
+    passes = lambda c, gradients: JudgedCase("k", c, [])  # noqa: E731  every factor is needed
+    tile = failed(plain(config=(("BLOCK_M", 32),)), "out")
+    sentinel = failed(plain(values="below_sentinel"), "lse")
+    bottom_right = failed(plain(causal="bottom_right"), "nonfinite")
+    for judged in (tile, sentinel, bottom_right):
+        book.add(Counterexample(judged, None), passes)
+    assert [d.needs() for d in book.defects] == ["BLOCK_M=32", "values=below_sentinel",
+                                                 "causal=bottom_right"]
+    assert book.owner(failed(plain(config=(("BLOCK_M", 64),)), "out")) is book.defects[0]
+    assert book.owner(failed(plain(config=(("BLOCK_M", 16),)), "out")) is None
+    assert book.owner(failed(plain(values="sentinel_sweep"), "lse")) is book.defects[1]
+    assert book.owner(failed(plain(values="large"), "lse")) is None
+    assert book.owner(failed(plain(causal="top_left"), "nonfinite")) is None
+    # a second shrink that ends at another tile of the same axis is the same defect, tallied
+    again = book.add(Counterexample(failed(plain(config=(("BLOCK_M", 64),)), "out"), None), passes)
+    assert again is book.defects[0] and again.hits == 2 and len(book) == 3
+
+
 def test_two_seeded_bugs_in_one_kernel_are_distinct_defects_in_one_run():
     result = fuzz(pk.TWO_BUGS, attention_cases(pk.TWO_BUGS.caps), max_examples=120,
                   save_to_file=False, stop_at_first=False, seconds=240)

@@ -24,9 +24,13 @@ So one bug reached through many cases (a kernel wrong for every bottom-right cas
 values or layout) stays one defect, tallied; two bugs with different symptoms, or needing
 different factors, stay two. A bug with two symptoms (a wrong diagonal offset that gives wrong
 values where Nq < Nk and keys for empty rows where Nq > Nk) is two defects, one per check;
-factor values are matched exactly, so a bug needing a relation between configuration axes
-(BLOCK_M != BLOCK_N) may be reported once per axis it was found needing off its first choice,
-and a bug needing either causal alignment once per alignment: over-reported, never hidden.
+factor values are matched by class (`match_class`): a configuration axis by being off its first
+choice at all, since a bug needing BLOCK_M > BLOCK_N needs it at 32 and at 64 alike; the value
+profiles that put scores past a finite sentinel as one class, since they reach the same bug at
+different magnitudes; every other factor by its value, so a bug of each causal alignment stays
+its own. A bug needing a relation between two configuration axes may still be reported once
+per axis it was found needing, and one needing either causal alignment once per alignment:
+over-reported, never hidden.
 """
 from __future__ import annotations
 
@@ -37,6 +41,23 @@ from fuzzattn.contract.case import AttentionCase
 from fuzzattn.contract.dtypes import DTYPES
 
 _CRASHES = ("crash", "grad_crash")
+# Value profiles that reach one input class (scores past a finite mask sentinel) at different
+# magnitudes: a bug found through one is the same bug when met through the other.
+_VALUE_CLASSES = {"below_sentinel": "past a finite sentinel",
+                  "sentinel_sweep": "past a finite sentinel"}
+
+
+def match_class(name: str, value: str, caps: Capabilities) -> str:
+    """What two defects' factor values must share to be the same factor (module docstring)."""
+    if name in dict(caps.configs):
+        return "off its first choice"
+    if name == "values":
+        return _VALUE_CLASSES.get(value, value)
+    return value
+
+
+def _classes(found: dict[str, str], caps: Capabilities) -> dict[str, str]:
+    return {name: match_class(name, value, caps) for name, value in found.items()}
 
 
 def check_key(judged) -> str:
@@ -148,9 +169,12 @@ class Defect:
         made simplest everywhere."""
         return " ".join(f"{k}={v}" for k, v in self.factors.items()) or "nothing special"
 
-    def covers(self, judged, case_factors: dict[str, str]) -> bool:
-        return same_symptom(judged, self.check_key, self.keys) and all(
-            case_factors.get(k) == v for k, v in self.factors.items())
+    def covers(self, judged, case_factors: dict[str, str], caps: Capabilities) -> bool:
+        """Same symptom, and the case has each needed factor in the defect's class of it."""
+        if not same_symptom(judged, self.check_key, self.keys):
+            return False
+        have = _classes(case_factors, caps)
+        return all(have.get(k) == v for k, v in _classes(self.factors, caps).items())
 
 
 class DefectBook:
@@ -166,7 +190,7 @@ class DefectBook:
     def owner(self, judged) -> Defect | None:
         """The most specific known defect this failing judgement belongs to, or None (new)."""
         have = factors(judged.case, self.caps)
-        matching = [d for d in self.defects if d.covers(judged, have)]
+        matching = [d for d in self.defects if d.covers(judged, have, self.caps)]
         return max(matching, key=lambda d: len(d.factors), default=None)
 
     def add(self, counterexample, judge, *, shrunk: bool = True,
@@ -177,7 +201,8 @@ class DefectBook:
         judged = counterexample.judged
         key, have = check_key(judged), needed_factors(judged, self.caps, judge)
         for known in self.defects:
-            if known.check_key == key and known.factors == have:
+            if known.check_key == key and (_classes(known.factors, self.caps)
+                                           == _classes(have, self.caps)):
                 known.hits += 1
                 return known
         defect = Defect(counterexample, key, failure_keys(judged), have, shrunk=shrunk,
