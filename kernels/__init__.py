@@ -12,6 +12,7 @@ from . import flex, sdpa, torch_tiled, triton_fa2  # noqa: E402  (must follow en
 
 # sdpa.BACKEND_IMPLS: one SDPA backend each, those that can run on this torch and device
 # (sdpa.UNAVAILABLE says why the others are absent).
-# flex.IMPL is None on a torch without FlexAttention (flex.UNAVAILABLE says why).
+# flex.REGISTERED is None on a torch without FlexAttention (flex.UNAVAILABLE says why) and where
+# its compiled path is known wrong (flex.CPU_DEFECT).
 IMPLEMENTATIONS = ((triton_fa2.IMPL, torch_tiled.IMPL, sdpa.IMPL) + sdpa.BACKEND_IMPLS
-                   + tuple(impl for impl in (flex.IMPL,) if impl is not None))
+                   + tuple(impl for impl in (flex.REGISTERED,) if impl is not None))

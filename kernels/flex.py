@@ -117,6 +117,16 @@ def flex_forward(q, k, v, *, causal, scale):
     return out, aux.lse.float()
 
 
+# On the CPU, torch 2.13's compiled flex (inductor's C++ template) is wrong for some lengths where
+# eager flex_attention is right: Nq=16, Nk=40, D=16, fp32, no mask: max error 0.53; Nq=8, Nk=40:
+# NaN; and a rerun of such a case can raise dynamo's "Attempted to call function marked as
+# skipped". It failed 15 of the regression files replayed on it. So flex is registered on CUDA
+# only; on the CPU `IMPL` stays importable for direct use, and tests/test_flex.py pins the defect
+# (it fails once a torch release fixes it: register flex on the CPU then).
+CPU_DEFECT = (None if ON_CUDA else
+              f"torch {torch.__version__}: compiled CPU flex_attention gives wrong outputs or NaN "
+              "for some lengths (Nq=16 Nk=40 D=16 fp32, no mask) where eager flex is right")
+
 IMPL = None if UNAVAILABLE else Implementation(
     name="flex",
     fn=flex_forward,
@@ -125,3 +135,6 @@ IMPL = None if UNAVAILABLE else Implementation(
                 "enable_gqa, lse from return_aux (CUDA), static shapes.",
     sources=(__file__,),
 )
+
+# What the registry lists: flex where its compiled path can be judged (CPU_DEFECT says why not).
+REGISTERED = IMPL if CPU_DEFECT is None else None
