@@ -56,3 +56,14 @@ def test_a_failure_found_before_the_cap_is_still_reported_when_shrinking_outlast
     assert result.counterexample is not None and result.budget_hit
     assert result.counterexample.judged.first_failure.check == "out"
     assert result.counterexample.judged.case.seq_q > 3
+
+
+def test_a_campaign_whose_cap_ends_before_its_first_case_is_a_skip_not_a_pass(capsys, tmp_path):
+    """`fuzzattn fuzz` (and the gate's shares) must not call a campaign that judged nothing ok."""
+    from fuzzattn import cli
+    status = cli.main(["fuzz", "--impl", "sdpa", "--dtype", "float32", "--seconds", "1e-9",
+                       "--regressions-dir", str(tmp_path), "--database", "off"])
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if line.startswith("sdpa "))
+    assert row.split()[2] == "skip" and "not fuzzed: the time cap of 1e-09 s ended" in row, out
+    assert status == 0 and "1 skipped" in out, out

@@ -250,6 +250,10 @@ def run_campaign(impl, dtype: str | None, *, profile, max_examples: int, seconds
             _failure_text(d.counterexample, rerun, d) for d in defects))
         outcome = Outcome(stage, label, FAIL, False, result.cases, result.seconds,
                           detail=detail, message=message, judged=found.judged)
+    elif result.cases == 0 and result.budget_hit:
+        # nothing was judged: a skip to see, never a pass
+        outcome = Outcome(stage, label, SKIP, True, 0, result.seconds, skipped=True,
+                          detail=unfuzzed(seconds))
     else:
         outcome = Outcome(stage, label, OK, True, result.cases, result.seconds)
         if result.budget_hit:
@@ -259,6 +263,11 @@ def run_campaign(impl, dtype: str | None, *, profile, max_examples: int, seconds
         outcome.detail = "; ".join(filter(None, [outcome.detail, loud + refusals]))
     outcome.campaign = result
     return outcome
+
+
+def unfuzzed(seconds) -> str:
+    """Why a campaign that judged no case is a skip: its time cap ended before the first."""
+    return f"not fuzzed: the time cap of {seconds:g} s ended before the first case was judged"
 
 
 class Terminated(BaseException):

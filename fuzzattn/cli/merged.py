@@ -100,6 +100,9 @@ def merge(stage: str, label: str, parts: list, problems: list[str], wall: float,
                           message="\n".join(messages))
     elif parts and all(o.skipped for o in parts):
         outcome = Outcome(stage, label, SKIP, True, cases, wall, detail=parts[0].detail, skipped=True)
+    elif cases == 0 and campaign is not None and campaign.budget_hit:
+        outcome = Outcome(stage, label, SKIP, True, 0, wall, skipped=True,
+                          detail=common.unfuzzed(seconds))
     else:
         outcome = Outcome(stage, label, OK, True, cases, wall)
         if campaign is not None and campaign.budget_hit:
