@@ -275,3 +275,19 @@ def test_the_gate_with_a_small_budget_ends_and_reports_every_campaign(capsys, tm
     assert "budget=6 s for replay and fuzzing" in out and "gate: fuzzing" in out
     assert re.search(r"gate passed: \d+ passed, 0 failed", out), out
     assert "fuzz   sdpa float32" in out, out
+
+
+def test_an_unusable_default_database_falls_back_and_says_where_a_chosen_one_is_an_error(
+        tmp_path, capsys, monkeypatch):
+    """The default sits beside the regressions directory, which may be unwritable (that falls
+    back too); a directory the user named is theirs to fix."""
+    import tempfile
+    from fuzzattn.campaigns import example_db
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a directory")
+    database = example_db.open_database(str(blocker / "examples"), "default")
+    assert str(database.path) == str(tmp_path / "tmp" / example_db.FALLBACK_DIR)
+    assert "cannot create the directory" in capsys.readouterr().err
+    with pytest.raises(example_db.DatabaseError, match="cannot create the directory"):
+        example_db.open_database(str(blocker / "examples"), "--database")

@@ -19,6 +19,8 @@ run) keeps its own.
 from __future__ import annotations
 
 import os
+import sys
+import tempfile
 import urllib.parse
 from pathlib import Path
 
@@ -26,6 +28,7 @@ ENV = "FUZZATTN_DATABASE"
 OFF = "off"
 DEFAULT_DIR = Path(".fuzzattn") / "examples"      # relative to the regressions directory's parent
 REDIS_PORT = 6379
+FALLBACK_DIR = "fuzzattn-examples"    # under the temporary directory, when the default cannot be made
 
 
 class DatabaseError(ValueError):
@@ -99,10 +102,23 @@ def open_database(spec: str, source: str = "--database"):
             raise DatabaseError(f"{source} {spec}: cannot reach it: {' '.join(str(exc).split())}") from None
         return RedisExampleDatabase(client)
     from hypothesis.database import DirectoryBasedExampleDatabase
-    try:
-        Path(spec).mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise DatabaseError(f"{source} {spec!r}: cannot create the directory: {exc.strerror}") from None
-    if not os.access(spec, os.W_OK):
-        raise DatabaseError(f"{source} {spec!r}: the directory is not writable")
+    problem = _unusable(spec)
+    if problem is not None and source == "default":
+        # as an unwritable regressions directory does: fall back, say where and why, go on
+        fallback = str(Path(tempfile.gettempdir()) / FALLBACK_DIR)
+        print(f"fuzzattn: example database {spec!r}: {problem}; using {fallback}", file=sys.stderr)
+        spec, problem = fallback, _unusable(fallback)
+    if problem is not None:
+        raise DatabaseError(f"{source} {spec!r}: {problem}")
     return DirectoryBasedExampleDatabase(spec)
+
+
+def _unusable(directory: str) -> str | None:
+    """Why `directory` cannot hold the database (created if absent), or None."""
+    try:
+        Path(directory).mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        return f"cannot create the directory: {exc.strerror}"
+    if not os.access(directory, os.W_OK):
+        return "the directory is not writable"
+    return None

@@ -331,7 +331,8 @@ def open_database(value: str | None, regressions_dir) -> tuple[object, str | Non
         raise common.CLIError(str(exc)) from None
     if database is None:
         return None, None
-    return database, spec if "://" in spec else os.path.abspath(spec)
+    # a directory database's own path: the default may have fallen back to another directory
+    return database, spec if "://" in spec else os.path.abspath(getattr(database, "path", spec))
 
 
 def run_campaign(pool: Pool | None, impl, dtype, *, database: tuple, **kw) -> Outcome:
