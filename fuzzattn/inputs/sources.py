@@ -7,7 +7,7 @@ counter    a counter-based generator in integer torch operations: value i of a s
            of (seed, i), so any device computes it, in parallel, to the same bits. The GPU
            profiles give it to their cases (profiles.Profile.device_values_macs): their inputs
            are born on the device, where the CPU's randn of a large case cost milliseconds per
-           case (~13% of a judged sdpa case's host time on the H200, benchmarks/THROUGHPUT.md).
+           case.
 
 The counter stream is SplitMix64 (Steele, Lea and Flood, "Fast splittable pseudorandom number
 generators", OOPSLA 2014): state_i = base + i * 0x9E3779B97F4A7C15, output = mix(state_i), in
@@ -26,7 +26,7 @@ CPU profiles keep torch_cpu.
 On a CUDA device the normal values come from one Triton kernel (`_normals_kernel`) doing the same
 integer steps in uint64 registers: the torch version is ~27 elementwise kernels over int64
 tensors, 16-24 bytes of memory traffic per value each, ~5 ms of GPU time for the gpu profile's
-largest case, on a GPU that 16 fuzzers already keep busy (benchmarks/THROUGHPUT.md, call 42).
+largest case, on a GPU that 16 fuzzers already keep busy.
 The kernel writes 4 bytes per value. Same bits: the GPU test compares it with the CPU's torch
 version, and test_value_sources runs it under Triton's interpreter on the CPU as well.
 """
