@@ -20,7 +20,7 @@
 #               every case as the command judges them), then cases/s for --workers 1..32 and the
 #               ratio to 1 worker (what PER_GPU in fuzzattn/cli/workers.py should be)
 set -uo pipefail
-OUT=${OUT:-gpu-out} CAMPAIGN_SECONDS=${CAMPAIGN_SECONDS:-300} PARTS=${PARTS:-12} ZOO=${ZOO:-4}
+OUT=${OUT:-gpu-out} CAMPAIGN_SECONDS=${CAMPAIGN_SECONDS:-300} PARTS=${PARTS:-12} ZOO=${ZOO:-16}
 FLEX_SECONDS=${FLEX_SECONDS:-60}
 STEPS=${*:-suite zoo campaign throughput speed watched flex defects workers}
 NGPU=$(nvidia-smi -L 2>/dev/null | grep -c "^GPU") || { echo "gpu_run.sh: no GPU visible"; exit 2; }
@@ -39,14 +39,15 @@ suite)
         >"$OUT/suite.txt" 2>&1; tail -n 3 "$OUT/suite.txt" ;;
 zoo)
     step "mutant zoo, compiled"
+    rm -rf "$OUT/zoo"; mkdir -p "$OUT/zoo"
     mapfile -t MUTANTS < <(python3 -m fuzzattn.cli mutants --list | awk '/^mutant_/ {print $1}')
     for z in $(seq 0 $(( ZOO - 1 ))); do
         for i in "${!MUTANTS[@]}"; do
             (( i % ZOO == z )) && OMP_NUM_THREADS=1 python3 -m fuzzattn.cli mutants --only "${MUTANTS[$i]}" \
-                --profile gpu --max-examples 100 --seconds 60 --isolate --timeout 30 | grep "^mutant_"
-        done >"$OUT/zoo_$z.txt" 2>&1 &
+                --profile gpu --max-examples 100 --seconds 60 | grep "^mutant_"
+        done >"$OUT/zoo/lane_$z.txt" 2>&1 &
     done; wait
-    grep -h "^mutant_" "$OUT"/zoo_*.txt | sort | tee "$OUT/zoo.txt" | awk '{n++} $2 == "killed" {k++} END {print k+0 "/" n+0 " killed"}' ;;
+    grep -h "^mutant_" "$OUT"/zoo/lane_*.txt | sort | tee "$OUT/zoo.txt" | awk '{n++} $2 == "killed" {k++} END {print k+0 "/" n+0 " killed"}' ;;
 campaign)
     step "campaign: $PARTS parts x $CAMPAIGN_SECONDS s over $NGPU GPU(s)"
     rm -rf "$OUT/campaign"                 # --report sums every result under it

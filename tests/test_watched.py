@@ -243,9 +243,11 @@ RULED = Implementation("ruled", attention, Capabilities(
 '''
 
 
-def test_isolate_loads_a_declaration_with_a_config_rule(tmp_path):
+@pytest.mark.parametrize("option", [("--isolate",), ("--timeout", "30")], ids=["isolate", "timeout"])
+def test_isolate_or_timeout_loads_a_declaration_with_a_config_rule(tmp_path, option):
+    """--timeout alone is the watching parent's deadline; the campaign in the child runs as usual."""
     (tmp_path / "ruled.py").write_text(RULED)
-    done, _ = fuzzattn("fuzz", "--impl", "ruled.py:RULED", "--max-examples", 8, "--isolate",
+    done, _ = fuzzattn("fuzz", "--impl", "ruled.py:RULED", "--max-examples", 8, *option,
                        "--no-save", cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     assert re.search(r"ruled\s+float32\s+ok\s+8", done.stdout), done.stdout
@@ -260,3 +262,11 @@ def test_isolate_loads_an_autotune_declare_declaration(tmp_path):
     out = done.stdout + done.stderr
     assert done.returncode == 1 and "fuzzattn: error" not in out, out
     assert re.search(r"square_fp16\s+float16\s+FAIL", out) and "BLOCK_N" in out, out
+
+
+def test_mutants_take_a_timeout_without_isolation(tmp_path):
+    done, _ = fuzzattn("mutants", "--only", "mutant_phantom_keys", "--timeout", "30",
+                       "--max-examples", 30, "--profile", "ci", cwd=tmp_path)
+    out = done.stdout + done.stderr
+    assert done.returncode == 0 and "timeout needs isolate" not in out, out
+    assert re.search(r"mutant_phantom_keys\s+killed", out), out

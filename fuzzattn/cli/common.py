@@ -222,10 +222,12 @@ def run_campaign(impl, dtype: str | None, *, profile, max_examples: int, seconds
     first_cases = [probe] if probe is not None and dtype in (None, probe.dtype) else []
     start = time.perf_counter()
     try:
+        # Not isolated, --timeout is the watching parent's deadline (cli/watched.py): a call in
+        # this process cannot be interrupted from inside it.
         result = fuzz(impl, strategy, max_examples=max_examples, seconds=seconds,
                       hypothesis_seed_value=hypothesis_seed, save_to_file=save,
                       regressions_dir=regressions_dir, shrink=shrink, isolate=isolate,
-                      timeout=timeout, stop_at_first=stop_at_first, first_cases=first_cases,
+                      timeout=timeout if isolate else None, stop_at_first=stop_at_first, first_cases=first_cases,
                       database=database,
                       database_key=example_db.key(impl.cli_name, dtype, profile.name))
     except Exception as exc:   # e.g. a drawn case the harness cannot judge here: report, go on
