@@ -2,6 +2,7 @@
 float64 softmax on the rounded inputs) except for one planted dependence on one factor, so a
 test knows which factor a triage must name. Loaded as `tests/purpose_built.py:NAME`."""
 import math
+import textwrap
 
 import torch
 
@@ -68,3 +69,23 @@ TILED = Implementation("tiled", tiled,
                        Capabilities(dtypes=ALL_DTYPES, head_dims=None, causal=("top_left",),
                                     gqa=True, configs={"tile": (16, 7)}),
                        description="a tile of 7 drops the ragged key tail")
+
+
+# The source of a kernel file kept outside the repository, for the CLI's tests that load
+# FILE.py:NAME: attention that never looks at the last key, wrong whenever Nk > 1.
+DROP_LAST_KEY_SOURCE = textwrap.dedent('''
+    """Attention that never looks at the last key: wrong whenever Nk > 1."""
+    import math
+    import torch
+
+    def drop_last_key(q, k, v, *, causal, scale):
+        s = (q.float() @ k.float().transpose(-1, -2)) * scale
+        n, m = s.shape[-2:]
+        if causal:
+            s = s.masked_fill(~torch.ones(n, m, dtype=torch.bool, device=s.device).tril(), -math.inf)
+        if m > 1:
+            s[..., -1] = -math.inf
+        return (torch.softmax(s, -1) @ v.float()).to(q.dtype), torch.logsumexp(s, -1)
+
+    NOT_CALLABLE = 42
+''')

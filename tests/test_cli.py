@@ -7,7 +7,6 @@ points there for the whole module, so nothing can land in regressions/.
 from __future__ import annotations
 
 import io
-import time
 import re
 from contextlib import redirect_stdout
 import os
@@ -18,31 +17,12 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
-import torch
 
 from fuzzattn import cli
 from fuzzattn.cli import changes
-from fuzzattn.campaigns import outcome as report_words
-from fuzzattn.cli import tables as report
-from fuzzattn.contract import Capabilities, Implementation
 from fuzzattn.campaigns.regression_file import load
 
-BROKEN = textwrap.dedent('''
-    """Attention that never looks at the last key: wrong whenever Nk > 1."""
-    import math
-    import torch
-
-    def drop_last_key(q, k, v, *, causal, scale):
-        s = (q.float() @ k.float().transpose(-1, -2)) * scale
-        n, m = s.shape[-2:]
-        if causal:
-            s = s.masked_fill(~torch.ones(n, m, dtype=torch.bool, device=s.device).tril(), -math.inf)
-        if m > 1:
-            s[..., -1] = -math.inf
-        return (torch.softmax(s, -1) @ v.float()).to(q.dtype), torch.logsumexp(s, -1)
-
-    NOT_CALLABLE = 42
-''')
+from purpose_built import DROP_LAST_KEY_SOURCE as BROKEN
 
 
 @pytest.fixture(autouse=True)
@@ -301,145 +281,6 @@ def test_changed_files_reads_git(tmp_path):
     assert all(p.is_absolute() for p in changed)
 
 
-# -- mutants ------------------------------------------------------------------------------------
-def _zoo(broken_path: str) -> dict:
-    from fuzzattn.run.loader import load_implementation
-    from fuzzattn.kernels.sdpa import sdpa_forward
-    caps = Capabilities(dtypes={"float32"})
-    killed = load_implementation(f"{broken_path}:drop_last_key")
-    return {
-        "mutant_drop_last_key": Implementation(name="mutant_drop_last_key", fn=killed.fn, caps=caps,
-                                               description="ignores the last key", mutant_of="sdpa"),
-        "mutant_harmless": Implementation(name="mutant_harmless", fn=sdpa_forward, caps=caps,
-                                          description="changes nothing", mutant_of="sdpa"),
-    }
-
-
-def test_mutants_reports_killed_survived_and_score(capsys, monkeypatch, broken, tmp_path):
-    import fuzzattn.run.registry
-    monkeypatch.setattr(fuzzattn.run.registry, "mutants", lambda: _zoo(broken))
-    status, out, _ = run(capsys, "mutants", "--list")
-    assert status == 0 and "ignores the last key" in out and "mutant_harmless" in out
-    status, out, _ = run(capsys, "mutants", "--max-examples", 8)
-    assert status == 1                                      # one survives
-    assert "killed" in out and "SURVIVED" in out and "mutation score: 1/2" in out
-    status, out, _ = run(capsys, "mutants", "--only", "mutant_drop_last_key", "--max-examples", 8)
-    assert status == 0 and "mutation score: 1/1" in out
-    assert not (tmp_path / "default-fixtures").exists()    # mutants never leave fixtures
-
-
-def _wide_tiles_bug(q, k, v, *, causal, scale, config):
-    from fuzzattn.kernels.sdpa import sdpa_forward
-    out, lse = sdpa_forward(q, k, v, causal=causal, scale=scale)
-    return (out * 2 if config["BLOCK_N"] == 64 else out), lse
-
-
-def test_mutants_print_the_configuration_of_each_failing_case(capsys, monkeypatch):
-    """The table cuts the failing case at its width; the configuration a configuration-only bug
-    was caught under is printed in full below it."""
-    import fuzzattn.run.registry
-    caps = Capabilities(dtypes={"float32"}, configs={"BLOCK_M": (16, 32), "BLOCK_N": (16, 64)})
-    zoo = {"mutant_wide_tiles": Implementation(
-        name="mutant_wide_tiles", fn=_wide_tiles_bug, caps=caps, mutant_of="sdpa",
-        description="doubles the output when BLOCK_N is 64")}
-    monkeypatch.setattr(fuzzattn.run.registry, "mutants", lambda: zoo)
-    status, out, _ = run(capsys, "mutants", "--max-examples", 20)
-    assert status == 0 and "configuration of each failing case:" in out, out
-    line = next(x for x in out.splitlines() if x.startswith("  mutant_wide_tiles: "))
-    assert "BLOCK_N=64" in line and "BLOCK_M=" in line, line
-
-
-def _fp16_only_bug(q, k, v, *, causal, scale):
-    from fuzzattn.kernels.sdpa import sdpa_forward
-    out, lse = sdpa_forward(q, k, v, causal=causal, scale=scale)
-    return (out * 2 if q.dtype == torch.float16 else out), lse
-
-
-def test_mutants_runs_one_campaign_per_dtype(capsys, monkeypatch):
-    """A bug planted for one dtype is caught in that dtype's campaign, with the full budget there,
-    after the earlier dtypes' campaigns found nothing; the table names the dtype."""
-    import fuzzattn.run.registry
-    caps = Capabilities(dtypes={"float32", "float16"})
-    zoo = {"mutant_fp16_only": Implementation(name="mutant_fp16_only", fn=_fp16_only_bug, caps=caps,
-                                              description="doubles fp16 outputs", mutant_of="sdpa")}
-    monkeypatch.setattr(fuzzattn.run.registry, "mutants", lambda: zoo)
-    status, out, _ = run(capsys, "mutants", "--max-examples", 5)
-    assert status == 0 and "per dtype campaign" in out, out
-    row = next(line for line in out.splitlines() if line.startswith("mutant_fp16_only"))
-    assert "killed" in row and "float16" in row and "out" in row, row
-    status, out, _ = run(capsys, "mutants", "--max-examples", 5, "--dtype", "float32")
-    assert status == 1 and "no failure in float32 5 cases" in out, out
-
-
-def test_mutants_with_an_empty_zoo(capsys, monkeypatch):
-    import fuzzattn.run.registry
-    monkeypatch.setattr(fuzzattn.run.registry, "mutants", lambda: {})
-    status, out, _ = run(capsys, "mutants")
-    assert status == 0 and "no mutants" in out
-
-
-# -- presentation -------------------------------------------------------------------------------
-def test_main_restores_the_profile(capsys, monkeypatch):
-    monkeypatch.setenv("FUZZATTN_PROFILE", "dev")
-    run(capsys, "fuzz", "--impl", "sdpa", "--dtype", "float32", "--max-examples", 1,
-        "--profile", "ci", "--no-save")
-    assert os.environ["FUZZATTN_PROFILE"] == "dev"
-
-
-def test_progress_is_live_on_a_terminal_and_periodic_lines_elsewhere(monkeypatch):
-    from hypothesis import given, settings
-    from hypothesis import strategies as st
-
-    class Terminal(io.StringIO):
-        def isatty(self):
-            return True
-
-    def campaign(progress):
-        @settings(max_examples=3, database=None)
-        @given(progress.track(st.integers(), "fuzz demo float32", 3, cap=60,
-                              counts=lambda: (2, 1, 0)))
-        def draw(_):
-            time.sleep(0.02)
-        draw()
-        progress.clear()
-
-    stream = Terminal()
-    progress = report.Progress(stream=stream)
-    assert progress.live
-    campaign(progress)
-    shown = stream.getvalue()
-    assert "\r" in shown and "fuzz demo float32  2/3 judged" in shown
-    assert "1 refused  0 failed" in shown and "/60 s" in shown
-
-    monkeypatch.setenv("CI", "true")
-    assert not report.Progress(stream=Terminal()).live
-    # Not a terminal: whole lines, one per interval (10 s by default; 0.01 s here).
-    log = io.StringIO()
-    campaign(report.Progress(stream=log, every=0.01))
-    lines = log.getvalue().splitlines()
-    assert lines and all(line.startswith("fuzz demo float32  2/3 judged") for line in lines)
-    assert "\r" not in log.getvalue()
-    quiet = io.StringIO()
-    campaign(report.Progress(stream=quiet))           # a fast campaign prints no line at all
-    assert quiet.getvalue() == ""
-
-
-def test_junit_xml_and_markdown_render_every_outcome():
-    outcomes = [report_words.Outcome("replay", "a.json on sdpa", report_words.OK, True, seconds=0.1),
-                report_words.Outcome("fuzz", "x float32", report_words.FAIL, False, 7, 1.5,
-                               detail="out: B=1 | H=1", message="[FAIL] x out\n  replay: ..."),
-                report_words.Outcome("fuzz", "y float32", report_words.SKIP, True, skipped=True, detail="why"),
-                report_words.Outcome("mutant", "m", report_words.ERROR, False, detail="broke")]
-    root = ET.fromstring(report.junit_xml(outcomes).split("\n", 1)[1])
-    assert (root.get("tests"), root.get("failures"), root.get("errors"), root.get("skipped")) == \
-        ("4", "1", "1", "1")
-    assert root.find(".//failure").text.startswith("[FAIL] x out")
-    text = report.markdown(outcomes)
-    assert "FAILED" in text and "out: B=1 \\| H=1" in text and "```" in text
-    table = report.table(("a", "b"), [["1", "x" * 200]], max_width=20)
-    assert max(len(line) for line in table.splitlines()) < 30
-
-
 DECLARED = textwrap.dedent('''
     """A declared implementation outside the repo: bottom-right causal only, fp32, GQA, and a
     planted bug (the diagonal offset uses Nq - Nk instead of Nk - Nq)."""
@@ -481,12 +322,6 @@ def test_declared_implementation_outside_the_repo_is_fuzzed_within_its_declarati
         assert fixture.case.causal == "bottom_right" and fixture.case.seq_q != fixture.case.seq_k
         assert fixture.case.dtype == "float32" and fixture.case.head_dim in (16, 32)
     assert len({f.check for f in fixtures}) == len(fixtures)
-
-
-def test_mutants_runs_an_outside_seeded_bug(capsys, broken):
-    status, out, _ = run(capsys, "mutants", "--impl", f"{broken}:drop_last_key", "--max-examples", "20")
-    assert status == 0, out
-    assert "drop_last_key" in out and "killed" in out and "1/1 killed" in out
 
 
 @pytest.mark.parametrize("name, value, message", [

@@ -25,7 +25,6 @@ from fuzzattn.gradients.oracle import oracle_gradients, same_precision_gradients
 from fuzzattn.judge.oracle import oracle, same_precision_reference
 from fuzzattn.inputs.materialize import as_bits, inputs_sha256, materialize, materialize_dout
 from fuzzattn.judge.judge import judge, skip_reason
-from fuzzattn.run.loader import load_implementation
 from fuzzattn.inputs.nan_fill import prime_allocator
 from fuzzattn.triton_interpreter.backend import is_interpreted
 from fuzzattn.settings import implementations as all_implementations
@@ -191,35 +190,6 @@ def test_autograd_gradients_and_no_gradients_without_backward():
     assert "grad_dq" in {v.check for v in judged.verdicts}
     forward_only = Implementation("fwd", sdpa_forward, dataclasses.replace(CAPS, backward=False))
     assert not [v for v in judge(forward_only, case()).verdicts if v.check.startswith("grad_")]
-
-
-README_EXAMPLE = '''
-import torch
-import torch.nn.functional as F
-from fuzzattn import Capabilities, Implementation
-
-def my_attention(q, k, v, *, causal, scale):
-    return F.scaled_dot_product_attention(q, k, v, is_causal=bool(causal), scale=scale)
-
-def my_backward(q, k, v, out, lse, dout, *, causal, scale):
-    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
-    with torch.enable_grad():
-        o = F.scaled_dot_product_attention(q, k, v, is_causal=bool(causal), scale=scale)
-    return torch.autograd.grad(o, (q, k, v), dout)
-
-MY_KERNEL = Implementation(
-    name="my_kernel", fn=my_attention, backward_fn=my_backward,
-    caps=Capabilities(returns_lse=False, backward=True, deterministic_backward=True))
-'''
-
-
-def test_the_readme_example_loads_from_a_file_and_passes(tmp_path):
-    path = tmp_path / "my_kernel.py"
-    path.write_text(README_EXAMPLE)
-    impl = load_implementation(f"{path}:MY_KERNEL")
-    judged = judge(impl, case(causal="top_left"))
-    assert judged.passed, judged.describe()
-    assert "grad_dq" in {v.check for v in judged.verdicts}
 
 
 # -- each gradient check on a purpose-built bad backward --------------------------------------

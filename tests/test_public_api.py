@@ -5,6 +5,7 @@ from __future__ import annotations
 import textwrap
 
 import fuzzattn
+from fuzzattn import AttentionCase, judge
 
 # The README's "your own kernel" example, verbatim in spirit: a user's Hypothesis test.
 USER_TEST = textwrap.dedent('''
@@ -182,3 +183,35 @@ def test_the_summary_says_how_many_draws_were_passed_over_across_workers(pyteste
     assert line[0].endswith("draws passed over: known upstream defect (example.json): "
                             "causal is broken here")
     assert int(line[0].split()[2]) >= 2          # both workers' draws, added up
+
+
+# The README's gradients example: a kernel offering its own backward, loaded from its file.
+README_GRADIENT_EXAMPLE = '''
+import torch
+import torch.nn.functional as F
+from fuzzattn import Capabilities, Implementation
+
+def my_attention(q, k, v, *, causal, scale):
+    return F.scaled_dot_product_attention(q, k, v, is_causal=bool(causal), scale=scale)
+
+def my_backward(q, k, v, out, lse, dout, *, causal, scale):
+    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+    with torch.enable_grad():
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=bool(causal), scale=scale)
+    return torch.autograd.grad(o, (q, k, v), dout)
+
+MY_KERNEL = Implementation(
+    name="my_kernel", fn=my_attention, backward_fn=my_backward,
+    caps=Capabilities(returns_lse=False, backward=True, deterministic_backward=True))
+'''
+
+
+def test_the_readme_gradient_example_loads_from_a_file_and_passes(tmp_path):
+    from fuzzattn.run.loader import load_implementation
+    path = tmp_path / "my_kernel.py"
+    path.write_text(README_GRADIENT_EXAMPLE)
+    impl = load_implementation(f"{path}:MY_KERNEL")
+    judged = judge(impl, AttentionCase(batch=1, heads=1, kv_heads=1, seq_q=3, seq_k=5, head_dim=16,
+                                       causal="top_left"))
+    assert judged.passed, judged.describe()
+    assert "grad_dq" in {v.check for v in judged.verdicts}

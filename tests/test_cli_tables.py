@@ -1,0 +1,88 @@
+"""What the `fuzzattn` command prints: the profile it leaves as it found it, live progress on a
+terminal and periodic lines elsewhere, and the JUnit XML and Markdown renderings of outcomes."""
+from __future__ import annotations
+
+import io
+import os
+import time
+import xml.etree.ElementTree as ET
+
+import pytest
+
+from fuzzattn import cli
+from fuzzattn.campaigns import outcome as report_words
+from fuzzattn.cli import tables as report
+
+
+@pytest.fixture(autouse=True)
+def _isolated(tmp_path, monkeypatch):
+    monkeypatch.setenv("FUZZATTN_REGRESSIONS_DIR", str(tmp_path / "default-fixtures"))
+    monkeypatch.delenv("CI", raising=False)
+
+
+def run(capsys, *argv):
+    status = cli.main([str(a) for a in argv])
+    captured = capsys.readouterr()
+    return status, captured.out, captured.err
+
+
+def test_main_restores_the_profile(capsys, monkeypatch):
+    monkeypatch.setenv("FUZZATTN_PROFILE", "dev")
+    run(capsys, "fuzz", "--impl", "sdpa", "--dtype", "float32", "--max-examples", 1,
+        "--profile", "ci", "--no-save")
+    assert os.environ["FUZZATTN_PROFILE"] == "dev"
+
+
+def test_progress_is_live_on_a_terminal_and_periodic_lines_elsewhere(monkeypatch):
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    def campaign(progress):
+        @settings(max_examples=3, database=None)
+        @given(progress.track(st.integers(), "fuzz demo float32", 3, cap=60,
+                              counts=lambda: (2, 1, 0)))
+        def draw(_):
+            time.sleep(0.02)
+        draw()
+        progress.clear()
+
+    stream = Terminal()
+    progress = report.Progress(stream=stream)
+    assert progress.live
+    campaign(progress)
+    shown = stream.getvalue()
+    assert "\r" in shown and "fuzz demo float32  2/3 judged" in shown
+    assert "1 refused  0 failed" in shown and "/60 s" in shown
+
+    monkeypatch.setenv("CI", "true")
+    assert not report.Progress(stream=Terminal()).live
+    # Not a terminal: whole lines, one per interval (10 s by default; 0.01 s here).
+    log = io.StringIO()
+    campaign(report.Progress(stream=log, every=0.01))
+    lines = log.getvalue().splitlines()
+    assert lines and all(line.startswith("fuzz demo float32  2/3 judged") for line in lines)
+    assert "\r" not in log.getvalue()
+    quiet = io.StringIO()
+    campaign(report.Progress(stream=quiet))           # a fast campaign prints no line at all
+    assert quiet.getvalue() == ""
+
+
+def test_junit_xml_and_markdown_render_every_outcome():
+    outcomes = [report_words.Outcome("replay", "a.json on sdpa", report_words.OK, True, seconds=0.1),
+                report_words.Outcome("fuzz", "x float32", report_words.FAIL, False, 7, 1.5,
+                               detail="out: B=1 | H=1", message="[FAIL] x out\n  replay: ..."),
+                report_words.Outcome("fuzz", "y float32", report_words.SKIP, True, skipped=True, detail="why"),
+                report_words.Outcome("mutant", "m", report_words.ERROR, False, detail="broke")]
+    root = ET.fromstring(report.junit_xml(outcomes).split("\n", 1)[1])
+    assert (root.get("tests"), root.get("failures"), root.get("errors"), root.get("skipped")) == \
+        ("4", "1", "1", "1")
+    assert root.find(".//failure").text.startswith("[FAIL] x out")
+    text = report.markdown(outcomes)
+    assert "FAILED" in text and "out: B=1 \\| H=1" in text and "```" in text
+    table = report.table(("a", "b"), [["1", "x" * 200]], max_width=20)
+    assert max(len(line) for line in table.splitlines()) < 30
+
