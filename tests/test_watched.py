@@ -270,3 +270,16 @@ def test_mutants_take_a_timeout_without_isolation(tmp_path):
     out = done.stdout + done.stderr
     assert done.returncode == 0 and "timeout needs isolate" not in out, out
     assert re.search(r"mutant_phantom_keys\s+killed", out), out
+
+
+def test_the_gate_saves_a_segfault_with_no_flag(tmp_path):
+    """The pre-merge gate is watched too: the outside kernel's crash is saved, named and replayable."""
+    (tmp_path / "odd.py").write_text(SEGFAULT_LATER)
+    done, _ = fuzzattn("gate", "--impl", "odd.py:ODD_KEYS", "--allow-empty", "--budget", 20,
+                       "--workers", 1, "--regressions-dir", "reg", cwd=tmp_path)
+    out = done.stdout + done.stderr
+    assert done.returncode == 1, out
+    assert "segfault: the process died with SIGSEGV at odd.py:8 in attention" in out, out
+    [record] = saved(tmp_path / "reg")
+    assert record["check"] == "segfault" and record["impl"] == "odd_keys", record
+    assert leftovers(str(tmp_path)) == []

@@ -35,9 +35,9 @@ from fuzzattn.cli import common, merged
 
 # --workers auto on a CUDA host: worker processes per visible GPU. One process leaves the GPU
 # idle while it draws, materialises and judges on the host; several overlap those host phases
-# with each other's kernels (issue #34 measured 16 hand-started processes judging 404 sdpa fp32
-# cases/s on one H200 against ~37 for one). 4 is a first choice, to be measured on the H200 with
-# `python benchmarks/throughput.py --cli-workers 1,2,4,8,16` (benchmarks/gpu_run.sh does).
+# with each other's kernels (16 sdpa fp32 fuzzers side by side judged 885 cases/s on one H200
+# against 68 for one: benchmarks/REPORT.md). 4 is a first choice, to be measured with
+# `python benchmarks/throughput.py --cli-workers 1,2,4,8,16` (benchmarks/gpu_run.sh workers).
 PER_GPU = 4
 # --workers auto on a machine without CUDA: one process per core, at most this many (judging is
 # single-threaded per process; past a handful of cores the fork server's start-up and the
