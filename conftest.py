@@ -3,13 +3,19 @@ not; see fuzzattn/pytest_plugin.py), and uses pytester for the plugin's own test
 
 Profiles (fuzzattn/contract/profiles.py holds their numbers): ci (deterministic, 200 cases per
 test, CPU-interpreter shapes), dev (random, 100), gpu (1000, sequences to ~1k), nightly (5000).
-Choose with --fuzzattn-profile NAME (or FUZZATTN_PROFILE=NAME); default: ci when CI is set, gpu
-when CUDA is available, dev otherwise.
+Choose with --fuzzattn-profile NAME (or FUZZATTN_PROFILE=NAME). This suite's default is ci when
+CI is set and dev everywhere else, a CUDA host included: its tests check the engine and the
+kernels on the same sizes on every machine, while the gpu profile's 1,000-case campaigns with
+sequences to ~1k are what `fuzzattn fuzz` and `fuzzattn gate` run there (under it, single engine
+tests that fuzz and shrink took minutes each on an H200).
 """
 pytest_plugins = ["pytester", "fuzzattn.pytest_plugin"]
 
 import os
 from pathlib import Path
+
+if not os.environ.get("FUZZATTN_PROFILE") and not os.environ.get("CI"):
+    os.environ["FUZZATTN_PROFILE"] = "dev"
 
 # Subprocesses the suite starts (pytester's runpytest_subprocess, `python -m fuzzattn.cli`) must
 # import this checkout, not whichever fuzzattn is installed in the environment (an editable
