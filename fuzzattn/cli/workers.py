@@ -119,9 +119,9 @@ class Share:
 _counts = None          # the pool's shared counters: judged and refused per slot
 
 
-def _start(watched: bool, gpus: list[str], counter, counts) -> None:
+def _start(watched: bool, gpus: list[str], counter, counts, n: int = 1) -> None:
     """Each worker's set-up: the watchdog's flight record, its GPU, the judging settings of
-    fuzzattn.cli.main (Triton backend, one CPU thread, warning filters)."""
+    fuzzattn.cli.main (Triton backend, warning filters), and its share of the CPU's threads."""
     global _counts
     from fuzzattn import settings
     from fuzzattn.platform import flight
@@ -138,9 +138,11 @@ def _start(watched: bool, gpus: list[str], counter, counts) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     settings.choose_backend()
     settings.check_environment()
+    import torch
     if settings.wants_one_thread():
-        import torch
         torch.set_num_threads(1)
+    elif "OMP_NUM_THREADS" not in os.environ:
+        torch.set_num_threads(settings.threads_per_process(n))
     warnings.filterwarnings("ignore", category=RuntimeWarning, module=r"triton\.runtime\.interpreter")
     warnings.filterwarnings("ignore", message="Conversion of an array with ndim > 0 to a scalar",
                             category=DeprecationWarning)
@@ -246,7 +248,7 @@ class Pool:
             self._counter = context.Value("i", 0)
             self._executor = concurrent.futures.ProcessPoolExecutor(
                 self.n, mp_context=context, initializer=_start,
-                initargs=(flight.watched_here(), self._gpus, self._counter, self._counts))
+                initargs=(flight.watched_here(), self._gpus, self._counter, self._counts, self.n))
             if self.progress is not None:
                 self.progress.status(f"starting {self.n} worker processes")
             from fuzzattn.isolation.supervisor import _main_module_hidden
