@@ -253,12 +253,14 @@ def test_isolate_or_timeout_loads_a_declaration_with_a_config_rule(tmp_path, opt
     assert re.search(r"ruled\s+float32\s+ok\s+8", done.stdout), done.stdout
 
 
-def test_isolate_loads_an_autotune_declare_declaration(tmp_path):
+@pytest.mark.parametrize("option", [("--isolate",), ("--timeout", "60")], ids=["isolate", "timeout"])
+def test_isolate_or_timeout_loads_an_autotune_declare_declaration(tmp_path, option):
     """examples/square_fp16_attention.py declares its @triton.autotune list with autotune.declare
-    (a closure as its configuration rule): isolated, it loads, and its seeded bug is found."""
+    (a closure as its configuration rule): isolated or watched with a timeout, it loads, and its
+    seeded bug is found."""
     example = HERE.parent / "examples" / "square_fp16_attention.py"
     done, _ = fuzzattn("fuzz", "--impl", f"{example}:SQUARE_FP16", "--max-examples", 5,
-                       "--isolate", "--no-save", cwd=tmp_path)
+                       *option, "--no-save", cwd=tmp_path)
     out = done.stdout + done.stderr
     assert done.returncode == 1 and "fuzzattn: error" not in out, out
     assert re.search(r"square_fp16\s+float16\s+FAIL", out) and "BLOCK_N" in out, out
@@ -272,14 +274,18 @@ def test_mutants_take_a_timeout_without_isolation(tmp_path):
     assert re.search(r"mutant_phantom_keys\s+killed", out), out
 
 
-def test_the_gate_saves_a_segfault_with_no_flag(tmp_path):
-    """The pre-merge gate is watched too: the outside kernel's crash is saved, named and replayable."""
+@pytest.mark.parametrize("spec, check, detail", [
+    ("odd.py:ODD_KEYS", "segfault", "segfault: the process died with SIGSEGV at odd.py:8 in attention"),
+    (f"{KERNELS}:HANG", "hang", "hang: no result from the forward call after 3 s"),
+], ids=["segfault", "hang"])
+def test_the_gate_saves_a_crash_or_a_hang_with_no_flag(tmp_path, spec, check, detail):
+    """The pre-merge gate is watched too: the outside kernel's crash or hang is saved and named."""
     (tmp_path / "odd.py").write_text(SEGFAULT_LATER)
-    done, _ = fuzzattn("gate", "--impl", "odd.py:ODD_KEYS", "--allow-empty", "--budget", 20,
-                       "--workers", 1, "--regressions-dir", "reg", cwd=tmp_path)
+    done, _ = fuzzattn("gate", "--impl", spec, "--allow-empty", "--budget", 20, "--workers", 1,
+                       "--timeout", TIMEOUT, "--regressions-dir", "reg", cwd=tmp_path)
     out = done.stdout + done.stderr
     assert done.returncode == 1, out
-    assert "segfault: the process died with SIGSEGV at odd.py:8 in attention" in out, out
+    assert detail in out, out
     [record] = saved(tmp_path / "reg")
-    assert record["check"] == "segfault" and record["impl"] == "odd_keys", record
+    assert record["check"] == check, record
     assert leftovers(str(tmp_path)) == []
