@@ -48,8 +48,8 @@ from fuzzattn import settings as run_settings
 from fuzzattn.campaigns.campaign import forget_verdicts, fuzz
 from fuzzattn.contract.dtypes import DTYPES
 from fuzzattn.inputs.materialize import materialize
-from fuzzattn.judge.judge import default_device
-from fuzzattn.judge.oracle import _attend, oracle
+from fuzzattn.judging.judge import default_device
+from fuzzattn.judging.oracle import _attend, oracle
 from fuzzattn.run import execute
 from fuzzattn.run.registry import implementations
 from fuzzattn.strategies import attention_cases
@@ -58,15 +58,15 @@ from fuzzattn.strategies import attention_cases
 # stages count in their parents too (`judge` holds everything below it).
 STAGES = (
     ("fuzzattn.campaigns.campaign", "judge", "judge"),
-    ("fuzzattn.judge.judge", "materialize", "materialise"),
+    ("fuzzattn.judging.judge", "materialize", "materialise"),
     ("fuzzattn.run.runs", "launch", "runs: launch"),
     ("fuzzattn.run.runs", "deliver", "runs: read-back"),
-    ("fuzzattn.judge.judge", "oracle", "oracle"),
-    ("fuzzattn.judge.judge", "same_precision_reference", "same-precision reference"),
-    ("fuzzattn.judge.judge", "moved_together", "references moved"),
-    ("fuzzattn.judge.judge", "value_verdicts", "value checks"),
-    ("fuzzattn.judge.judge", "same_bits", "determinism compare"),
-    ("fuzzattn.judge.judge", "judge_gradients", "gradients"),
+    ("fuzzattn.judging.judge", "oracle", "oracle"),
+    ("fuzzattn.judging.judge", "same_precision_reference", "same-precision reference"),
+    ("fuzzattn.judging.judge", "moved_together", "references moved"),
+    ("fuzzattn.judging.judge", "value_verdicts", "value checks"),
+    ("fuzzattn.judging.judge", "same_bits", "determinism compare"),
+    ("fuzzattn.judging.judge", "judge_gradients", "gradients"),
     ("fuzzattn.gradients.judge", "run_backward", "gradients: runs"),
     ("fuzzattn.gradients.judge", "oracle_gradients", "gradients: oracle"),
     ("fuzzattn.gradients.judge", "same_precision_gradients", "gradients: reference"),

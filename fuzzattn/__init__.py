@@ -13,7 +13,7 @@ down this list, and free of cycles):
     triton_interpreter/  backend selection and the fenced repairs of Triton's interpreter
     inputs/              a case becomes tensors
     run/                 finding and calling an implementation under test
-    judge/               the float64 oracle, the tolerance rule, the checks, the verdicts
+    judging/             the float64 oracle, the tolerance rule, the checks, the verdicts
     gradients/           dq, dk, dv judged the same way
     relations/           oracle-free metamorphic relations
     isolation/           judging in supervised worker processes
@@ -41,8 +41,8 @@ select_backend()
 from fuzzattn.contract import (AttentionCase, Capabilities, Implementation, KnownDefect,
                                UnsupportedCaseError, refuse)
 from fuzzattn.campaigns.campaign import Counterexample, check_case
-from fuzzattn.judge.judge import JudgedCase, judge
-from fuzzattn.judge.verdict import Verdict
+from fuzzattn.judging.judge import JudgedCase, judge
+from fuzzattn.judging.verdict import Verdict
 from fuzzattn.strategies import attention_cases
 
 try:

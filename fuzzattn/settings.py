@@ -128,7 +128,7 @@ def check_environment() -> None:
     before anything runs, not an internal error halfway through (FUZZATTN_MPS is read only when a
     device fault happens)."""
     from fuzzattn.campaigns.compile_palette import palette_mode
-    from fuzzattn.judge.placement import host_check_elements, host_judge_macs
+    from fuzzattn.judging.placement import host_check_elements, host_judge_macs
     from fuzzattn.platform.mps import mode as mps_mode
     from fuzzattn.strategies.shape_palette import palette_size
     from fuzzattn.contract import Capabilities

@@ -15,7 +15,7 @@ from fuzzattn import AttentionCase, Capabilities, Implementation, judge
 from fuzzattn.run.registry import implementations
 from fuzzattn.kernels.sdpa import sdpa_forward
 
-judge_module = importlib.import_module("fuzzattn.judge.judge")   # the package re-exports judge()
+judge_module = importlib.import_module("fuzzattn.judging.judge")   # the package re-exports judge()
 runs_module = importlib.import_module("fuzzattn.run.runs")
 
 ANY = Capabilities(dtypes={"float32", "bfloat16", "float16"}, head_dims=None,

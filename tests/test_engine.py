@@ -11,10 +11,10 @@ from hypothesis import given, settings, strategies as st
 from fuzzattn.contract.case import LAYOUTS, AttentionCase, CaseError
 from fuzzattn.contract import Capabilities
 from fuzzattn.inputs.materialize import guard_elements, inputs_sha256, materialize
-from fuzzattn.judge.oracle import (oracle, same_precision_reference, some_row_empty,
+from fuzzattn.judging.oracle import (oracle, same_precision_reference, some_row_empty,
                                    truncate_to_tf32, visibility, visible_keys)
-from fuzzattn.judge.tolerance import EPS_ULPS, K_OUT, NORM_ULPS, ULP32, maxima, out_bound
-from fuzzattn.judge.error_statistics import out_rms_bound
+from fuzzattn.judging.tolerance import EPS_ULPS, K_OUT, NORM_ULPS, ULP32, maxima, out_bound
+from fuzzattn.judging.error_statistics import out_rms_bound
 from fuzzattn.strategies import attention_cases, seq_lens, undeclared_cases
 
 BASE = AttentionCase(batch=2, heads=2, kv_heads=1, seq_q=5, seq_k=7, head_dim=16)

@@ -9,11 +9,11 @@ from hypothesis import given, settings
 
 from fuzzattn import AttentionCase
 from fuzzattn.contract.dtypes import unit_roundoff
-from fuzzattn.judge.error_statistics import out_rms_bound
-from fuzzattn.judge.judge import judge
+from fuzzattn.judging.error_statistics import out_rms_bound
+from fuzzattn.judging.judge import judge
 from fuzzattn.run.registry import implementations, mutants
-from fuzzattn.judge.tolerance import EPS_ULPS, K_OUT, K_RMS, RMS_SAMPLING, all_finite, out_bound
-from fuzzattn.judge.verdict import CHECKS
+from fuzzattn.judging.tolerance import EPS_ULPS, K_OUT, K_RMS, RMS_SAMPLING, all_finite, out_bound
+from fuzzattn.judging.verdict import CHECKS
 from fuzzattn.strategies.lengths import MAX_CHUNK, SHAPE_FAMILIES, TILE, seq_shapes
 
 
@@ -134,7 +134,7 @@ def test_the_middle_tier_never_allows_more_than_the_whole_rule():
     most the whole rule's, whatever the reference: here sdpa's cases in bf16 and fp16."""
     impl = implementations()["sdpa"]
     from fuzzattn.inputs.materialize import materialize
-    from fuzzattn.judge.oracle import oracle as float64_oracle, same_precision_reference
+    from fuzzattn.judging.oracle import oracle as float64_oracle, same_precision_reference
     for dtype in ("bfloat16", "float16"):
         for seed_value in range(6):
             case = AttentionCase(batch=1, heads=2, kv_heads=1, seq_q=5 + seed_value, seq_k=9,

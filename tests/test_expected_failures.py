@@ -23,7 +23,7 @@ from fuzzattn.contract.known_defects import known_defect
 from fuzzattn.contract.profiles import PROFILES
 from fuzzattn.inputs.materialize import inputs_sha256, materialize
 from fuzzattn.isolation.pool import WorkerPool
-from fuzzattn.judge.judge import default_device
+from fuzzattn.judging.judge import default_device
 from fuzzattn.run.loader import load_implementation
 from fuzzattn.relations.forward import RELATIONS
 from fuzzattn.run.registry import implementations

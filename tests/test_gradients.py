@@ -22,9 +22,9 @@ from fuzzattn.contract import profiles
 from fuzzattn.contract.case import DTYPES
 from fuzzattn.gradients import runs as gradient_runs
 from fuzzattn.gradients.oracle import oracle_gradients, same_precision_gradients
-from fuzzattn.judge.oracle import oracle, same_precision_reference
+from fuzzattn.judging.oracle import oracle, same_precision_reference
 from fuzzattn.inputs.materialize import as_bits, inputs_sha256, materialize, materialize_dout
-from fuzzattn.judge.judge import judge, skip_reason
+from fuzzattn.judging.judge import judge, skip_reason
 from fuzzattn.inputs.nan_fill import prime_allocator
 from fuzzattn.triton_interpreter.backend import is_interpreted
 from fuzzattn.settings import implementations as all_implementations
@@ -118,7 +118,7 @@ def test_a_judged_case_computes_each_forward_reference_once(monkeypatch, margins
     the references a judged case with margins, where there were four; by default the
     same-precision one only if an error is above its noise (tolerance.py's tiers), and on this
     case of sdpa none is."""
-    from fuzzattn.judge import oracle as oracle_module
+    from fuzzattn.judging import oracle as oracle_module
     calls = []
     real = oracle_module._attend
 
@@ -317,7 +317,7 @@ def test_gradients_the_rule_cannot_bound_are_not_judged():
     from pathlib import Path
     from fuzzattn.campaigns.regression_file import load
     from fuzzattn.gradients.oracle import oracle_gradients
-    from fuzzattn.judge.tolerance import grad_allowance
+    from fuzzattn.judging.tolerance import grad_allowance
     record = load(Path(__file__).resolve().parent.parent / "regressions" / "fcde2197009b.json")
     for case, vacuous in ((record.case, True), (record.case.replace(values="normal"), False)):
         fresh = materialize(case, "cpu")

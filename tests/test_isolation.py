@@ -21,7 +21,7 @@ from fuzzattn import AttentionCase, Implementation
 from fuzzattn.campaigns.campaign import Counterexample, check_case, fuzz
 from fuzzattn.isolation.supervisor import IsolatedJudge, IsolationError, is_device_fault, spec_of
 from fuzzattn.run.loader import load_implementation
-from fuzzattn.judge.verdict import CHECKS
+from fuzzattn.judging.verdict import CHECKS
 
 KERNELS = Path(__file__).with_name("isolation_kernels.py")
 THRESHOLD = 5
@@ -112,8 +112,8 @@ def test_a_context_left_faulted_pins_the_fault_on_the_case_that_left_it(worker):
     supervisor makes of such a report: the case's crash becomes its device_fault, or a
     device_fault is added to a case that otherwise passed; the worker is replaced either way."""
     from fuzzattn.isolation.worker import context_fault
-    from fuzzattn.judge.judge import JudgedCase
-    from fuzzattn.judge.verdict import Verdict
+    from fuzzattn.judging.judge import JudgedCase
+    from fuzzattn.judging.verdict import Verdict
     assert context_fault("cpu") is None
     isolated = worker("CORRECT")
     here = case(THRESHOLD - 1)

@@ -1,4 +1,4 @@
-"""Where a judgement computes (fuzzattn/judge/placement.py): small cases on an accelerator are
+"""Where a judgement computes (fuzzattn/judging/placement.py): small cases on an accelerator are
 judged on the host, large ones on the device, CPU cases on the CPU; larger cases with small
 outputs half and half (references on the device, checks on the host); the overrides are checked."""
 from __future__ import annotations
@@ -7,13 +7,13 @@ import pytest
 import torch
 
 from fuzzattn import AttentionCase
-from fuzzattn.judge import judge as judge_module
-from fuzzattn.judge import value_checks
+from fuzzattn.judging import judge as judge_module
+from fuzzattn.judging import value_checks
 from fuzzattn.gradients.oracle import oracle_gradients
 from fuzzattn.inputs.materialize import materialize, materialize_dout
-from fuzzattn.judge.placement import (CHECK_ENV, ENV, HOST_CHECK_ELEMENTS, HOST_JUDGE_MACS,
+from fuzzattn.judging.placement import (CHECK_ENV, ENV, HOST_CHECK_ELEMENTS, HOST_JUDGE_MACS,
                                           check_device, judge_device, moved, moved_together)
-from fuzzattn.judge.oracle import oracle
+from fuzzattn.judging.oracle import oracle
 from fuzzattn.run.registry import implementations
 
 SMALL = AttentionCase(1, 2, 2, 16, 32, 64)                # 65,536 multiply-adds

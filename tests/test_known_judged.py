@@ -10,7 +10,7 @@ import torch
 from fuzzattn.contract import AttentionCase, KnownDefect
 from fuzzattn.campaigns.campaign import fuzz, judge_once
 from fuzzattn.contract.known_defects import KNOWN_PREFIX
-from fuzzattn.judge.judge import default_device
+from fuzzattn.judging.judge import default_device
 from fuzzattn.strategies.cases import attention_cases
 
 import pruning_kernels as pk

@@ -1,8 +1,8 @@
 """The package's structure, read from the source with `ast` (function-local imports included,
 since those are where cycles hide).
 
-    contract <- platform, triton_interpreter <- inputs <- judge's rules <- run <- gradients
-             <- judge.judge, judge.value_checks (they run it again) <- relations <- isolation <- campaigns
+    contract <- platform, triton_interpreter <- inputs <- judging's rules <- run <- gradients
+             <- judging.judge, judging.value_checks (they run it again) <- relations <- isolation <- campaigns
              <- cli, pytest_plugin, settings
 
 A module imports its own layer or lower; no two modules import each other, directly or around a
@@ -20,12 +20,12 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 # Rank of each part of the fuzzattn package: a module may import its own rank or lower.
-LAYERS = {"_checkout": 0, "contract": 0, "platform": 1, "triton_interpreter": 1, "inputs": 2, "judge": 3,
-          "run": 4, "gradients": 5, "judge.judge": 6, "judge.value_checks": 6, "relations": 7, "isolation": 8,
+LAYERS = {"_checkout": 0, "contract": 0, "platform": 1, "triton_interpreter": 1, "inputs": 2, "judging": 3,
+          "run": 4, "gradients": 5, "judging.judge": 6, "judging.value_checks": 6, "relations": 7, "isolation": 8,
           "strategies": 8, "campaigns": 9, "cli": 10, "pytest_plugin": 10, "pytest_regressions": 10,
           "pytest_watched": 10,
           "settings": 10}
-ENGINE = ("contract", "platform", "triton_interpreter", "inputs", "run", "judge", "gradients",
+ENGINE = ("contract", "platform", "triton_interpreter", "inputs", "run", "judging", "gradients",
           "relations", "isolation")
 # Folders installed inside the package (pyproject.toml's package-dir).
 MAPPED = {"kernels": "fuzzattn.kernels", "strategies": "fuzzattn.strategies"}
@@ -144,17 +144,17 @@ def test_no_import_cycles_anywhere_in_the_package():
 def test_the_cycle_check_finds_a_cycle_through_the_package_root(tmp_path):
     """The probe: a module reading the version from `fuzzattn` closes a loop through the root."""
     (tmp_path / "fuzzattn" / "platform").mkdir(parents=True)
-    (tmp_path / "fuzzattn" / "judge").mkdir()
-    (tmp_path / "fuzzattn" / "__init__.py").write_text("from fuzzattn.judge.judge import judge\n")
+    (tmp_path / "fuzzattn" / "judging").mkdir()
+    (tmp_path / "fuzzattn" / "__init__.py").write_text("from fuzzattn.judging.judge import judge\n")
     (tmp_path / "fuzzattn" / "platform" / "__init__.py").write_text("")
-    (tmp_path / "fuzzattn" / "judge" / "__init__.py").write_text("")
-    (tmp_path / "fuzzattn" / "judge" / "judge.py").write_text(
+    (tmp_path / "fuzzattn" / "judging" / "__init__.py").write_text("")
+    (tmp_path / "fuzzattn" / "judging" / "judge.py").write_text(
         "def judge():\n    from ..platform.versions import versions\n")
     (tmp_path / "fuzzattn" / "platform" / "versions.py").write_text(
         "def versions():\n    import fuzzattn\n    return fuzzattn.__version__\n")
     paths = sorted((tmp_path / "fuzzattn").rglob("*.py"))
     assert cycles(import_graph(paths, tmp_path)) == [
-        ["fuzzattn", "fuzzattn.judge.judge", "fuzzattn.platform.versions"]]
+        ["fuzzattn", "fuzzattn.judging.judge", "fuzzattn.platform.versions"]]
     (tmp_path / "fuzzattn" / "platform" / "versions.py").write_text("def versions():\n    pass\n")
     assert cycles(import_graph(paths, tmp_path)) == []
 
@@ -197,21 +197,21 @@ def test_strategies_depend_only_on_the_contract(path):
 @pytest.mark.parametrize("path", sources("kernels"), ids=_id)
 def test_no_implementation_imports_the_oracle(path):
     bad = [(line, m) for line, m in imports(path)
-           if m.startswith(("fuzzattn.judge", "fuzzattn.gradients.oracle"))]
+           if m.startswith(("fuzzattn.judging", "fuzzattn.gradients.oracle"))]
     assert not bad, f"{_id(path)} imports the oracle it is judged by: {bad}"
 
 
 def test_the_checker_sees_function_local_and_relative_imports(tmp_path):
     """The rules must not be fooled by an import hidden inside a function, or a relative one."""
-    fake = tmp_path / "fuzzattn" / "judge" / "probe.py"
+    fake = tmp_path / "fuzzattn" / "judging" / "probe.py"
     fake.parent.mkdir(parents=True)
     fake.write_text("def f():\n    from fuzzattn.cli import main\n"
                     "    from ..campaigns import replay\n    from . import oracle\n")
     found = imports(fake, root=tmp_path)
-    assert [(line, m) for line, m in found if (rank(m) or 0) > LAYERS["judge.judge"]] == [
+    assert [(line, m) for line, m in found if (rank(m) or 0) > LAYERS["judging.judge"]] == [
         (2, "fuzzattn.cli"), (2, "fuzzattn.cli.main"), (3, "fuzzattn.campaigns"),
         (3, "fuzzattn.campaigns.replay")]
-    assert (4, "fuzzattn.judge.oracle") in found
+    assert (4, "fuzzattn.judging.oracle") in found
 
 
 def test_every_engine_subpackage_says_what_it_is_for():

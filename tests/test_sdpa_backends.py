@@ -1,7 +1,7 @@
 """SDPA per backend: probed declarations, a fuzz campaign per backend (refusals counted by the
 campaign), both mask forms as a declared configuration, and the tolerance term for an
 approximate final normalisation (kernels/sdpa.py, kernels/sdpa_backends.py,
-fuzzattn/judge/tolerance.py)."""
+fuzzattn/judging/tolerance.py)."""
 import collections
 import dataclasses
 import functools
@@ -15,9 +15,9 @@ from fuzzattn.campaigns.campaign import fuzz
 from fuzzattn.contract import UnsupportedCaseError
 from fuzzattn.contract.dtypes import DTYPES
 from fuzzattn.contract.profiles import PROFILES
-from fuzzattn.judge import tolerance
+from fuzzattn.judging import tolerance
 from fuzzattn.inputs.materialize import materialize
-from fuzzattn.judge.judge import default_device, judge
+from fuzzattn.judging.judge import default_device, judge
 from fuzzattn.kernels import IMPLEMENTATIONS, sdpa, sdpa_backends
 from fuzzattn.strategies import attention_cases
 

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, seed, settings
 
 from fuzzattn import settings as run_settings
-from fuzzattn.judge.judge import judge
+from fuzzattn.judging.judge import judge
 from fuzzattn.run.registry import implementations, mutants
 from fuzzattn.strategies import attention_cases
 
@@ -73,7 +73,7 @@ def test_the_gradient_rule_allows_anything_once_recomputed_p_can_leave_fp32s_ran
 
     from fuzzattn.contract.case import AttentionCase
     from fuzzattn.contract.dtypes import U32
-    from fuzzattn.judge.tolerance import RECOMPUTE_LIMIT, SCORE_ULPS, grad_allowance, grad_noise
+    from fuzzattn.judging.tolerance import RECOMPUTE_LIMIT, SCORE_ULPS, grad_allowance, grad_noise
     from fuzzattn.relations.backward import GRAD_RELATIONS
 
     edge = RECOMPUTE_LIMIT / (2 * SCORE_ULPS * U32)

@@ -201,7 +201,7 @@ def test_counter_cases_are_born_on_the_gpu_with_the_cpu_bits(values, dtype):
 
 @CUDA
 @pytest.mark.parametrize("case", [
-    # references on the device, checks on the host (fuzzattn/judge/placement.py)
+    # references on the device, checks on the host (fuzzattn/judging/placement.py)
     AttentionCase(2, 4, 2, 300, 280, 64, causal="bottom_right", data_seed=3, generator="counter"),
     # small: references and checks on the host, from the inputs (and dO) read back with the
     # runs' outputs
@@ -209,7 +209,7 @@ def test_counter_cases_are_born_on_the_gpu_with_the_cpu_bits(values, dtype):
 ], ids=str)
 def test_a_counter_case_is_judged_on_the_gpu_from_values_computed_there(case, monkeypatch):
     from fuzzattn.inputs import sources as value_sources
-    from fuzzattn.judge.judge import judge
+    from fuzzattn.judging.judge import judge
     from fuzzattn.run.registry import implementations
 
     devices = []

@@ -23,8 +23,8 @@ from fuzzattn.campaigns.outcome import FAIL, OK, Outcome
 from fuzzattn.campaigns.regression_file import Written
 from fuzzattn.cli import gate, merged, workers
 from fuzzattn.contract.case import AttentionCase
-from fuzzattn.judge.judge import JudgedCase
-from fuzzattn.judge.verdict import Verdict
+from fuzzattn.judging.judge import JudgedCase
+from fuzzattn.judging.verdict import Verdict
 
 HERE = Path(__file__).resolve().parent
 # A kernel that kills its process on some drawn cases (tests/test_watched.py's, as a file).

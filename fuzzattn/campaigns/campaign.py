@@ -46,8 +46,8 @@ from fuzzattn.campaigns.pruned import Pruned as _Pruned
 from fuzzattn.contract.case import AttentionCase
 from fuzzattn.contract.implementation import Implementation
 from fuzzattn.contract.known_defects import known_defect
-from fuzzattn.judge.judge import JudgedCase, default_device, judge
-from fuzzattn.judge.verdict import PROCESS_CHECKS, Verdict
+from fuzzattn.judging.judge import JudgedCase, default_device, judge
+from fuzzattn.judging.verdict import PROCESS_CHECKS, Verdict
 from fuzzattn.platform.gc_tuning import freeze_long_lived
 
 FLAKY_RERUNS = 2          # extra judgements of a failing case; any pass makes it flaky

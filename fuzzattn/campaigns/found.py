@@ -8,7 +8,7 @@ from pathlib import Path
 from fuzzattn.campaigns import regression_file
 from fuzzattn.campaigns.defects import DefectBook
 from fuzzattn.contract.known_defects import KNOWN_HIT, KNOWN_PREFIX
-from fuzzattn.judge.judge import JudgedCase
+from fuzzattn.judging.judge import JudgedCase
 
 
 class Counterexample(AssertionError):

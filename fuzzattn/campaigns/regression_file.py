@@ -7,7 +7,7 @@ Format (schema 2), one object per file, named `<case key>.json` (the case's shor
     case               the AttentionCase fields (see fuzzattn/contract/case.py), its configuration too
     impl               the implementation that failed when the file was written
     impl_spec          how `--impl` finds it when it is not registered (path/file.py:NAME)
-    check              the check that failed (fuzzattn.judge.verdict.CHECKS)
+    check              the check that failed (fuzzattn.judging.verdict.CHECKS)
     observed_error     the failing error (null for checks without a number)
     allowed_error      the bound it broke (null likewise)
     where              the failing batch/head/rows, as reported

@@ -28,8 +28,8 @@ import torch
 from fuzzattn.campaigns.outcome import DRIFTED, FAIL, OK, SKIP, XFAIL, XPASS, Outcome
 from fuzzattn.campaigns.regression_file import RegressionFile, display_path, replay_command
 from fuzzattn.contract.implementation import Implementation
-from fuzzattn.judge.judge import JudgedCase, default_device, judge
-from fuzzattn.judge.verdict import PROCESS_CHECKS, Verdict
+from fuzzattn.judging.judge import JudgedCase, default_device, judge
+from fuzzattn.judging.verdict import PROCESS_CHECKS, Verdict
 
 FLAKY_REPLAYS = 5
 

@@ -125,7 +125,7 @@ def _worst(judged):
 
 
 def judge_variant(row: Variant) -> Variant:
-    from fuzzattn.judge.judge import judge
+    from fuzzattn.judging.judge import judge
     if row.verdict:             # decided without running (a backend absent here)
         return row
     why = row.impl.caps.why_not(row.case)

@@ -32,7 +32,7 @@ from fuzzattn.contract.case import AttentionCase
 
 KNOWN_PREFIX = "known upstream defect"      # how a passed-over draw is counted and reported
 KNOWN_HIT = "hit"                           # ... and a judged draw that failed as the defect
-# Verdicts of a process that hung, died or faulted the device (judge.verdict.PROCESS_CHECKS,
+# Verdicts of a process that hung, died or faulted the device (judging.verdict.PROCESS_CHECKS,
 # restated: the contract imports nothing above it)
 _PROCESS_CHECKS = ("device_fault", "segfault", "hang")
 

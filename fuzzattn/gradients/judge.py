@@ -30,11 +30,11 @@ from fuzzattn.contract.case import AttentionCase
 from fuzzattn.contract.implementation import Implementation
 from fuzzattn.gradients.oracle import NAMES, GradReference, oracle_gradients, same_precision_gradients
 from fuzzattn.inputs.materialize import Inputs, as_bits, born_on_device, materialize, materialize_dout
-from fuzzattn.judge.placement import judging, moved_together
+from fuzzattn.judging.placement import judging, moved_together
 from fuzzattn.inputs.transfer import same_device
-from fuzzattn.judge.tolerance import (all_finite, differences, grad_allowance, grad_finish,
+from fuzzattn.judging.tolerance import (all_finite, differences, grad_allowance, grad_finish,
                                        maxima, with_reference)
-from fuzzattn.judge.verdict import Verdict, heatmap, locate
+from fuzzattn.judging.verdict import Verdict, heatmap, locate
 from fuzzattn.gradients.runs import GradRun, on_device, run_backward
 
 ROW_KIND = {"dq": "query rows", "dk": "key rows", "dv": "key rows"}

@@ -23,8 +23,8 @@ import torch
 
 from fuzzattn.contract.case import AttentionCase
 from fuzzattn.contract.dtypes import reads_tf32
-from fuzzattn.judge.placement import judging
-from fuzzattn.judge.oracle import (Reference, _attend, same_precision_reference,
+from fuzzattn.judging.placement import judging
+from fuzzattn.judging.oracle import (Reference, _attend, same_precision_reference,
                                    truncate_to_tf32, visible_keys)
 
 NAMES = ("dq", "dk", "dv")

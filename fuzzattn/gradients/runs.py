@@ -16,11 +16,11 @@ from fuzzattn.gradients.oracle import NAMES
 from fuzzattn.run import execute
 from fuzzattn.inputs.materialize import (Inputs, born_on_device, changed_flags, materialize,
                                          materialize_dout, moved_with, place, place_flat, view_in)
-from fuzzattn.judge.placement import moved
+from fuzzattn.judging.placement import moved
 from fuzzattn.inputs.transfer import read_back, same_device
 from fuzzattn.inputs.nan_fill import (UninitializedMemoryIsZero, prime_allocator,
                                       uninitialized_memory_is_nan)
-from fuzzattn.judge.verdict import Verdict
+from fuzzattn.judging.verdict import Verdict
 
 
 @dataclasses.dataclass

@@ -222,7 +222,7 @@ def _per_case(case, salt: int, n: int) -> int:
 # output off c, every element is off by the same ulp, several times the statistic's allowance
 # for one element off, also in the smallest case a shrinker finds.
 # |c| < FLOOR keeps the max rule's absolute allowance above such an error: it is the statistic's
-# to see (fuzzattn/judge/error_statistics.py). fp32 cases keep standard normal v: an fp32
+# to see (fuzzattn/judging/error_statistics.py). fp32 cases keep standard normal v: an fp32
 # output is only as exact as the normalisation, and a kernel that normalises P before P V
 # (SDPA's math backend: p = 1/l, rounded) is a few ulps off an exact mean, correctly.
 def exact_mean(case, q, k, v, g):

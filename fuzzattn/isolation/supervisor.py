@@ -43,8 +43,8 @@ from fuzzattn.inputs.materialize import inputs_sha256, materialize
 from fuzzattn.platform.device_faults import is_device_fault
 from fuzzattn.isolation.worker import (FIELDS, IsolationError, declared, spec_of,
                                               where, worker_main)
-from fuzzattn.judge.judge import JudgedCase, default_device
-from fuzzattn.judge.verdict import Verdict
+from fuzzattn.judging.judge import JudgedCase, default_device
+from fuzzattn.judging.verdict import Verdict
 from fuzzattn.platform.versions import versions
 
 __all__ = ["DEFAULT_TIMEOUT", "IsolatedJudge", "IsolationError", "is_device_fault", "spec_of"]

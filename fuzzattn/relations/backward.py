@@ -33,9 +33,9 @@ from fuzzattn.inputs.materialize import materialize, materialize_dout
 from fuzzattn.relations.forward import _transformed
 from fuzzattn.relations.runs import (Refused, RunFailed, as_relation, case_generator,
                                            relation_verdict, row_errors, run_once)
-from fuzzattn.judge.oracle import visible_keys
-from fuzzattn.judge.tolerance import grad_noise
-from fuzzattn.judge.verdict import Verdict
+from fuzzattn.judging.oracle import visible_keys
+from fuzzattn.judging.tolerance import grad_noise
+from fuzzattn.judging.verdict import Verdict
 
 
 def _gradients(impl: Implementation, q, k, v, dout, case: AttentionCase, which: str):

@@ -39,11 +39,11 @@ from fuzzattn.contract.case import AttentionCase
 from fuzzattn.contract.dtypes import BY_NAME, U32
 from fuzzattn.contract.implementation import Implementation
 from fuzzattn.inputs.materialize import materialize
-from fuzzattn.judge.judge import default_device
+from fuzzattn.judging.judge import default_device
 from fuzzattn.relations.runs import (all_rows, as_relation, case_generator, relation_verdict,
                                            row_errors, rows_with_keys, run_once)
 from fuzzattn.relations.rounding import Rounding, finite_abs, max_abs_v, row_abs
-from fuzzattn.judge.verdict import Verdict
+from fuzzattn.judging.verdict import Verdict
 
 SHIFT_MIN = 8.0                  # score_shift: smallest added key component (a power of two)
 REPLACEMENT_SCALE = 16.0         # causal_prefix: replaced keys/values are 16 * N(0, 1)

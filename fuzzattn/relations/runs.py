@@ -18,9 +18,9 @@ from fuzzattn.contract.case import AttentionCase
 from fuzzattn.contract.implementation import Implementation
 from fuzzattn.contract.known_defects import known_defect
 from fuzzattn.run import execute
-from fuzzattn.judge.judge import default_device, skip_reason
-from fuzzattn.judge.oracle import visible_keys
-from fuzzattn.judge.verdict import Verdict, heatmap, locate
+from fuzzattn.judging.judge import default_device, skip_reason
+from fuzzattn.judging.oracle import visible_keys
+from fuzzattn.judging.verdict import Verdict, heatmap, locate
 
 PREFIX = "metamorphic:"
 

@@ -29,7 +29,7 @@ from fuzzattn.inputs.materialize import Inputs, as_bits, changed_anywhere, chang
 from fuzzattn.inputs.nan_fill import (UninitializedMemoryIsZero, prime_allocator,
                                     uninitialized_memory_is_nan)
 from fuzzattn.inputs.transfer import read_back
-from fuzzattn.judge.verdict import Verdict
+from fuzzattn.judging.verdict import Verdict
 
 # Canary elements on each side of an output buffer: as many as the buffer holds (at least 4096),
 # so a store with a wrong tile mask or a swapped batch/head index lands in the canary, not in

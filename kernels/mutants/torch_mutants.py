@@ -81,7 +81,7 @@ TILED_BUGS = (
        "k5, v5 = (k.squeeze(1), v.squeeze(1)) if kv_heads == 1 else (k.unsqueeze(2), v.unsqueeze(2))")]),
     # Precision bugs. Each stays within the max rule's bound on most cases of its own dtype (the
     # errors are a few roundings of the input dtype, spread over every element), so they are the
-    # targets of the error-statistics check (fuzzattn/judge/error_statistics.py). The accumulator
+    # targets of the error-statistics check (fuzzattn/judging/error_statistics.py). The accumulator
     # ones plant "the accumulator kept in the input's dtype", a bug only for that dtype: an fp32
     # kernel with an fp32 accumulator is correct, so fp32 cases must not give them away.
     ("mutant_acc_bf16",

@@ -49,8 +49,8 @@ import math
 import torch
 
 from fuzzattn.contract.dtypes import TF32_ROUNDOFF, U32, reads_tf32, unit_roundoff
-from fuzzattn.judge import tolerance
-from fuzzattn.judge.tolerance import (EPS_ULPS, K_RMS, K_RMS_TF32, RMS_SAMPLING, SCORE_ULPS,
+from fuzzattn.judging import tolerance
+from fuzzattn.judging.tolerance import (EPS_ULPS, K_RMS, K_RMS_TF32, RMS_SAMPLING, SCORE_ULPS,
                                        ULP32, all_finite)
 
 

@@ -13,13 +13,13 @@ import torch
 
 from fuzzattn.contract.dtypes import torch_dtype
 from fuzzattn.run import runs
-from fuzzattn.judge.error_statistics import out_rms_bound
-from fuzzattn.judge.placement import moved
-from fuzzattn.judge.oracle import Reference
-from fuzzattn.judge.tolerance import (all_finite, differences, lse_finish, maxima, out_finish,
+from fuzzattn.judging.error_statistics import out_rms_bound
+from fuzzattn.judging.placement import moved
+from fuzzattn.judging.oracle import Reference
+from fuzzattn.judging.tolerance import (all_finite, differences, lse_finish, maxima, out_finish,
                                        summed_for_tf32, with_reference)
 from fuzzattn.inputs.transfer import same_device
-from fuzzattn.judge.verdict import Verdict, heatmap, locate
+from fuzzattn.judging.verdict import Verdict, heatmap, locate
 
 
 def run_on(run: runs.Run, device: torch.device) -> runs.Run:
