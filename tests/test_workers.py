@@ -276,6 +276,17 @@ def test_the_gate_shares_its_budget_out_and_passes_on_what_is_left(capsys, monke
     assert given == sorted(given), given                       # unused time flows onward
 
 
+def test_the_gate_fuzzes_interpreted_triton_kernels_last():
+    """They use every second they get; the others leave most of their share to them."""
+    from fuzzattn.contract import Capabilities, Implementation
+    tri = Implementation("tri", lambda *a, **k: None, Capabilities(), backend="triton")
+    tor = Implementation("tor", lambda *a, **k: None, Capabilities())
+    plan = [(tri, "float32"), (tor, "float32"), (tri, "bfloat16"), (tor, "bfloat16")]
+    assert [(i.name, d) for i, d in gate.fuzz_order(plan, interpreted=True)] == [
+        ("tor", "float32"), ("tor", "bfloat16"), ("tri", "float32"), ("tri", "bfloat16")]
+    assert gate.fuzz_order(plan, interpreted=False) == plan
+
+
 def test_the_gate_with_a_small_budget_ends_and_reports_every_campaign(capsys, tmp_path):
     status, out, err = run(capsys, "gate", "--budget", 6, "--allow-empty", "--workers", 1,
                            "--profile", "dev", "--regressions-dir", tmp_path / "none")

@@ -36,6 +36,16 @@ GATE_BUDGET_CPU = 120.0
 MIN_SHARE = 0.5         # seconds: a campaign offered less is not started (reported as not fuzzed)
 
 
+def fuzz_order(plan: list, interpreted: bool) -> list:
+    """The campaigns in the order they spend the budget. Under the interpreter, Triton kernels go
+    last: the others judge their cases in a second or two and leave most of their share, which
+    the slow interpreted campaigns, going last, then get (each used its whole 5 s share when it
+    went first, 11-28 cases, while the gate ended 53 s inside its budget)."""
+    if not interpreted:
+        return plan
+    return sorted(plan, key=lambda campaign: campaign[0].backend == "triton")     # stable
+
+
 def add_parser(commands) -> None:
     p = commands.add_parser("gate", help="replay regression files, fuzz within a budget, optionally self-test on mutants",
                             description="The CI gate: (1) replay regressions/ on every supporting "
@@ -114,6 +124,7 @@ def run(args) -> int:
                                     detail=f"unchanged since {args.changed_since}: replayed only"))
             continue
         plan += [(impl, dtype) for dtype in common.dtypes_of(impl, None)]
+    plan = fuzz_order(plan, interpreted)
     unfuzzed = 0
     with workers.Pool(n_workers, progress) as pool:
         if plan and deadline - time.perf_counter() > MIN_SHARE * len(plan):
