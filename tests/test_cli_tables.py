@@ -86,3 +86,8 @@ def test_junit_xml_and_markdown_render_every_outcome():
     table = report.table(("a", "b"), [["1", "x" * 200]], max_width=20)
     assert max(len(line) for line in table.splitlines()) < 30
 
+
+
+def test_time_caps_read_as_a_person_writes_them():
+    assert [report_words.seconds_text(s) for s in (0.2, 1, 5.26341, 60.0, 3600)] == [
+        "0.2", "1", "5.26", "60", "3600"]

@@ -11,7 +11,7 @@ import signal
 import time
 
 from fuzzattn.campaigns import example_db
-from fuzzattn.campaigns.outcome import ERROR, FAIL, OK, SKIP, Outcome
+from fuzzattn.campaigns.outcome import ERROR, FAIL, OK, SKIP, Outcome, seconds_text
 from fuzzattn.campaigns.regression_file import display_path, replay_command
 from fuzzattn.cli import tables
 from fuzzattn.contract.dtypes import DTYPES
@@ -259,7 +259,7 @@ def run_campaign(impl, dtype: str | None, *, profile, max_examples: int, seconds
     else:
         outcome = Outcome(stage, label, OK, True, result.cases, result.seconds)
         if result.budget_hit:
-            outcome.detail = f"time cap {seconds:g} s reached after {result.cases} of {max_examples} cases"
+            outcome.detail = f"time cap {seconds_text(seconds)} s reached after {result.cases} of {max_examples} cases"
     if refusals:
         loud = "MOSTLY REFUSED: " if result.mostly_refused else ""
         outcome.detail = "; ".join(filter(None, [outcome.detail, loud + refusals]))
@@ -269,7 +269,7 @@ def run_campaign(impl, dtype: str | None, *, profile, max_examples: int, seconds
 
 def unfuzzed(seconds) -> str:
     """Why a campaign that judged no case is a skip: its time cap ended before the first."""
-    return f"not fuzzed: the time cap of {seconds:g} s ended before the first case was judged"
+    return f"not fuzzed: the time cap of {seconds_text(seconds)} s ended before the first case was judged"
 
 
 class Terminated(BaseException):

@@ -20,7 +20,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from fuzzattn.campaigns.outcome import ERROR, XFAIL, Outcome
+from fuzzattn.campaigns.outcome import ERROR, XFAIL, Outcome, seconds_text
 
 
 # -- plain-text tables ------------------------------------------------------------------------
@@ -229,7 +229,7 @@ class Progress:
     def _line(label, budget, cap, elapsed, drawn, counts) -> str:
         judged, refused, failed = counts() if counts is not None else (drawn, 0, 0)
         rate = judged / elapsed if elapsed > 0 else 0.0
-        limit = f"/{cap:g}" if cap else ""
+        limit = f"/{seconds_text(cap)}" if cap else ""
         return (f"{label}  {judged}/{budget} judged  {rate:.1f}/s  {refused} refused  "
                 f"{failed} failed  {elapsed:.1f}{limit} s")
 
