@@ -4,7 +4,7 @@
 #     bash benchmarks/gpu_run.sh [suite] [zoo] [campaign] [throughput] [speed] [watched] [flex] [defects]
 #                                [workers]
 #                                                                                     (default: all)
-#   suite       the test suite on compiled kernels and the CUDA backends (profile dev)
+#   suite       the test suite on compiled kernels and the CUDA backends, its 40 slowest tests
 #   zoo         every mutant fuzzed compiled, ZOO processes side by side
 #   campaign    PARTS isolated campaign parts spread over the GPUs, CAMPAIGN_SECONDS each
 #   throughput  K = 1 and 16 sdpa fp32 fuzzers side by side on GPU 0, 30 s (MPS=1: under MPS)
@@ -34,9 +34,11 @@ python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log
 
 for s in $STEPS; do case $s in
 suite)
-    step "test suite"
-    FUZZATTN_PROFILE=dev python3 -m pytest -q -p no:cacheprovider -n 16 -rfs --tb=short tests \
-        >"$OUT/suite.txt" 2>&1; tail -n 3 "$OUT/suite.txt" ;;
+    step "test suite: pytest -n auto, as a user runs it"
+    started=$(date +%s)
+    python3 -m pytest -q -p no:cacheprovider -n auto -rfs --tb=short --durations=40 tests \
+        >"$OUT/suite.txt" 2>&1; echo "pytest exit $? in $(( $(date +%s) - started )) s"
+    grep -E "passed|failed" "$OUT/suite.txt" | tail -n 1 ;;
 zoo)
     step "mutant zoo, compiled"
     rm -rf "$OUT/zoo"; mkdir -p "$OUT/zoo"
