@@ -159,11 +159,11 @@ def pytest_configure(config):
     except (settings.BackendError, ValueError) as exc:
         raise pytest.UsageError(str(exc)) from None
     _pin_worker_gpu()
-    if os.environ.get("PYTEST_XDIST_WORKER") and "OMP_NUM_THREADS" not in os.environ:
+    threads = settings.threads_per_process(int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1))
+    if os.environ.get("PYTEST_XDIST_WORKER") and threads:
         import torch
         state.threads = torch.get_num_threads()
-        workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1)
-        torch.set_num_threads(1 if settings.wants_one_thread() else settings.threads_per_process(workers))
+        torch.set_num_threads(threads)
     timeout = config.getoption("fuzzattn_timeout")
     if timeout is not None and not timeout > 0:
         raise pytest.UsageError(f"--fuzzattn-timeout={timeout:g} must be a positive number of seconds")

@@ -73,12 +73,16 @@ def wants_one_thread() -> bool:
     return not torch.cuda.is_available() and "OMP_NUM_THREADS" not in os.environ
 
 
-def threads_per_process(n: int) -> int:
-    """torch's intra-op threads for each of n judging processes sharing a CUDA host (pytest-xdist
-    workers, `--workers`): its share of the cores. torch's default gives every process a thread per
-    core, n times as many threads as cores, whose waits at their barriers spin (see
-    wants_one_thread); 4 `--workers` with that default judged 4 sdpa fp32 cases/s on an H200 where
-    one process judges 56."""
+def threads_per_process(n: int) -> int | None:
+    """torch's intra-op threads for each of n judging processes on this machine (pytest-xdist
+    workers, `--workers`); None when OMP_NUM_THREADS decides. Without CUDA one (wants_one_thread);
+    with it, the process's share of the cores: torch's default gives every process a thread per
+    core, n times as many threads as cores, whose waits at their barriers spin. 4 `--workers`
+    with that default judged 4 sdpa fp32 cases/s on an H200 where one process judges 56."""
+    if "OMP_NUM_THREADS" in os.environ:
+        return None
+    if wants_one_thread():
+        return 1
     return max(1, (os.cpu_count() or 1) // max(1, n))
 
 

@@ -89,5 +89,5 @@ def test_junit_xml_and_markdown_render_every_outcome():
 
 
 def test_time_caps_read_as_a_person_writes_them():
-    assert [report_words.seconds_text(s) for s in (0.2, 1, 5.26341, 60.0, 3600)] == [
+    assert [report.seconds_text(s) for s in (0.2, 1, 5.26341, 60.0, 3600)] == [
         "0.2", "1", "5.26", "60", "3600"]

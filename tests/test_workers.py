@@ -77,10 +77,16 @@ def test_a_bad_worker_count_is_a_one_line_usage_error(capsys, command_name, valu
 
 def test_each_worker_on_a_cuda_host_gets_its_share_of_the_cores(monkeypatch):
     from fuzzattn import settings
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(settings, "wants_one_thread", lambda: False)     # as with CUDA
     monkeypatch.setattr(os, "cpu_count", lambda: 16)
     assert [settings.threads_per_process(n) for n in (1, 4, 16, 32)] == [16, 4, 1, 1]
     monkeypatch.setattr(os, "cpu_count", lambda: None)
     assert settings.threads_per_process(4) == 1
+    monkeypatch.setattr(settings, "wants_one_thread", lambda: True)      # no CUDA: one each
+    assert settings.threads_per_process(4) == 1
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")                           # the user's choice wins
+    assert settings.threads_per_process(4) is None
 
 
 def test_auto_is_one_worker_per_core_up_to_the_cap_without_cuda(monkeypatch):

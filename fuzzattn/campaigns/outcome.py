@@ -28,9 +28,3 @@ class Outcome:
     judged: object = None       # the JudgedCase behind a replay or a campaign's counterexample
     campaign: object = None     # the Campaign behind a fuzz or mutant outcome
 
-
-def seconds_text(seconds: float) -> str:
-    """A time cap as a person reads it: 5.26, 60, 3600 (not 5.26341 or 3.6e+03)."""
-    if seconds < 0.01:
-        return f"{seconds:g}"
-    return f"{seconds:.2f}".rstrip("0").rstrip(".")

@@ -11,7 +11,7 @@ import signal
 import time
 
 from fuzzattn.campaigns import example_db
-from fuzzattn.campaigns.outcome import ERROR, FAIL, OK, SKIP, Outcome, seconds_text
+from fuzzattn.campaigns.outcome import ERROR, FAIL, OK, SKIP, Outcome
 from fuzzattn.campaigns.regression_file import display_path, replay_command
 from fuzzattn.cli import tables
 from fuzzattn.contract.dtypes import DTYPES
@@ -227,8 +227,8 @@ def run_campaign(impl, dtype: str | None, *, profile, max_examples: int, seconds
         result = fuzz(impl, strategy, max_examples=max_examples, seconds=seconds,
                       hypothesis_seed_value=hypothesis_seed, save_to_file=save,
                       regressions_dir=regressions_dir, shrink=shrink, isolate=isolate,
-                      timeout=timeout if isolate else None, stop_at_first=stop_at_first, first_cases=first_cases,
-                      database=database,
+                      timeout=timeout if isolate else None, stop_at_first=stop_at_first,
+                      first_cases=first_cases, database=database,
                       database_key=example_db.key(impl.cli_name, dtype, profile.name))
     except Exception as exc:   # e.g. a drawn case the harness cannot judge here: report, go on
         progress.clear()
@@ -259,7 +259,7 @@ def run_campaign(impl, dtype: str | None, *, profile, max_examples: int, seconds
     else:
         outcome = Outcome(stage, label, OK, True, result.cases, result.seconds)
         if result.budget_hit:
-            outcome.detail = f"time cap {seconds_text(seconds)} s reached after {result.cases} of {max_examples} cases"
+            outcome.detail = cap_reached(seconds, result.cases, max_examples)
     if refusals:
         loud = "MOSTLY REFUSED: " if result.mostly_refused else ""
         outcome.detail = "; ".join(filter(None, [outcome.detail, loud + refusals]))
@@ -267,9 +267,14 @@ def run_campaign(impl, dtype: str | None, *, profile, max_examples: int, seconds
     return outcome
 
 
+def cap_reached(seconds, cases: int, max_examples: int) -> str:
+    """What a passing campaign that its time cap ended says of it."""
+    return f"time cap {tables.seconds_text(seconds)} s reached after {cases} of {max_examples} cases"
+
+
 def unfuzzed(seconds) -> str:
     """Why a campaign that judged no case is a skip: its time cap ended before the first."""
-    return f"not fuzzed: the time cap of {seconds_text(seconds)} s ended before the first case was judged"
+    return f"not fuzzed: the time cap of {tables.seconds_text(seconds)} s ended before the first case was judged"
 
 
 class Terminated(BaseException):

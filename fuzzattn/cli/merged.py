@@ -13,7 +13,7 @@ import contextlib
 import dataclasses
 import os
 
-from fuzzattn.campaigns.outcome import ERROR, FAIL, OK, SKIP, Outcome, seconds_text
+from fuzzattn.campaigns.outcome import ERROR, FAIL, OK, SKIP, Outcome
 from fuzzattn.cli import common
 
 
@@ -106,8 +106,7 @@ def merge(stage: str, label: str, parts: list, problems: list[str], wall: float,
     else:
         outcome = Outcome(stage, label, OK, True, cases, wall)
         if campaign is not None and campaign.budget_hit:
-            outcome.detail = (f"time cap {seconds_text(seconds)} s reached after {cases} of {max_examples} "
-                              f"cases ({len(parts)} workers)")
+            outcome.detail = f"{common.cap_reached(seconds, cases, max_examples)} ({len(parts)} workers)"
     if campaign is not None and campaign.refusal_note() and not outcome.skipped:
         loud = "MOSTLY REFUSED: " if campaign.mostly_refused else ""
         outcome.detail = "; ".join(filter(None, [outcome.detail, loud + campaign.refusal_note()]))

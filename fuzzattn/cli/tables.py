@@ -20,7 +20,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from fuzzattn.campaigns.outcome import ERROR, XFAIL, Outcome, seconds_text
+from fuzzattn.campaigns.outcome import ERROR, XFAIL, Outcome
 
 
 # -- plain-text tables ------------------------------------------------------------------------
@@ -41,7 +41,15 @@ def table(headers: Sequence[str], rows: Iterable[Sequence], *, max_width: int = 
 
 
 def seconds(value: float | None) -> str:
+    """A table's seconds cell."""
     return "" if value is None else f"{value:.1f}"
+
+
+def seconds_text(seconds: float) -> str:
+    """A time cap in a sentence: 5.26, 60, 3600 (not 5.26341 or 3.6e+03)."""
+    if seconds < 0.01:
+        return f"{seconds:g}"
+    return f"{seconds:.2f}".rstrip("0").rstrip(".")
 
 
 def outcome_rows(outcomes: Sequence[Outcome]) -> list[list]:

@@ -138,11 +138,10 @@ def _start(watched: bool, gpus: list[str], counter, counts, n: int = 1) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     settings.choose_backend()
     settings.check_environment()
-    import torch
-    if settings.wants_one_thread():
-        torch.set_num_threads(1)
-    elif "OMP_NUM_THREADS" not in os.environ:
-        torch.set_num_threads(settings.threads_per_process(n))
+    threads = settings.threads_per_process(n)
+    if threads:
+        import torch
+        torch.set_num_threads(threads)
     warnings.filterwarnings("ignore", category=RuntimeWarning, module=r"triton\.runtime\.interpreter")
     warnings.filterwarnings("ignore", message="Conversion of an array with ndim > 0 to a scalar",
                             category=DeprecationWarning)
