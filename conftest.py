@@ -26,15 +26,48 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
     [_ROOT] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != _ROOT])
 
 
-# Longest first. pytest-xdist hands tests to workers in collection order, and the interpreted
-# Triton campaigns (~50 s each on the 2-core CI machine, tests/test_differential.py and
-# tests/test_gradients.py) were collected mid-way: the last of them often ran alone at the end
-# while the other worker sat idle. Started first, they overlap with everything else.
-_LONG = ("test_differential.py::test_matches_oracle", "test_gradients.py::test_gradients_match_oracle")
+# Longest first. pytest-xdist hands tests to workers in collection order, and a long test
+# collected late runs alone at the end while the other workers sit idle. First: the compiled or
+# interpreted kernels' campaigns (triton_fa2's interpreted ones ~50 s each on the 2-core CI
+# machine; triton_fa2's and flex's 35-110 s on the H200, compiles included). Then the tests that
+# start processes (CLI commands, isolated workers, in-process pytest runs): 30-130 s each on
+# the H200, `--durations` of `bash benchmarks/gpu_run.sh suite`.
+_CAMPAIGNS = ("test_differential.py::test_matches_oracle", "test_gradients.py::test_gradients_match_oracle",
+              "test_metamorphic.py::test_real_", "test_grad_metamorphic.py::test_real_backward_obeys")
+_COMPILED = ("triton_fa2", "flex")
+_PROCESSES = ("test_expected_failures.py", "test_watched.py", "test_isolation.py", "test_cli.py",
+              "test_install_layout.py", "test_benchmarks.py", "test_public_api.py", "test_fixtures.py",
+              "test_tiers.py", "test_palette.py", "test_cli_mutants.py", "test_workers.py")
 
 
 def pytest_collection_modifyitems(items):
-    def long_running(item) -> bool:
-        return "triton_fa2" in item.nodeid and any(part in item.nodeid for part in _LONG)
+    def rank(item) -> int:
+        if any(part in item.nodeid for part in _CAMPAIGNS) and any(k in item.nodeid for k in _COMPILED):
+            return 0
+        return 1 if item.nodeid.split("::")[0].rpartition("/")[2] in _PROCESSES else 2
 
-    items.sort(key=lambda item: 0 if long_running(item) else 1)     # stable: the rest keep order
+    items.sort(key=rank)          # stable: the rest keep their order
+
+
+# pytester's in-process runs put sys.modules back as they found it, dropping every module first
+# imported inside them. A library cannot be imported twice: torch.compile's modules, first loaded
+# by an inner run that compiled FlexAttention, then failed to re-import in every later test of
+# that xdist worker ("Artifact of type=autotune already registered in mega-cache artifact
+# factory"). The libraries' modules are kept; the plugin's tests only need their own files undone.
+_LIBRARIES = ("torch", "triton", "sympy", "numpy", "functorch", "hypothesis")
+
+
+def _keep_libraries():
+    import _pytest.pytester as pytester_module
+    snapshot = pytester_module.SysModulesSnapshot
+
+    class LibrariesKept(snapshot):
+        def __init__(self, preserve=None):
+            def keep(name: str) -> bool:
+                return name.partition(".")[0] in _LIBRARIES or bool(preserve and preserve(name))
+            super().__init__(preserve=keep)
+
+    pytester_module.SysModulesSnapshot = LibrariesKept
+
+
+_keep_libraries()

@@ -2,7 +2,7 @@
 # On a CUDA host, from the repository root: install this checkout over the host's torch and
 # triton, then run what benchmarks/REPORT.md's GPU tables report. Each step writes under OUT.
 #     bash benchmarks/gpu_run.sh [suite] [zoo] [campaign] [throughput] [speed] [watched] [flex] [defects]
-#                                [workers]
+#                                [workers] [gate]
 #                                                                                     (default: all)
 #   suite       the test suite on compiled kernels and the CUDA backends, its 40 slowest tests
 #   zoo         every mutant fuzzed compiled, ZOO processes side by side
@@ -18,11 +18,13 @@
 #               sdpa per dtype with known defects judged (share of draws passed over, hits)
 #   workers     `fuzzattn fuzz --workers auto` on sdpa fp32 for 60 s (every check, gradients on
 #               every case as the command judges them), then cases/s for --workers 1..32 and the
-#               ratio to 1 worker (what PER_GPU in fuzzattn/cli/workers.py should be)
+#               ratio to 1 worker for WORKERS (default 2,4,8,16,32,auto; WORKER_SECONDS each):
+#               what PER_GPU in fuzzattn/cli/workers.py should be
+#   gate        `fuzzattn gate` as a user runs it before a merge (its default budget on a GPU host)
 set -uo pipefail
 OUT=${OUT:-gpu-out} CAMPAIGN_SECONDS=${CAMPAIGN_SECONDS:-300} PARTS=${PARTS:-12} ZOO=${ZOO:-16}
-FLEX_SECONDS=${FLEX_SECONDS:-60}
-STEPS=${*:-suite zoo campaign throughput speed watched flex defects workers}
+FLEX_SECONDS=${FLEX_SECONDS:-60} WORKERS=${WORKERS:-2,4,8,16,32,auto} WORKER_SECONDS=${WORKER_SECONDS:-30}
+STEPS=${*:-suite zoo campaign throughput speed watched flex defects workers gate}
 NGPU=$(nvidia-smi -L 2>/dev/null | grep -c "^GPU") || { echo "gpu_run.sh: no GPU visible"; exit 2; }
 mkdir -p "$OUT"
 step() { echo; echo "== $1 ($(date +%T))"; }
@@ -36,8 +38,10 @@ for s in $STEPS; do case $s in
 suite)
     step "test suite: pytest -n auto, as a user runs it"
     started=$(date +%s)
-    python3 -m pytest -q -p no:cacheprovider -n auto -rfs --tb=short --durations=40 tests \
-        >"$OUT/suite.txt" 2>&1; echo "pytest exit $? in $(( $(date +%s) - started )) s"
+    # SUITE_LIMIT: seconds before pytest is interrupted (it still prints its slowest tests)
+    timeout -s INT "${SUITE_LIMIT:-1200}" python3 -m pytest -q -p no:cacheprovider -n auto -rfs \
+        --tb=short --durations=40 tests >"$OUT/suite.txt" 2>&1
+    echo "pytest exit $? in $(( $(date +%s) - started )) s"
     grep -E "passed|failed" "$OUT/suite.txt" | tail -n 1 ;;
 zoo)
     step "mutant zoo, compiled"
@@ -122,8 +126,15 @@ workers)
     echo "fuzz exit $?"
     grep -E "^fuzzattn fuzz:|^sdpa " "$OUT/workers_auto.txt" \
         | awk '{print} $1 == "sdpa" && $5 > 0 {printf "%.1f cases/s\n", $4 / $5}'
-    step "worker scaling: sdpa fp32, 30 s per command"
-    python3 benchmarks/throughput.py --cli-workers 2,4,8,16,32,auto --seconds 30 --profile gpu \
+    step "worker scaling: sdpa fp32, $WORKER_SECONDS s per command"
+    python3 benchmarks/throughput.py --cli-workers "$WORKERS" --seconds "$WORKER_SECONDS" --profile gpu \
         --impl sdpa --dtype float32 2>&1 | tee "$OUT/workers_scaling.txt" ;;
-*)  echo "gpu_run.sh: unknown step $s (suite, zoo, campaign, throughput, speed, watched, flex, defects, workers)"; exit 2 ;;
+gate)
+    step "fuzzattn gate, as typed"
+    rm -rf "$OUT/gate"; cp -r regressions "$OUT/gate"      # what it saves stays out of the tree
+    started=$(date +%s)
+    python3 -m fuzzattn.cli gate --regressions-dir "$OUT/gate" >"$OUT/gate.txt" 2>&1
+    echo "gate exit $? in $(( $(date +%s) - started )) s"
+    tail -n 30 "$OUT/gate.txt" ;;
+*)  echo "gpu_run.sh: unknown step $s (suite, zoo, campaign, throughput, speed, watched, flex, defects, workers, gate)"; exit 2 ;;
 esac; done

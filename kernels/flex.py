@@ -24,17 +24,24 @@ no backward; on CUDA both.
 from __future__ import annotations
 
 import functools
+import re
 
 import torch
-import torch._dynamo
 
 from fuzzattn.contract import Capabilities, Implementation
 
-try:                                # flex_attention: torch >= 2.5; return_aux: torch >= 2.9
-    from torch.nn.attention.flex_attention import AuxRequest, create_block_mask, flex_attention
-    UNAVAILABLE = None
-except ImportError as exc:
-    UNAVAILABLE = f"torch {torch.__version__} has no FlexAttention with return_aux ({exc})"
+# flex_attention came in torch 2.5, return_aux in 2.9. Its module is imported on first use: it
+# pulls in torch._dynamo (2.3 s on the 2-core CPU machine), which every process that imports the
+# registry (each CLI command, worker and xdist worker) would otherwise pay, flex judged or not.
+_RELEASE = tuple(int(part) for part in re.findall(r"\d+", torch.__version__)[:2])
+UNAVAILABLE = (None if _RELEASE >= (2, 9) else
+               f"torch {torch.__version__} has no FlexAttention with return_aux (torch >= 2.9)")
+
+
+def _api():
+    """torch.nn.attention.flex_attention, imported on first use."""
+    from torch.nn.attention import flex_attention as api
+    return api
 
 ON_CUDA = torch.cuda.is_available()
 RECOMPILE_LIMIT = 1 << 20           # per code object and in all: far above any campaign's variants
@@ -47,13 +54,14 @@ _compiled = None
 def _flex():
     global _compiled
     if _compiled is None:
-        _compiled = torch.compile(flex_attention, dynamic=False, fullgraph=True)
+        _compiled = torch.compile(_api().flex_attention, dynamic=False, fullgraph=True)
     return _compiled
 
 
 def _limits():
     """Raised recompile limits for the call, and an error (not eager) should one be hit. The
     names changed over releases (cache_size_limit became recompile_limit): set those that exist."""
+    import torch._dynamo
     config = torch._dynamo.config
     wanted = {name: RECOMPILE_LIMIT for name in ("recompile_limit", "cache_size_limit",
                                                  "accumulated_recompile_limit",
@@ -102,7 +110,7 @@ def _block_mask(seq_q: int, seq_k: int, causal: str, device: str):
     if causal == "none":
         return None
     offset = 0 if causal == "top_left" else seq_k - seq_q
-    return create_block_mask(_visible(offset, device), None, None, seq_q, seq_k, device=device)
+    return _api().create_block_mask(_visible(offset, device), None, None, seq_q, seq_k, device=device)
 
 
 def flex_forward(q, k, v, *, causal, scale):
@@ -113,7 +121,7 @@ def flex_forward(q, k, v, *, causal, scale):
     with _limits():
         if not CAPS.returns_lse:
             return _flex()(q, k, v, **kwargs)
-        out, aux = _flex()(q, k, v, return_aux=AuxRequest(lse=True), **kwargs)
+        out, aux = _flex()(q, k, v, return_aux=_api().AuxRequest(lse=True), **kwargs)
     return out, aux.lse.float()
 
 

@@ -96,7 +96,7 @@ def fails_on_16(q, k, v, *, causal, scale):
         raise RuntimeError("kernel launch failed for 16 keys")
     s = (q @ k.transpose(-1, -2)) * scale
     if causal:
-        s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool).triu(1), -math.inf)
+        s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).triu(1), -math.inf)
     return torch.softmax(s, -1) @ v, torch.logsumexp(s, -1)
 
 

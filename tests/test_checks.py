@@ -121,7 +121,7 @@ class _Jittery:
 
 
 def _crashes(q, k, v, *, causal, scale):
-    raise RuntimeError("illegal memory access (simulated)")
+    raise RuntimeError("the kernel raised (simulated)")
 
 
 def _wrong_shape(q, k, v, *, causal, scale):

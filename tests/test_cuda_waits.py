@@ -88,7 +88,7 @@ def test_an_unknown_mode_is_one_line_naming_it(monkeypatch, capsys):
 def test_the_mode_holds_once_torch_has_created_the_context():
     script = ("from fuzzattn import settings; settings.choose_backend()\n"
               "import torch; torch.ones(4, device='cuda').sum().item()\n"
-              "from fuzzattn.engine import cuda_waits; print(cuda_waits.current())\n")
+              "from fuzzattn.platform import cuda_waits; print(cuda_waits.current())\n")
     for mode in ("block", "yield"):
         env = dict(os.environ, **{cuda_waits.ENV: mode})
         done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,

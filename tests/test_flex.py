@@ -5,8 +5,11 @@ Each new shape compiles (10-40 s on a small CPU), so the judged cases here are f
 share shapes: the mutated mask below reuses the compile of the top-left case."""
 from __future__ import annotations
 
-import torch
+import subprocess
+import sys
+
 import pytest
+import torch
 from hypothesis import HealthCheck, given, settings
 
 from fuzzattn import AttentionCase, check_case
@@ -104,7 +107,19 @@ def test_undeclared_inputs_are_refused_in_one_line():
         flex.flex_forward(q, q, q, causal="diagonal", scale=0.25)
 
 
+def test_the_registry_imports_flex_without_torch_compile():
+    """torch._dynamo (2.3 s of each process on the CPU) is imported when flex first runs, not by
+    every process that imports the registry."""
+    script = ("import sys, fuzzattn.kernels; from fuzzattn.run.registry import implementations\n"
+              "implementations(); print(sorted(m for m in ('torch._dynamo', 'torch._inductor') "
+              "if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "[]", done.stdout
+
+
 def test_a_call_raises_the_recompile_limits_and_never_falls_back_to_eager():
+    import torch._dynamo
     before = torch._dynamo.config.recompile_limit
     with flex._limits():
         assert torch._dynamo.config.recompile_limit == flex.RECOMPILE_LIMIT

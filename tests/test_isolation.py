@@ -188,9 +188,8 @@ def test_timeout_bounds_a_campaign_against_a_hanging_kernel(tmp_path):
     elapsed = time.perf_counter() - start
     assert result.counterexample.judged.first_failure.check == "hang"
     assert result.budget_hit
-    # A restart is a fork from the fork server on a CPU-only machine (milliseconds), a spawned
-    # interpreter importing torch with a GPU (isolation._context; 8.2 s in all for the three on
-    # the H200 host).
+    # A restart is a fork from the fork server (isolation._context: milliseconds), which on a GPU
+    # host then creates its own CUDA context and judges a warm-up case on it.
     restart = 6.0 if torch.cuda.is_available() else 1.5
     assert result.seconds < seconds + 3 * (TIMEOUT + restart), result.seconds
     assert elapsed < 60, elapsed      # the one worker start (the fork server's, if first) included

@@ -58,6 +58,22 @@ def test_a_device_fault_or_an_unnamed_check_is_still_passed_over_unjudged():
     assert calls == []
 
 
+def test_a_case_also_covered_by_an_unjudgeable_defect_is_passed_over():
+    """Two defects cover it, the first judged (out), the second a device fault: in one process
+    the fault would poison every later case's CUDA context, so the case is not run."""
+    calls = []
+
+    def never(q, k, v, *, causal, scale):
+        calls.append(1)
+        raise AssertionError("must not run")
+
+    fault = dataclasses.replace(NAN_ROWS, name="faults on these rows", check="device_fault")
+    impl = dataclasses.replace(KNOWN, name="never_both", fn=never,
+                               caps=dataclasses.replace(KNOWN.caps, known_defects=(NAN_ROWS, fault)))
+    assert judge_once(impl, br(2, 1), gradients=False).refused == fault.summary()
+    assert calls == []
+
+
 def test_a_campaign_judges_covered_cases_and_reports_the_rest():
     result = fuzz(KNOWN, attention_cases(KNOWN.caps), max_examples=80, save_to_file=False,
                   stop_at_first=False, seconds=200)

@@ -13,7 +13,7 @@ from triton.runtime.errors import OutOfResources, PTXASError
 from fuzzattn import AttentionCase, cli
 from fuzzattn.campaigns.campaign import fuzz
 from fuzzattn.campaigns.pruned import pruned_lines
-from fuzzattn.judging.judge import judge
+from fuzzattn.judging.judge import default_device, judge
 from fuzzattn.inputs.materialize import materialize
 from fuzzattn.run import execute, pruning
 from fuzzattn.strategies.cases import attention_cases
@@ -43,8 +43,8 @@ def test_exactly_the_errors_the_autotuner_skips_are_recognised():
     assert pruning.autotuner_skips(AssertionError("BLOCK must not exceed the head dim")) == ""
 
 
-def test_a_failed_static_assert_under_the_interpreter_is_a_compile_time_assertion():
-    q, k, v = materialize(case(BLOCK=32), "cpu").tensors()
+def test_a_failed_static_assert_is_a_compile_time_assertion_with_its_message():
+    q, k, v = materialize(case(BLOCK=32), default_device()).tensors()     # compiled on a GPU
     call = execute.call(pk.STATIC_ASSERT, q, k, v, case(BLOCK=32))
     assert call.status == execute.CRASH
     assert call.autotuner_skips == ("CompileTimeAssertionFailure: BLOCK must not exceed the "

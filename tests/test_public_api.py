@@ -215,3 +215,18 @@ def test_the_readme_gradient_example_loads_from_a_file_and_passes(tmp_path):
                                        causal="top_left"))
     assert judged.passed, judged.describe()
     assert "grad_dq" in {v.check for v in judged.verdicts}
+
+
+def test_a_library_module_first_imported_by_an_in_process_run_stays_loaded(pytester):
+    """conftest.py: an in-process pytester run keeps the library modules it imported (torch's
+    cannot be imported twice: flex's compile failed in every later test of an xdist worker)."""
+    import sys
+    candidates = ("torch.utils.show_pickle", "torch.utils.bundled_inputs", "torch.utils.model_dump",
+                  "torch.utils.jit.log_extract")
+    name = next(n for n in candidates if n not in sys.modules)
+    pytester.makepyfile(f"def test_imports():\n    import {name}\n")
+    pytester.makepyfile(mine="VALUE = 1\n")
+    pytester.makepyfile(test_mine="def test_mine():\n    import mine\n")
+    pytester.runpytest_inprocess("-p", "no:cacheprovider").assert_outcomes(passed=2)
+    assert name in sys.modules
+    assert "mine" not in sys.modules            # the run's own modules are still undone

@@ -73,6 +73,7 @@ def test_the_gradient_rule_allows_anything_once_recomputed_p_can_leave_fp32s_ran
 
     from fuzzattn.contract.case import AttentionCase
     from fuzzattn.contract.dtypes import U32
+    from fuzzattn.judging.judge import default_device
     from fuzzattn.judging.tolerance import RECOMPUTE_LIMIT, SCORE_ULPS, grad_allowance, grad_noise
     from fuzzattn.relations.backward import GRAD_RELATIONS
 
@@ -86,5 +87,6 @@ def test_the_gradient_rule_allows_anything_once_recomputed_p_can_leave_fp32s_ran
     case = AttentionCase(1, 2, 2, 35, 61, 48, values="sentinel_sweep", data_seed=6821, config=(
         ("BLOCK_M", 16), ("BLOCK_N", 32), ("bwd_BLOCK_M", 32), ("bwd_BLOCK_N", 16),
         ("bwd_num_stages", 1), ("bwd_num_warps", 4), ("num_stages", 2), ("num_warps", 2)))
-    verdict = GRAD_RELATIONS["grad_key_permutation"](implementations()["triton_fa2"], case, "cpu")
+    verdict = GRAD_RELATIONS["grad_key_permutation"](implementations()["triton_fa2"], case,
+                                                     default_device())
     assert verdict.passed and verdict.allowed == math.inf, verdict.describe()

@@ -89,13 +89,15 @@ def test_each_worker_on_a_cuda_host_gets_its_share_of_the_cores(monkeypatch):
     assert settings.threads_per_process(4) is None
 
 
-def test_auto_is_one_worker_per_core_up_to_the_cap_without_cuda(monkeypatch):
+def test_auto_is_one_worker_per_core_up_to_a_cap(monkeypatch):
     monkeypatch.setattr(workers, "visible_gpus", lambda: [])
     monkeypatch.setattr(os, "cpu_count", lambda: 64)
     assert workers.resolve_count("auto") == workers.CPU_CAP
     monkeypatch.setattr(os, "cpu_count", lambda: 2)
     assert workers.resolve_count("auto") == 2
     monkeypatch.setattr(workers, "visible_gpus", lambda: ["0", "3"])
+    assert workers.resolve_count("auto") == 2                   # a GPU host: still one per core
+    monkeypatch.setattr(os, "cpu_count", lambda: 256)
     assert workers.resolve_count("auto") == 2 * workers.PER_GPU
     assert workers.resolve_count(3) == 3
 
@@ -143,7 +145,8 @@ def test_two_workers_judge_one_campaign_in_one_row(capsys, tmp_path):
     status, out, err = run(capsys, "fuzz", "--impl", "sdpa", "--dtype", "float32", "--profile", "dev",
                            "--max-examples", 6, "--workers", 2, "--regressions-dir", tmp_path / "reg")
     assert status == 0, out + err
-    assert "workers=2" in out.splitlines()[0]
+    header = next(line for line in out.splitlines() if line.startswith("fuzzattn fuzz:"))
+    assert "workers=2" in header, out          # (progress lines may come first on a slow start)
     cells = row(out, "sdpa", "float32")
     assert cells[2] == "ok" and int(cells[3]) == 6, cells      # 3 cases from each worker, summed
     assert not (tmp_path / "reg").exists()
@@ -291,6 +294,19 @@ def test_the_gate_fuzzes_interpreted_triton_kernels_last():
     assert [(i.name, d) for i, d in gate.fuzz_order(plan, interpreted=True)] == [
         ("tor", "float32"), ("tor", "bfloat16"), ("tri", "float32"), ("tri", "bfloat16")]
     assert gate.fuzz_order(plan, interpreted=False) == plan
+
+
+def test_the_gate_fuzzes_the_implementations_it_was_given_first():
+    """An --impl kernel is the change under review: it is not left to what the budget has left."""
+    from fuzzattn.contract import Capabilities, Implementation
+    tri = Implementation("tri", lambda *a, **k: None, Capabilities(), backend="triton")
+    tor = Implementation("tor", lambda *a, **k: None, Capabilities())
+    mine = Implementation("mine", lambda *a, **k: None, Capabilities(), backend="triton")
+    plan = [(tri, "float32"), (tor, "float32"), (mine, "float32"), (mine, "float16")]
+    order = [(i.name, d) for i, d in gate.fuzz_order(plan, interpreted=True, outside=frozenset({"mine"}))]
+    assert order == [("mine", "float32"), ("mine", "float16"), ("tor", "float32"), ("tri", "float32")]
+    order = [i.name for i, _ in gate.fuzz_order(plan, interpreted=False, outside=frozenset({"mine"}))]
+    assert order == ["mine", "mine", "tri", "tor"]
 
 
 def test_the_gate_with_a_small_budget_ends_and_reports_every_campaign(capsys, tmp_path):

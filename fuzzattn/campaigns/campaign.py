@@ -45,7 +45,7 @@ from fuzzattn.campaigns.found import (Campaign, Counterexample, Refused,  # noqa
 from fuzzattn.campaigns.pruned import Pruned as _Pruned
 from fuzzattn.contract.case import AttentionCase
 from fuzzattn.contract.implementation import Implementation
-from fuzzattn.contract.known_defects import known_defect
+from fuzzattn.contract.known_defects import covering
 from fuzzattn.judging.judge import JudgedCase, default_device, judge
 from fuzzattn.judging.verdict import PROCESS_CHECKS, Verdict
 from fuzzattn.platform.gc_tuning import freeze_long_lived
@@ -100,10 +100,14 @@ def judge_once(impl: Implementation, case: AttentionCase, device=None, *,
     rerun for flakiness. `judge_fn(case, gradients=...) -> JudgedCase` judges instead of judge()
     in this process (an isolated worker's); the memo key is the same either way."""
     key = (impl.cli_name, case.key(), gradients)
-    defect = known_defect(impl.caps.known_defects, case, device or default_device(), gradients)
-    if defect is not None and not defect.judged(isolated=judge_fn is not None):
+    defects = covering(impl.caps.known_defects, case, device or default_device(), gradients)
+    # One covering defect that cannot be judged here passes the case over, whatever the others
+    # allow: a sliced bf16 bottom-right sdpa case is cuDNN's judged mask leak and the backward's
+    # device fault, which in this process would poison the CUDA context of every later case.
+    unjudged = [d for d in defects if not d.judged(isolated=judge_fn is not None)]
+    if unjudged:
         # counted and rejected by the callers, like a refusal
-        return JudgedCase(impl=impl.name, case=case, verdicts=[], refused=defect.summary(),
+        return JudgedCase(impl=impl.name, case=case, verdicts=[], refused=unjudged[0].summary(),
                           cli_name=impl.cli_name)
     if judge_fn is not None:
         run = lambda c: judge_fn(c, gradients=gradients)  # noqa: E731
@@ -119,9 +123,10 @@ def judge_once(impl: Implementation, case: AttentionCase, device=None, *,
             _rerun.discard(_memo.popitem(last=False)[0])
     if _is_final_run():
         _memo[key] = _checked_for_flakiness(impl, case, run, key, _memo[key])
-    if defect is not None and defect.matches(_memo[key]):
-        # the known defect's own failure: tallied to it by the callers, never a finding
-        return dataclasses.replace(_memo[key], refused=defect.tally())
+    hit = next((d for d in defects if d.matches(_memo[key])), None)
+    if hit is not None:
+        # a known defect's own failure: tallied to it by the callers, never a finding
+        return dataclasses.replace(_memo[key], refused=hit.tally())
     return _memo[key]
 
 

@@ -36,14 +36,14 @@ GATE_BUDGET_CPU = 120.0
 MIN_SHARE = 0.5         # seconds: a campaign offered less is not started (reported as not fuzzed)
 
 
-def fuzz_order(plan: list, interpreted: bool) -> list:
-    """The campaigns in the order they spend the budget. Under the interpreter, Triton kernels go
-    last: the others judge their cases in a second or two and leave most of their share, which
-    the slow interpreted campaigns, going last, then get (each used its whole 5 s share when it
-    went first, 11-28 cases, while the gate ended 53 s inside its budget)."""
-    if not interpreted:
-        return plan
-    return sorted(plan, key=lambda campaign: campaign[0].backend == "triton")     # stable
+def fuzz_order(plan: list, interpreted: bool, outside: frozenset = frozenset()) -> list:
+    """The campaigns in the order they spend the budget. Implementations named with --impl go
+    first: they are the change being gated. Under the interpreter, Triton kernels go last: the
+    others judge their cases in a second or two and leave most of their share, which the slow
+    interpreted campaigns, going last, then get (each used its whole 5 s share when it went
+    first, 11-28 cases, while the gate ended 53 s inside its budget)."""
+    return sorted(plan, key=lambda campaign: (campaign[0].name not in outside,            # stable
+                                              interpreted and campaign[0].backend == "triton"))
 
 
 def add_parser(commands) -> None:
@@ -88,11 +88,12 @@ def run(args) -> int:
     subjects = common.registered() + [common.resolve(spec, probe_isolated, timeout)
                                       for spec in args.impl]
     to_fuzz, notes = changes.plan(args.changed_since, subjects)   # a bad REV stops here
+    outside = frozenset(impl.name for impl in subjects[len(subjects) - len(args.impl):])
     interpreted = common.triton_interpreted()
     max_examples = args.max_examples or (GATE_INTERPRETED_EXAMPLES if interpreted else profile.max_examples)
     seconds = args.seconds or (GATE_INTERPRETED_SECONDS if interpreted else GATE_COMPILED_SECONDS)
     budget = args.budget or (GATE_BUDGET_CUDA if workers.visible_gpus() else GATE_BUDGET_CPU)
-    deadline = started + budget
+    deadline = time.perf_counter() + budget     # from here: loading the implementations is not in it
     database = workers.open_database(args.database, regressions_dir)
     n_workers = workers.resolve_count(args.workers)
     progress = tables.Progress()
@@ -124,7 +125,7 @@ def run(args) -> int:
                                     detail=f"unchanged since {args.changed_since}: replayed only"))
             continue
         plan += [(impl, dtype) for dtype in common.dtypes_of(impl, None)]
-    plan = fuzz_order(plan, interpreted)
+    plan = fuzz_order(plan, interpreted, outside)
     unfuzzed = 0
     with workers.Pool(n_workers, progress) as pool:
         if plan and deadline - time.perf_counter() > MIN_SHARE * len(plan):

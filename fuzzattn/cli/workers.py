@@ -33,12 +33,12 @@ import warnings
 from fuzzattn.campaigns.outcome import Outcome
 from fuzzattn.cli import common, merged
 
-# --workers auto on a CUDA host: worker processes per visible GPU. One process leaves the GPU
-# idle while it draws, materialises and judges on the host; several overlap those host phases
-# with each other's kernels (16 sdpa fp32 fuzzers side by side judged 885 cases/s on one H200
-# against 68 for one: benchmarks/REPORT.md). 4 is a first choice, to be measured with
-# `python benchmarks/throughput.py --cli-workers 1,2,4,8,16` (benchmarks/gpu_run.sh workers).
-PER_GPU = 4
+# --workers auto on a CUDA host: worker processes per visible GPU, at most one per core. One
+# process leaves the GPU idle while it draws, materialises and judges on the host; several overlap
+# those host phases with each other's kernels. `python benchmarks/throughput.py --cli-workers 4,16`
+# (sdpa fp32, gpu profile, 30 s each) on one H200 with 16 cores, 2026-12-02: 1 worker 52.2
+# cases/s, 4 workers 126.9, 16 workers 282.5 (benchmarks/REPORT.md).
+PER_GPU = 16
 # --workers auto on a machine without CUDA: one process per core, at most this many (judging is
 # single-threaded per process; past a handful of cores the fork server's start-up and the
 # per-worker shrink of a shared failure cost more than they return).
@@ -64,7 +64,8 @@ def add_options(p: argparse.ArgumentParser, default) -> None:
     """--workers and --database."""
     p.add_argument("--workers", type=workers_arg, default=default, metavar="N|auto",
                    help="worker processes per campaign, each drawing different cases (auto: "
-                        f"{PER_GPU} per visible GPU, else one per core up to {CPU_CAP}; default: "
+                        f"{PER_GPU} per visible GPU up to one per core, else one per core up to "
+                        f"{CPU_CAP}; default: "
                         f"{default})")
     p.add_argument("--database", metavar="DIR|redis://HOST:PORT[/DB]|off",
                    help="the Hypothesis example database whose saved failures are replayed first "
@@ -90,7 +91,7 @@ def resolve_count(value) -> int:
         return int(value)
     gpus = visible_gpus()
     if gpus:
-        return PER_GPU * len(gpus)
+        return max(1, min(PER_GPU * len(gpus), os.cpu_count() or 1))
     return max(1, min(os.cpu_count() or 1, CPU_CAP))
 
 
@@ -250,9 +251,9 @@ class Pool:
                 initargs=(flight.watched_here(), self._gpus, self._counter, self._counts, self.n))
             if self.progress is not None:
                 self.progress.status(f"starting {self.n} worker processes")
-            from fuzzattn.isolation.supervisor import _main_module_hidden
+            from fuzzattn.isolation.starting import main_module_hidden
             started = time.perf_counter()
-            with _main_module_hidden():     # spawn: a script's __main__ is not run again
+            with main_module_hidden():     # spawn: a script's __main__ is not run again
                 up = [self._executor.submit(_ready, self._counter, self.n, START_LIMIT)
                       for _ in range(self.n)]
             concurrent.futures.wait(up)

@@ -67,13 +67,16 @@ class KnownDefect:
         return f"{KNOWN_PREFIX} {KNOWN_HIT} ({self.regression}): {self.name}"
 
 
-def known_defect(defects, case: AttentionCase, device, gradients: bool) -> KnownDefect | None:
-    """The first of `defects` that covers this case on `device` (a torch.device or its name, as
-    "cuda:0"), or None. Most implementations declare none: then nothing is computed."""
+def covering(defects, case: AttentionCase, device, gradients: bool) -> list[KnownDefect]:
+    """Every one of `defects` that covers this case on `device` (a torch.device or its name, as
+    "cuda:0"). Most implementations declare none: then nothing is computed."""
     if not defects:
-        return None
+        return []
     device_type = torch.device(device).type
-    for defect in defects:
-        if defect.covers(case, device_type, gradients):
-            return defect
-    return None
+    return [defect for defect in defects if defect.covers(case, device_type, gradients)]
+
+
+def known_defect(defects, case: AttentionCase, device, gradients: bool) -> KnownDefect | None:
+    """The first of `defects` that covers this case on `device`, or None."""
+    found = covering(defects, case, device, gradients)
+    return found[0] if found else None

@@ -1,10 +1,11 @@
-"""Imported once by the fork server that isolated workers are forked from (CPU-only machines):
-torch, fuzzattn and the Triton backend are imported, and one case judged, before any fork.
+"""Imported once by the fork server that isolated workers are forked from: torch, fuzzattn and
+the Triton backend are imported, and one case judged on the CPU, before any fork.
 
 A worker process then starts in tens of milliseconds instead of the seconds a spawned worker
 takes to import torch and judge its first case, which is what makes a restart after every hang or death affordable while a campaign shrinks one. Nothing
-here may touch CUDA: a process that initialised CUDA cannot be forked (the supervisor uses `spawn`
-on machines with a GPU). A failure here only costs speed: the worker imports what it needs.
+here may touch CUDA: a process that initialised CUDA cannot be forked (on a GPU host the server
+runs with torch's NVML-based CUDA checks, and a worker that cannot start makes the supervisor
+spawn instead). A failure here only costs speed: the worker imports what it needs.
 """
 from __future__ import annotations
 

@@ -26,14 +26,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import multiprocessing
 import os
 import pickle
 import signal
-import sys
 import tempfile
 import time
-import types
 from pathlib import Path
 
 from fuzzattn.contract.case import AttentionCase
@@ -41,6 +38,8 @@ from fuzzattn.contract.implementation import Implementation
 from fuzzattn.platform import mps as shared_gpu
 from fuzzattn.inputs.materialize import inputs_sha256, materialize
 from fuzzattn.platform.device_faults import is_device_fault
+from fuzzattn.isolation import starting
+from fuzzattn.isolation.starting import main_module_hidden, server_without_cuda
 from fuzzattn.isolation.worker import (FIELDS, IsolationError, declared, spec_of,
                                               where, worker_main)
 from fuzzattn.judging.judge import JudgedCase, default_device
@@ -62,34 +61,6 @@ class IsolationStats:
     hangs: int = 0
     deaths: int = 0
     device_faults: int = 0
-
-
-def _context():
-    """How workers start. On a CPU-only machine: forked from a fork server that has imported
-    torch and fuzzattn and judged a case already (isolation_preload), so a restart after a hang
-    or death costs milliseconds. With a GPU: `spawn`, since a process that initialised CUDA (the
-    fork server would, through torch.cuda checks) cannot be forked safely."""
-    import torch
-    if torch.cuda.is_available():
-        return multiprocessing.get_context("spawn")
-    ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["fuzzattn.isolation.preload"])
-    return ctx
-
-
-@contextlib.contextmanager
-def _main_module_hidden():
-    """`spawn` re-runs the parent's __main__ in the child so that objects pickled from it resolve.
-    The worker needs nothing from it (its target and arguments live in fuzzattn or are plain
-    data), and re-running it costs imports (pytest's, a benchmark's), fails for a stdin or REPL
-    main, and re-executes a script that lacks an `if __name__ == "__main__"` guard. So the child is
-    shown a bare __main__ while start() gathers its preparation data."""
-    main = sys.modules["__main__"]
-    sys.modules["__main__"] = types.ModuleType("__main__")
-    try:
-        yield
-    finally:
-        sys.modules["__main__"] = main
 
 
 def _pickled(fields: dict | None) -> bytes | None:
@@ -128,11 +99,21 @@ class IsolatedJudge:
         self.timeout, self.start_timeout, self.grace = timeout, start_timeout, grace
         self.device = device or default_device()
         self.stats = IsolationStats()
-        self._ctx = _context()
+        self._ctx = starting.context()
         self._proc = self._conn = self._log = None
         self._closed = False
         self._spawn()
-        self._await_ready()
+        try:
+            self._await_ready()
+        except IsolationError as exc:
+            import torch
+            if (self._ctx.get_start_method() != "forkserver" or not torch.cuda.is_available()
+                    or "cuda" not in str(exc).lower()):
+                raise
+            starting.fork_failed_on_cuda = True      # a CUDA context in a forked worker: spawn instead
+            self._ctx = starting.context()
+            self._spawn()
+            self._await_ready()
 
     @property
     def name(self) -> str:
@@ -153,7 +134,7 @@ class IsolatedJudge:
             target=worker_main, name=f"fuzzattn-isolated-{self.spec}", daemon=True,
             args=(child, self.spec, _pickled(self.fields), self.device, torch.get_num_threads(), self._log,
                   dict(os.environ)))
-        with _main_module_hidden():
+        with main_module_hidden(), server_without_cuda():
             self._proc.start()
         child.close()         # else the worker's death would never read as EOF here
         self._conn = parent

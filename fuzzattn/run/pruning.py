@@ -71,8 +71,11 @@ def autotuner_skips(exc: BaseException) -> str:
     classes = _triton_classes()
     if classes and isinstance(exc, classes):
         kind = next(c.__name__ for c in classes if isinstance(exc, c))
-        lines = str(exc).strip().splitlines()
-        return f"{kind}: {lines[0].strip()[:200]}" if lines else kind
+        # a compiled CompilationError reads "at LINE:COL:", the source, then its message
+        # (error_message); the interpreter's and the others' first line is their message
+        message = getattr(exc, "error_message", None) or str(exc)
+        lines = [line.strip() for line in str(message).strip().splitlines() if line.strip()]
+        return f"{kind}: {lines[0][:200]}" if lines else kind
     failed = _interpreted_static_assert(exc)
     if failed is not None:
         return f"CompileTimeAssertionFailure: {str(failed).strip()[:200] or 'static_assert failed'}"

@@ -73,14 +73,23 @@ def ensure_backend() -> None:
 
 
 def _check_numpy_compatible() -> None:
-    """Fail loudly on triton < 3.7 with numpy >= 2.3: the interpreter breaks on `range(tl.cdiv(...))`."""
+    """Fail loudly where the interpreter cannot run (numpy_incompatibility)."""
+    problem = numpy_incompatibility()
+    if problem:
+        raise RuntimeError(problem)
+
+
+def numpy_incompatibility(triton_version: str | None = None) -> str | None:
+    """Why Triton's interpreter cannot run with the installed numpy (triton < 3.7 with numpy >=
+    2.3: it breaks on `range(tl.cdiv(...))`), else None."""
     import numpy
     import triton
 
-    if fence.release(triton.__version__) < (3, 7) and fence.release(numpy.__version__) >= (2, 3):
-        raise RuntimeError(
-            f"triton {triton.__version__}'s interpreter fails with numpy {numpy.__version__} "
-            f"(range(tl.cdiv(N, BLOCK)) raises TypeError): install 'numpy<2.3' (pip install 'numpy<2.3')")
+    version = triton_version or triton.__version__
+    if fence.release(version) < (3, 7) and fence.release(numpy.__version__) >= (2, 3):
+        return (f"triton {version}'s interpreter fails with numpy {numpy.__version__} "
+                f"(range(tl.cdiv(N, BLOCK)) raises TypeError): install 'numpy<2.3' (pip install 'numpy<2.3')")
+    return None
 
 
 def _install_bf16_dot_repair() -> bool:
