@@ -5,7 +5,7 @@
 #                                [workers] [gate]
 #                                                                                     (default: all)
 #   suite       the test suite on compiled kernels and the CUDA backends, its 40 slowest tests
-#   zoo         every mutant fuzzed compiled, ZOO processes side by side
+#   zoo         every mutant fuzzed compiled, ZOO processes side by side, ZOO_SECONDS at most each
 #   campaign    PARTS isolated campaign parts spread over the GPUs, CAMPAIGN_SECONDS each
 #   throughput  K = 1 and 16 sdpa fp32 fuzzers side by side on GPU 0, 30 s (MPS=1: under MPS)
 #   speed       the forward and backward TFLOP/s tables
@@ -22,7 +22,7 @@
 #               what PER_GPU in fuzzattn/cli/workers.py should be
 #   gate        `fuzzattn gate` as a user runs it before a merge (its default budget on a GPU host)
 set -uo pipefail
-OUT=${OUT:-gpu-out} CAMPAIGN_SECONDS=${CAMPAIGN_SECONDS:-300} PARTS=${PARTS:-12} ZOO=${ZOO:-16}
+OUT=${OUT:-gpu-out} CAMPAIGN_SECONDS=${CAMPAIGN_SECONDS:-300} PARTS=${PARTS:-12} ZOO=${ZOO:-16} ZOO_SECONDS=${ZOO_SECONDS:-60}
 FLEX_SECONDS=${FLEX_SECONDS:-60} WORKERS=${WORKERS:-2,4,8,16,32,auto} WORKER_SECONDS=${WORKER_SECONDS:-30}
 STEPS=${*:-suite zoo campaign throughput speed watched flex defects workers gate}
 NGPU=$(nvidia-smi -L 2>/dev/null | grep -c "^GPU") || { echo "gpu_run.sh: no GPU visible"; exit 2; }
@@ -50,7 +50,7 @@ zoo)
     for z in $(seq 0 $(( ZOO - 1 ))); do
         for i in "${!MUTANTS[@]}"; do
             (( i % ZOO == z )) && OMP_NUM_THREADS=1 python3 -m fuzzattn.cli mutants --only "${MUTANTS[$i]}" \
-                --profile gpu --max-examples 100 --seconds 60 | grep "^mutant_"
+                --profile gpu --max-examples 100 --seconds "$ZOO_SECONDS" | grep "^mutant_"
         done >"$OUT/zoo/lane_$z.txt" 2>&1 &
     done; wait
     grep -h "^mutant_" "$OUT"/zoo/lane_*.txt | sort | tee "$OUT/zoo.txt" | awk '{n++} $2 == "killed" {k++} END {print k+0 "/" n+0 " killed"}' ;;
