@@ -70,7 +70,8 @@ def add_parser(commands) -> None:
     p.add_argument("--allow-empty", action="store_true",
                    help="pass even when there is no regression file to replay")
     p.add_argument("--impl", action="append", default=[], metavar="FILE.py:NAME",
-                   help="also replay and fuzz an implementation defined outside the repo; repeatable")
+                   help="also replay and fuzz an implementation defined outside the repo (fuzzed first); "
+                        "repeatable")
     workers.add_options(p, default="auto")
     common.stop_option(p)
     common.isolation_options(p)
