@@ -110,6 +110,18 @@ def test_two_runs_a_subnormal_step_apart_obey_the_relation():
     assert verdict.allowed < 2 * 2.0 ** -24       # one step, not a blanket allowance
 
 
+def test_operands_rounded_below_the_normal_range_are_allowed_their_steps():
+    """Found on the H200 by a dev-profile run, and the same on the CPU: keys permuted, torch_tiled's
+    fp16 dv came out 4 subnormal steps away and dk 2 (P and dS rounded to fp16 in the sums over
+    41 rows), where one step per run was allowed."""
+    case = AttentionCase(batch=1, heads=1, kv_heads=1, seq_q=41, seq_k=41, head_dim=16,
+                         dtype="float16", values="dominant_key", data_seed=0)
+    verdict, = check_grad_relations(implementations()["torch_tiled"], case, "cpu")
+    assert verdict.check == "metamorphic:grad_key_permutation"
+    assert verdict.passed and verdict.error >= 2 * 2.0 ** -24, verdict.describe()
+    assert verdict.allowed < 64 * 2.0 ** -24      # steps, nothing of the values' own size
+
+
 def test_relations_apply_only_to_implementations_declaring_backward():
     impl = Implementation("fwd", sdpa_forward, dataclasses.replace(CAPS, backward=False))
     c = AttentionCase(batch=2, heads=1, kv_heads=1, seq_q=3, seq_k=3, head_dim=16)

@@ -68,16 +68,30 @@ def _row_noise(impl, q, k, v, out, dout, case: AttentionCase) -> dict[str, torch
     # Below the dtype's smallest normal number its rounding is absolute: half a subnormal step
     # each run, which no relative term covers and no reference error stands in for here (seen:
     # torch_tiled fp16 dv of a dominant_key case, keys permuted, one step of 5.96e-8 apart with
-    # 2.96e-10 allowed: B=1 H=1 Nq=1 Nk=23 D=16, data_seed=1).
+    # 2.96e-10 allowed: B=1 H=1 Nq=1 Nk=23 D=16, data_seed=1). The operands a backward rounds to
+    # the dtype before its sums (P for dv, dS for dq and dk) are off by up to that half step too,
+    # each term of the sum times the other operand (seen: dv 4 steps apart, dk 2, with Nq=41
+    # Nk=41 D=16, data_seed=0): per gradient row, half a step times the other operand's rows summed.
     finfo = torch.finfo(q.dtype)
     subnormal_half_step = 0.5 * finfo.tiny * finfo.eps
+    scale = abs(case.softmax_scale)
+
+    def rows_summed(x):          # (B, H, N, D) -> (B, H): sum over rows of the row's largest |x|
+        return x.abs().to(torch.float64).amax(dim=-1).sum(dim=-1)
+
+    def per_kv_head(x):          # (B, Hq) -> (B, Hkv): a key row's sums run over its group's heads
+        return x.unflatten(1, (-1, case.group_size)).sum(dim=-1) if case.group_size > 1 else x
+
+    rounded_operands = {"dv": per_kv_head(rows_summed(dout)),
+                        "dk": scale * per_kv_head(rows_summed(qf)),
+                        "dq": scale * rows_summed(kf).repeat_interleave(case.group_size, dim=1)}
     noise = {}
     for name in NAMES:
         coeffs = grad_noise(q.dtype, impl.caps.fp32_matmul, score, sums[name])
         t = terms[name]
         noise[name] = sum(c * x.to(torch.float64).amax(dim=-1)
                           for c, x in zip(coeffs, (t.actual, t.delta, t.magnitude))) \
-            + subnormal_half_step
+            + subnormal_half_step * (1.0 + rounded_operands[name][..., None])
     return noise
 
 
