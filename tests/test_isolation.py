@@ -205,6 +205,24 @@ def test_worker_start_failure_is_an_error():
         IsolatedJudge(f"{KERNELS}:NO_SUCH_NAME", timeout=1)
 
 
+@pytest.mark.parametrize("message, falls_back", [
+    ("CUDA error: initialization error (simulated)", True), ("an unrelated error", False)])
+def test_a_gpu_host_spawns_workers_once_a_forked_one_cannot_start_cuda(
+        tmp_path, monkeypatch, message, falls_back):
+    """isolation/starting.py: a forked worker that fails to start on a CUDA host with a CUDA error
+    sends that process back to spawned workers (the same failure then raises: nothing is hidden);
+    any other start failure is the kernel's and changes nothing."""
+    from fuzzattn.isolation import starting
+    (tmp_path / "broken.py").write_text(f"raise RuntimeError({message!r})\n")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(starting, "fork_failed_on_cuda", False)
+    assert starting.context().get_start_method() == "forkserver"
+    with pytest.raises(IsolationError, match="could not start"):
+        IsolatedJudge(f"{tmp_path / 'broken.py'}:ANY", timeout=5, device="cpu")
+    assert starting.fork_failed_on_cuda is falls_back
+    assert starting.context().get_start_method() == ("spawn" if falls_back else "forkserver")
+
+
 def test_spec_of_names_what_a_worker_can_import():
     from fuzzattn.run.registry import get
     assert spec_of(get("sdpa")) == "sdpa"
