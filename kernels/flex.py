@@ -24,17 +24,16 @@ no backward; on CUDA both.
 from __future__ import annotations
 
 import functools
-import re
 
 import torch
 
 from fuzzattn.contract import Capabilities, Implementation
+from fuzzattn.triton_interpreter.fence import release
 
 # flex_attention came in torch 2.5, return_aux in 2.9. Its module is imported on first use: it
 # pulls in torch._dynamo (2.3 s on the 2-core CPU machine), which every process that imports the
 # registry (each CLI command, worker and xdist worker) would otherwise pay, flex judged or not.
-_RELEASE = tuple(int(part) for part in re.findall(r"\d+", torch.__version__)[:2])
-UNAVAILABLE = (None if _RELEASE >= (2, 9) else
+UNAVAILABLE = (None if release(torch.__version__) >= (2, 9) else
                f"torch {torch.__version__} has no FlexAttention with return_aux (torch >= 2.9)")
 
 

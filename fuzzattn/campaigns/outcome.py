@@ -27,4 +27,3 @@ class Outcome:
     skipped: bool = False
     judged: object = None       # the JudgedCase behind a replay or a campaign's counterexample
     campaign: object = None     # the Campaign behind a fuzz or mutant outcome
-

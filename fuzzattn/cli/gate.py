@@ -86,10 +86,10 @@ def run(args) -> int:
     regressions_dir = args.regressions_dir or default_dir()
     paths = discover(regressions_dir)
     probe_isolated = isolate or replay.any_needs_isolation(paths)
-    subjects = common.registered() + [common.resolve(spec, probe_isolated, timeout)
-                                      for spec in args.impl]
+    given = [common.resolve(spec, probe_isolated, timeout) for spec in args.impl]
+    subjects = common.registered() + given
     to_fuzz, notes = changes.plan(args.changed_since, subjects)   # a bad REV stops here
-    outside = frozenset(impl.name for impl in subjects[len(subjects) - len(args.impl):])
+    outside = frozenset(impl.name for impl in given)
     interpreted = common.triton_interpreted()
     max_examples = args.max_examples or (GATE_INTERPRETED_EXAMPLES if interpreted else profile.max_examples)
     seconds = args.seconds or (GATE_INTERPRETED_SECONDS if interpreted else GATE_COMPILED_SECONDS)

@@ -75,8 +75,3 @@ def covering(defects, case: AttentionCase, device, gradients: bool) -> list[Know
     device_type = torch.device(device).type
     return [defect for defect in defects if defect.covers(case, device_type, gradients)]
 
-
-def known_defect(defects, case: AttentionCase, device, gradients: bool) -> KnownDefect | None:
-    """The first of `defects` that covers this case on `device`, or None."""
-    found = covering(defects, case, device, gradients)
-    return found[0] if found else None

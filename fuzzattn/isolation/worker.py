@@ -2,7 +2,8 @@
 both sides need to agree on: how an implementation is named so another process can find it,
 which fields of it travel, what a CUDA device fault looks like, and where a stack dump points.
 
-The worker is a `spawn`ed process (forking one that holds CUDA state or threads is unsafe) that
+The worker is a process forked from a fork server that never touched CUDA, or spawned
+(isolation/starting.py: forking a process that holds CUDA state or threads is unsafe); it
 imports fuzzattn, resolves the implementation by its *spec*, says ready, and then judges every
 case it is sent with `fuzzattn.judging.judge.judge` until told to stop. It keeps a faulthandler
 log open for its whole life, so a fatal signal (and SIGUSR1, which the supervisor sends before

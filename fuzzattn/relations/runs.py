@@ -16,7 +16,7 @@ import torch
 
 from fuzzattn.contract.case import AttentionCase
 from fuzzattn.contract.implementation import Implementation
-from fuzzattn.contract.known_defects import known_defect
+from fuzzattn.contract.known_defects import covering
 from fuzzattn.run import execute
 from fuzzattn.judging.judge import default_device, skip_reason
 from fuzzattn.judging.oracle import visible_keys
@@ -107,7 +107,7 @@ def as_relation(name: str):
     def wrap(body: Callable) -> Callable:
         def relation(impl: Implementation, case: AttentionCase, device=None) -> Verdict | None:
             device = device or default_device()
-            if skip_reason(impl, case) is not None or known_defect(
+            if skip_reason(impl, case) is not None or covering(
                     impl.caps.known_defects, case, device, gradients=name.startswith("grad_")):
                 return None
             try:
