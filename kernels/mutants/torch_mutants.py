@@ -7,6 +7,7 @@ derives from, so the fuzzer draws the cases that can show its bug.
 """
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import torch
@@ -166,10 +167,15 @@ def batch_head_mixup(q, k, v, *, causal, scale):
 
 def noisy_out(q, k, v, *, causal, scale):
     out, lse = sdpa_forward(q, k, v, causal=causal, scale=scale)
-    # 0-2 ulps of fp32 noise per element, drawn afresh every call (like a reduction whose order
-    # depends on thread scheduling): values stay within tolerance, but reruns differ bitwise.
-    noise = 1.0 + torch.rand(out.shape, dtype=torch.float64, device=out.device) * 2.0 ** -23
-    return (out.double() * noise).to(out.dtype), lse
+    # Every nonzero normal element moves by 1-2 ulps of fp32, up on one call and down on the
+    # next (like a reduction whose order depends on thread scheduling): values stay within
+    # tolerance, but two runs in a row always differ bitwise. Noise drawn afresh could round
+    # away on a small output and hide the bug from one judgement but not the next.
+    sign = 1.0 if next(_NOISY_CALLS) % 2 else -1.0
+    return (out.double() * (1.0 + sign * 2.0 ** -23)).to(out.dtype), lse
+
+
+_NOISY_CALLS = itertools.count()
 
 
 WRAPPER_BUGS = (
@@ -179,8 +185,8 @@ WRAPPER_BUGS = (
      "repeat_interleave (h // group)", gqa_repeat),
     ("mutant_batch_head_mixup", "q flattened head-major but k, v batch-major into (B*H, N, D): "
      "pairs (b, h) with another pair's keys", batch_head_mixup),
-    ("mutant_nondeterministic", "adds fresh ~1-ulp noise to out on every call, as a scheduling-"
-     "dependent reduction order would", noisy_out),
+    ("mutant_nondeterministic", "moves out by ~1 ulp, up and down on alternate calls, as a "
+     "scheduling-dependent reduction order would", noisy_out),
 )
 
 MUTANTS = (
