@@ -5,8 +5,9 @@ explain`, and is pinned by the regression files named here, whose `expected_fail
 say what fails and where to report it. The predicates are the input classes those explanations
 measured, no wider. Each names the check its file records: a campaign on CUDA judges these
 cases, tallies a failure of that check to the defect (never a pass, never shrunk again) and
-reports any other failure as a finding; the device fault is passed over unless judged isolated
-(it would poison the campaign's CUDA context). The files still replay them, XFAIL until fixed.
+reports any other failure as a finding; the backward's device fault would poison the
+campaign's CUDA context, so unless judged isolated its cases are judged without gradients. The
+files still replay them, XFAIL until fixed.
 """
 from __future__ import annotations
 

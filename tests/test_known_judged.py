@@ -1,6 +1,7 @@
 """Known upstream defects judged, not skipped (fuzzattn/contract/known_defects.py): a covered case
 still runs; a failure of the defect's recorded check is tallied to it, any other failure on it
-is a finding, a pass is a pass; a device fault is still passed over in-process."""
+is a finding, a pass is a pass; a device fault is still passed over in-process, a backward's
+by judging the forward alone."""
 from __future__ import annotations
 
 import dataclasses
@@ -10,7 +11,8 @@ import torch
 from fuzzattn.contract import AttentionCase, KnownDefect
 from fuzzattn.campaigns.campaign import fuzz, judge_once
 from fuzzattn.contract.known_defects import KNOWN_PREFIX
-from fuzzattn.judging.judge import default_device
+from fuzzattn.judging.judge import default_device, judge
+from fuzzattn.kernels import sdpa
 from fuzzattn.strategies.cases import attention_cases
 
 import pruning_kernels as pk
@@ -85,3 +87,55 @@ def test_a_campaign_judges_covered_cases_and_reports_the_rest():
     # the chunk bug on bottom-right cases is found though every such case is covered
     assert any(d.judged.case.causal == "bottom_right" for d in result.defects), \
         [(d.check_key, str(d.judged.case)) for d in result.defects]
+
+
+# -- a backward's device fault: the forward is still judged ------------------------------------
+BACKWARD_FAULT = KnownDefect("backward faults on every case", HERE, lambda case: True,
+                             "example.json", backward=True, check="device_fault")
+
+
+def _never_backward(*args, **kwargs):
+    raise AssertionError("the backward must not run in this process")
+
+
+FORWARD_ONLY = dataclasses.replace(
+    sdpa.IMPL, name="sdpa_backward_faults", backward_fn=_never_backward,
+    caps=dataclasses.replace(sdpa.IMPL.caps, known_defects=(BACKWARD_FAULT,)))
+
+
+def test_a_backward_device_fault_passes_over_only_the_gradients():
+    case = AttentionCase(1, 2, 2, 5, 9, 16, causal="top_left", data_seed=3)
+    judged = judge_once(FORWARD_ONLY, case)
+    assert judged.passed and judged.refused is None
+    assert judged.forward_only == BACKWARD_FAULT.summary()
+    checks = {v.check for v in judged.verdicts}
+    assert "out" in checks and not any(c.startswith("grad_") for c in checks), checks
+    # a forward failure on such a case is still a finding
+    def doubled(q, k, v, *, causal, scale):
+        out, lse = sdpa.sdpa_forward(q, k, v, causal=causal, scale=scale)
+        return 2 * out, lse
+
+    broken = dataclasses.replace(FORWARD_ONLY, name="sdpa_backward_faults_doubled", fn=doubled)
+    assert judge_once(broken, case).first_failure.check == "out"
+
+
+def test_an_isolated_judge_runs_the_gradients_a_device_fault_covers():
+    asked = []
+
+    def isolated(case, gradients):
+        asked.append(gradients)
+        return judge(sdpa.IMPL, case, gradients=gradients)
+
+    case = AttentionCase(1, 1, 1, 4, 4, 16, data_seed=5)
+    judged = judge_once(FORWARD_ONLY, case, judge_fn=isolated)
+    assert asked == [True] and judged.forward_only is None
+    assert any(v.check.startswith("grad_") for v in judged.verdicts)
+
+
+def test_a_campaign_counts_cases_judged_without_gradients_not_passed_over():
+    result = fuzz(FORWARD_ONLY, attention_cases(FORWARD_ONLY.caps, dtype="float32"),
+                  max_examples=20, save_to_file=False, seconds=200)
+    assert result.passed and result.cases == 20, result
+    assert result.refused == {} and result.forward_only == {BACKWARD_FAULT.summary(): 20}
+    assert result.refusal_note() == ("100% of draws judged without gradients: "
+                                      f"{BACKWARD_FAULT.summary()} (20)")

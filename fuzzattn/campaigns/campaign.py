@@ -101,10 +101,14 @@ def judge_once(impl: Implementation, case: AttentionCase, device=None, *,
     in this process (an isolated worker's); the memo key is the same either way."""
     key = (impl.cli_name, case.key(), gradients)
     defects = covering(impl.caps.known_defects, case, device or default_device(), gradients)
-    # One covering defect that cannot be judged here passes the case over, whatever the others
-    # allow: a sliced bf16 bottom-right sdpa case is cuDNN's judged mask leak and the backward's
-    # device fault, which in this process would poison the CUDA context of every later case.
+    # One covering defect that cannot be judged here keeps the case from running, whatever the
+    # others allow: a sliced bf16 bottom-right sdpa case is cuDNN's judged mask leak and the
+    # backward's device fault, which in this process would poison the CUDA context of every
+    # later case. When all such defects are the backward's, the forward alone is judged.
     unjudged = [d for d in defects if not d.judged(isolated=judge_fn is not None)]
+    if unjudged and gradients and all(d.backward for d in unjudged):
+        forward = judge_once(impl, case, device, judge_fn=judge_fn, gradients=False)
+        return dataclasses.replace(forward, forward_only=unjudged[0].summary())
     if unjudged:
         # counted and rejected by the callers, like a refusal
         return JudgedCase(impl=impl.name, case=case, verdicts=[], refused=unjudged[0].summary(),
@@ -255,6 +259,7 @@ def _fuzz(impl, strategy, *, max_examples, seconds, hypothesis_seed_value, save_
              "target": None, "raised": False}
     with_gradients: dict[str, bool] = {}
     refused: collections.Counter[str] = collections.Counter()
+    forward_only: collections.Counter[str] = collections.Counter()
     book = DefectBook(impl.caps)
     pruned = _Pruned()
     tallied: set[str] = set()           # case keys already counted as a known defect's hit
@@ -297,6 +302,8 @@ def _fuzz(impl, strategy, *, max_examples, seconds, hypothesis_seed_value, save_
             if not pruned.record(case, judged.refused):
                 refused[judged.refused] += 1
             reject()
+        if judged.forward_only is not None:
+            forward_only[judged.forward_only] += 1
         state["judged"] += 1
         if state["target"] is None:
             state["drawn"] += 1
@@ -341,7 +348,7 @@ def _fuzz(impl, strategy, *, max_examples, seconds, hypothesis_seed_value, save_
                        state["judged"])
         kw.setdefault("budget_hit", state["over"])
         return Campaign(cases=state["judged"], seconds=time.perf_counter() - start,
-                        refused=dict(refused), **result, **kw,
+                        refused=dict(refused), forward_only=dict(forward_only), **result, **kw,
                         counterexample=book.defects[0].counterexample if book.defects else None,
                         cases_to_first_failure=state["first"] if book.defects else None,
                         defects=list(book.defects), pruned=pruned.report())

@@ -49,6 +49,8 @@ class Campaign:
     error: str | None = None            # the campaign could not run (e.g. nothing drawable)
     budget_hit: bool = False            # the time cap stopped it before max_examples
     refused: dict[str, int] = dataclasses.field(default_factory=dict)   # summary -> draws
+    # judged cases whose gradients a known defect kept unjudged here: its summary -> cases
+    forward_only: dict[str, int] = dataclasses.field(default_factory=dict)
     # every distinct defect found (campaigns/defects.py), the first one `counterexample`'s
     defects: list = dataclasses.field(default_factory=list)
     # draws whose configuration did not compile for them (campaigns/pruned.py):
@@ -64,18 +66,21 @@ class Campaign:
         return sum(self.refused.values())
 
     def refusal_note(self) -> str:
-        """'12% of draws refused: RuntimeError: No available kernel (30)', then the share passed
-        over as known upstream defects, or '' when there were none of either."""
+        """'12% of draws refused: RuntimeError: No available kernel (30)', then the shares
+        passed over, tallied to or judged without gradients for known upstream defects, or ''
+        when there were none of these."""
         drawn = self.refused_total + self.cases
-        notes = []
 
         def kind(summary: str) -> str:
             if not summary.startswith(KNOWN_PREFIX):
                 return "refused"
             hit = summary.startswith(f"{KNOWN_PREFIX} {KNOWN_HIT} ")
             return "judged, failing as known upstream defects" if hit else "passed over"
-        for what in ("refused", "judged, failing as known upstream defects", "passed over"):
-            counts = {s: n for s, n in self.refused.items() if kind(s) == what}
+        shares = [(what, {s: n for s, n in self.refused.items() if kind(s) == what}) for what in
+                  ("refused", "judged, failing as known upstream defects", "passed over")]
+        shares.append(("judged without gradients", self.forward_only))
+        notes = []
+        for what, counts in shares:
             if counts:
                 top = ", ".join(f"{summary} ({n})" for summary, n in
                                 sorted(counts.items(), key=lambda kv: -kv[1])[:2])

@@ -66,9 +66,10 @@ def merge(stage: str, label: str, parts: list, problems: list[str], wall: float,
     """One Outcome (with a Campaign) for the workers' Outcomes of one campaign."""
     campaigns = [o.campaign for o in parts if o.campaign is not None]
     cases = sum(o.cases or 0 for o in parts)
-    refused = collections.Counter()
+    refused, forward_only = collections.Counter(), collections.Counter()
     for c in campaigns:
         refused.update(c.refused)
+        forward_only.update(c.forward_only)
     distinct = _distinct([o for o in parts if o.campaign is not None
                           and o.campaign.counterexample is not None])
     firsts = [c.cases_to_first_failure for c in campaigns if c.cases_to_first_failure is not None]
@@ -80,7 +81,8 @@ def merge(stage: str, label: str, parts: list, problems: list[str], wall: float,
             counterexample=distinct[0][0] if distinct else None,
             cases_to_first_failure=min(firsts) if firsts else None,
             error=errors[0] if errors and not distinct else None,
-            budget_hit=any(c.budget_hit for c in campaigns), refused=dict(refused))
+            budget_hit=any(c.budget_hit for c in campaigns), refused=dict(refused),
+            forward_only=dict(forward_only))
         if hasattr(campaign, "defects"):
             campaign.defects = [d for _, d, _ in distinct if d is not None]
     if distinct:

@@ -15,8 +15,9 @@ failed checks include that check is the known defect's, tallied to it ("known up
 ... hit", counted as a refusal is, never a pass and never shrunk again); any other failure on
 that case is a finding like any. A defect that names no check, or whose check is a process
 verdict (a device fault poisons the CUDA context of the process judging it) outside an isolated
-judge, is passed over unjudged, as before: counted ("known upstream defect ..."), and
-Hypothesis draws another case. The metamorphic relations pass over every covered case. A replay
+judge, is passed over unjudged: counted ("known upstream defect ..."), and Hypothesis draws
+another case; when every such defect covering a case is a backward one, only its gradients are
+passed over: the forward is judged, and the case counted as judged without gradients. The metamorphic relations pass over every covered case. A replay
 of a regression file judges it whatever is declared here. Keep each predicate as narrow as the
 `fuzzattn explain` evidence in its file.
 """

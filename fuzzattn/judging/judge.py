@@ -60,6 +60,7 @@ class JudgedCase:
     verdicts: list[Verdict]
     skipped: str | None = None          # cannot be judged here (why); neither pass nor fail
     refused: str | None = None          # the implementation refused it with a declared error
+    forward_only: str | None = None     # why its gradients went unjudged (a known defect's summary)
     cli_name: str = ""                  # how --impl finds the implementation again
     inputs_sha256: str | None = None    # of the materialised inputs; set when it failed or pinned
     versions: dict | None = None        # torch, triton, hypothesis, fuzzattn; set when it failed
