@@ -8,15 +8,15 @@ A case is judged once per process: the verdict is remembered by (implementation,
 Hypothesis's replays of a case get the same answer. So a kernel whose result changes between
 calls (an autotuner's first call, a race) cannot make Hypothesis stop with its FlakyFailure;
 instead the failing case that is reported (Hypothesis's final run of the shrunk case, or any
-failure judged outside Hypothesis) is rerun `FLAKY_RERUNS` times, and if any rerun passes, it
+failure judged outside Hypothesis) is rerun (campaigns/flaky.py), and if any rerun passes, it
 fails with the `flaky` verdict, which says how many runs failed and how. The shrinker's
 intermediate failures are not rerun: they are never reported, and rerunning each would triple
 the cost of shrinking.
 
 Cases an implementation refuses with one of its declared errors (`Capabilities.refusals`) are
 counted per campaign and rejected (Hypothesis draws another), never counted as passes; so are
-cases covered by a known upstream defect it declares (`Capabilities.known_defects`), which are
-not run at all.
+cases covered by a known upstream defect it declares (`Capabilities.known_defects`) that cannot
+be judged here, and their failures as that defect are tallied to it (judge_once).
 
 `fuzz` runs a campaign outside pytest (the CLI's `fuzz`, `gate` and `mutants`), with a case
 and/or time budget, and returns a `Campaign`.
@@ -40,6 +40,7 @@ from hypothesis.control import current_build_context, currently_in_test_context
 from hypothesis.errors import FlakyFailure, HypothesisException
 
 from fuzzattn.campaigns.defects import DefectBook, check_key, failure_keys, same_symptom
+from fuzzattn.campaigns.flaky import flaky_or_consistent
 from fuzzattn.campaigns.found import (Campaign, Counterexample, Refused,  # noqa: F401 (public)
                                       report_stashed, save)
 from fuzzattn.campaigns.pruned import Pruned as _Pruned
@@ -47,10 +48,9 @@ from fuzzattn.contract.case import AttentionCase
 from fuzzattn.contract.implementation import Implementation
 from fuzzattn.contract.known_defects import covering
 from fuzzattn.judging.judge import JudgedCase, default_device, judge
-from fuzzattn.judging.verdict import PROCESS_CHECKS, Verdict
+from fuzzattn.judging.verdict import PROCESS_CHECKS
 from fuzzattn.platform.gc_tuning import freeze_long_lived
 
-FLAKY_RERUNS = 2          # extra judgements of a failing case; any pass makes it flaky
 _MEMO_SIZE = 20_000       # remembered verdicts per process (a few hundred bytes each)
 
 
@@ -126,7 +126,7 @@ def judge_once(impl: Implementation, case: AttentionCase, device=None, *,
         if len(_memo) > _MEMO_SIZE:
             _rerun.discard(_memo.popitem(last=False)[0])
     if _is_final_run():
-        _memo[key] = _checked_for_flakiness(impl, case, run, key, _memo[key])
+        _memo[key] = _checked_for_flakiness(case, run, key, _memo[key])
     hit = next((d for d in defects if d.matches(_memo[key])), None)
     if hit is not None:
         # a known defect's own failure: tallied to it by the callers, never a finding
@@ -134,29 +134,13 @@ def judge_once(impl: Implementation, case: AttentionCase, device=None, *,
     return _memo[key]
 
 
-def _checked_for_flakiness(impl, case, run, key, judged: JudgedCase) -> JudgedCase:
+def _checked_for_flakiness(case, run, key, judged: JudgedCase) -> JudgedCase:
     """`judged`, or its flaky version if a rerun of its failure passes (once per key)."""
     if (not judged.failures or key in _rerun
             or judged.first_failure.check in ("inputs_drifted",) + PROCESS_CHECKS):
         return judged
     _rerun.add(key)
-    return _flaky_or_consistent(impl, case, run, judged)
-
-
-def _flaky_or_consistent(impl, case, run, judged: JudgedCase) -> JudgedCase:
-    reruns = [run(case) for _ in range(FLAKY_RERUNS)]
-    if all(not r.passed for r in reruns):
-        return judged
-    runs = 1 + len(reruns)
-    failed = 1 + sum(not r.passed for r in reruns)
-    first = judged.first_failure
-    detail = (f"failed in {failed} of {runs} runs of the same case (first: {first.check}"
-              + (f" error={first.error:.3g} allowed={first.allowed:.3g}"
-                 if first.error is not None and first.allowed is not None else "")
-              + (f": {first.detail}" if first.detail else "") + "); passed in the others")
-    flaky = Verdict(impl=impl.name, case=case, check="flaky", passed=False, detail=detail,
-                    where=first.where, heatmap=first.heatmap)
-    return dataclasses.replace(judged, verdicts=[flaky] + judged.verdicts)
+    return flaky_or_consistent(case, run, judged)
 
 
 def check_case(impl: Implementation, case: AttentionCase, *, save_to_file: bool = True,
