@@ -291,3 +291,67 @@ def test_the_gate_saves_a_crash_or_a_hang_with_no_flag(tmp_path, spec, check, de
     [record] = saved(tmp_path / "reg")
     assert record["check"] == check, record
     assert leftovers(str(tmp_path)) == []
+
+
+# -- a device fault surfacing after the call ------------------------------------------------------
+FAULT = "AcceleratorError: CUDA error: misaligned address"
+
+
+def test_a_fault_met_in_the_read_back_ends_the_watched_process_with_its_case(monkeypatch):
+    """Kernels are launched unsynchronised, so an asynchronous fault surfaces when their outputs
+    are read back. Left there as the case's crash, the next case's first launch met the poisoned
+    context outside any call, and the watched run ended on that error with no case saved (seen
+    on an H200 with SDPA's misaligned-address fault). The read-back ends the process instead,
+    with the case recorded, as a fault raised inside the call does."""
+    from fuzzattn.gradients import runs as grad_runs
+    from fuzzattn.run import execute, runs
+    from fuzzattn.run.registry import implementations
+
+    def fault(*args, **kwargs):
+        raise RuntimeError("CUDA error: misaligned address")
+
+    ended = []
+    monkeypatch.setattr(execute, "end_on_device_fault", lambda *a: ended.append(a))
+    impl, case = implementations()["sdpa"], AttentionCase(1, 1, 1, 3, 5, 16)
+    launched = runs.launch(impl, case, "cpu", adversarial=False)
+    monkeypatch.setattr(runs, "read_back", fault)
+    assert runs.deliver(impl, case, [launched]) is None
+    summary = "RuntimeError: CUDA error: misaligned address"
+    assert launched.failure.detail == summary
+    monkeypatch.setattr(grad_runs, "read_back", fault)
+    backward = grad_runs.run_backward(impl, case, "cpu", None, adversarial=False)
+    assert backward.failure.check == "grad_crash"
+    assert [(i.name, c, stage, text, str(device)) for i, c, stage, text, device in ended] \
+        == [("sdpa", case, "forward", summary, "cpu"), ("sdpa", case, "backward", summary, "cpu")]
+
+
+def test_only_a_watched_process_ends_and_only_on_a_cuda_fault(monkeypatch):
+    from fuzzattn.run import execute
+    from fuzzattn.run.registry import implementations
+
+    class Record:
+        faults = []
+
+        def device_fault(self, impl, case, stage, summary):
+            self.faults.append((stage, summary))
+
+    impl, case = implementations()["sdpa"], AttentionCase(1, 1, 1, 3, 5, 16)
+    monkeypatch.setattr(flight, "recorder", lambda: None)
+    execute.end_on_device_fault(impl, case, "forward", FAULT, "cuda")      # not watched
+    monkeypatch.setattr(flight, "recorder", Record)
+    execute.end_on_device_fault(impl, case, "forward", FAULT, "cpu")
+    execute.end_on_device_fault(impl, case, "forward", "RuntimeError: shape mismatch", "cuda:0")
+    assert Record.faults == []
+    execute.end_on_device_fault(impl, case, "backward", FAULT, "cuda:0")
+    assert Record.faults == [("backward", FAULT)]
+
+
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(),
+                    reason="needs a CUDA GPU: a real illegal memory access from a Triton store")
+def test_a_real_device_fault_is_saved_with_no_flag(tmp_path):
+    done, _ = fuzzattn("fuzz", "--impl", f"{KERNELS}:TRITON_OOB", "--max-examples", "30",
+                       "--regressions-dir", tmp_path, cwd=tmp_path)
+    assert done.returncode == 1, done.stdout + done.stderr
+    (saved,) = tmp_path.glob("*.json")
+    record = json.loads(saved.read_text())
+    assert record["check"] == "device_fault" and record["case"]["seq_q"] >= 5, record

@@ -129,6 +129,7 @@ def run_backward(impl: Implementation, case: AttentionCase, device, forward, *, 
             run_dout = view_in(stored, storages["dout"], dout)
         flags = flags.tolist() if side_effects else None
     except Exception as exc:           # an asynchronous fault of the backward, surfacing here
+        execute.end_on_device_fault(impl, case, "backward", execute.one_line(exc), device)
         run.failure = Verdict(check="grad_crash", passed=False,
                               detail=f"backward raised: {execute.one_line(exc)}", **verdict)
         return run

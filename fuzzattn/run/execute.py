@@ -215,8 +215,8 @@ def call(impl: Implementation, q, k, v, case: AttentionCase, *, out=None, lse=No
         if record is not None:
             record.end(impl, case)
         printed = output_text()
-    if record is not None:
-        _end_on_device_fault(record, impl, case, "forward", result, q.device)
+    if result.status == CRASH:
+        end_on_device_fault(impl, case, "forward", result.summary, q.device)
     return _summarised(impl, case, result, printed)
 
 
@@ -266,15 +266,20 @@ def call_gradients(impl: Implementation, q, k, v, dout, case: AttentionCase, *, 
         result = Call(OK, grads=tuple(grads))
     if record is not None:
         record.end(impl, case)
-        _end_on_device_fault(record, impl, case, "backward", result, q.device)
+    if result.status == CRASH:
+        end_on_device_fault(impl, case, "backward", result.summary, q.device)
     return result
 
 
-def _end_on_device_fault(record, impl, case, stage: str, result: Call, device) -> None:
-    """A supervised process whose call faulted the GPU ends here, the case recorded: its CUDA
-    context is lost for every later case (under MPS the fault may be another process's, and
-    fuzzattn/platform/mps.py ends the run instead)."""
-    if result.status == CRASH and device.type == "cuda" and is_device_fault(result.summary):
-        from fuzzattn.platform import mps
-        if not mps.mps_active():
-            record.device_fault(impl, case, stage, result.summary)
+def end_on_device_fault(impl, case, stage: str, summary: str, device) -> None:
+    """A watched process whose kernel faulted the GPU ends here, the case recorded: its CUDA
+    context is lost for every later case. Called where the fault surfaces: in the call when it
+    synchronises, else in the read-back of its outputs; a fault left to surface in the next
+    case's first launch would end the run with the case lost (under MPS the fault may be another
+    process's, and fuzzattn/platform/mps.py ends the run instead)."""
+    record = flight.recorder()
+    if record is None or torch.device(device).type != "cuda" or not is_device_fault(summary):
+        return
+    from fuzzattn.platform import mps
+    if not mps.mps_active():
+        record.device_fault(impl, case, stage, summary)

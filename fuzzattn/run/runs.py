@@ -200,6 +200,7 @@ def deliver(impl: Implementation, case: AttentionCase, runs: list[Run], also=())
                       for i in range(len(pending))]
     except Exception as exc:           # an asynchronous fault of a kernel, surfacing here
         summary = execute.one_line(exc)
+        execute.end_on_device_fault(impl, case, "forward", summary, pending[0].inputs.q.device)
         pending[0].failure = crash(impl, case, summary)
         for r in pending:
             r.pending = None
