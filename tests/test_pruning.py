@@ -116,7 +116,7 @@ def test_a_campaign_counts_pruned_draws_and_stops_judging_them(monkeypatch):
         # judged case: the adversarial run fails, nothing else runs)
         assert calls[(block, head_dim)] <= 2, calls
     lines = pruned_lines(result.pruned)
-    assert any(line.startswith("BLOCK=") and ": CompileTimeAssertionFailure for D=" in line
+    assert any(line.startswith("CompileTimeAssertionFailure for D=") and "BLOCK=" in line
                for line in lines), lines
     assert "pruned" not in result.refusal_note()
 
@@ -127,7 +127,7 @@ def test_fuzz_command_reports_pruned_configurations_after_the_table(capsys, tmp_
     out = capsys.readouterr().out
     assert status == 0, out
     assert "pruned (configurations that do not compile" in out
-    assert ": CompileTimeAssertionFailure for D=" in out
+    assert ": CompileTimeAssertionFailure for D=" in out      # after the campaign's label
     assert not list(tmp_path.glob("*.json"))
 
 
@@ -141,3 +141,14 @@ def test_no_configuration_compiling_is_saved_and_replays(capsys, tmp_path):
     assert len(files) == 1, out
     assert cli.main(["replay", str(files[0]), "--impl", f"{KERNELS}:NONE_COMPILES"]) == 1
     assert "no_configuration_compiles" in capsys.readouterr().out
+
+
+def test_pruned_configurations_are_listed_once_per_error_and_case_class():
+    pruned = {("BLOCK_M=16 BLOCK_N=64", "CompileTimeAssertionFailure", "D=32 float16"): 3,
+              ("BLOCK_M=64 BLOCK_N=64", "CompileTimeAssertionFailure", "D=32 float16"): 2,
+              ("BLOCK_M=128 BLOCK_N=64", "CompileTimeAssertionFailure", "D=32 float16"): 1,
+              ("BLOCK_M=128 BLOCK_N=128", "OutOfResources", "D=128 float16"): 1}
+    assert pruned_lines(pruned) == [
+        "CompileTimeAssertionFailure for D=32 float16: 3 configurations "
+        "(BLOCK_M=16|64|128 BLOCK_N=64), 6 draws",
+        "OutOfResources for D=128 float16: BLOCK_M=128 BLOCK_N=128, 1 draw"]

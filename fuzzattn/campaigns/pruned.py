@@ -4,9 +4,11 @@ The judge reports a case whose configuration fails with an error Triton's autotu
 pruned (fuzzattn/run/pruning.py). A campaign counts those draws per configuration and error,
 and per case class (head dim, dtype, causal mode: `pruning.compile_key`), and rejects later
 draws of a combination it has already seen pruned without judging them again, so the search
-moves on to combinations that compile. The counts are reported after the campaign table:
+moves on to combinations that compile. The counts are reported after the campaign table, one
+line per error and case class:
 
-    BLOCK_M=64 BLOCK_N=64: CompileTimeAssertionFailure for D=32, 41 draws
+    CompileTimeAssertionFailure for D=32 float16: 6 configurations (BLOCK_M=16|32|64 BLOCK_N=64
+    num_warps=4|8), 41 draws
 """
 from __future__ import annotations
 
@@ -48,11 +50,33 @@ class Pruned:
 
 
 def pruned_lines(pruned: dict[tuple[str, str, str], int]) -> list[str]:
-    """'BLOCK_M=64 BLOCK_N=64: CompileTimeAssertionFailure for D=32, 41 draws' per
-    configuration and error, its case classes joined."""
-    grouped: dict[tuple[str, str], list[str]] = {}
+    """One line per error and case class, most drawn first: the configurations it pruned, each
+    axis with the values they take ('BLOCK_M=16|32 BLOCK_N=64'), and the draws they cost. An
+    autotuned kernel's space prunes dozens of configurations for one reason (every tile wider
+    than D), which one line per configuration buried."""
+    groups: dict[tuple[str, str], dict[str, int]] = {}
     for (config, error, case_class), draws in pruned.items():
-        grouped.setdefault((config, error), []).append(
-            f"{case_class}, {draws} draw{'s' if draws != 1 else ''}")
-    return [f"{config}: {error} for {'; '.join(classes)}"
-            for (config, error), classes in grouped.items()]
+        configs = groups.setdefault((error, case_class), {})
+        configs[config] = configs.get(config, 0) + draws
+    lines = []
+    for (error, case_class), configs in sorted(groups.items(), key=lambda g: -sum(g[1].values())):
+        draws = sum(configs.values())
+        counted = f"{draws} draw{'s' if draws != 1 else ''}"
+        if len(configs) == 1:
+            lines.append(f"{error} for {case_class}: {next(iter(configs))}, {counted}")
+            continue
+        axes: dict[str, list[str]] = {}
+        for config in configs:
+            for item in config.split():
+                name, value = item.split("=", 1)
+                if value not in axes.setdefault(name, []):
+                    axes[name].append(value)
+        values = " ".join(f"{name}={'|'.join(sorted(v, key=_numeric_first))}"
+                          for name, v in axes.items())
+        lines.append(f"{error} for {case_class}: {len(configs)} configurations ({values}), "
+                     f"{counted}")
+    return lines
+
+
+def _numeric_first(value: str) -> tuple:
+    return (not value.isdigit(), int(value) if value.isdigit() else 0, value)

@@ -85,7 +85,19 @@ class JudgedCase:
             return f"[refused] {self.impl}: {self.refused}\n  case: {self.case}"
         if self.passed:
             return f"[ok] {self.impl} {self.case}"
-        return "\n".join(v.describe() for v in self.failures)
+        # One headline per failed check, then the case once, and each distinct map of bad rows
+        # once: a wrong row usually fails out, lse and out_rms together.
+        fails = self.failures
+        lines = [v.headline() for v in fails] + [f"  case: {self.case}", f"  repr: {self.case!r}"]
+        maps: dict[str, list[str]] = {}
+        for v in fails:
+            if v.heatmap:
+                maps.setdefault(v.heatmap, []).append(v.check)
+        for rows, checks in maps.items():
+            which = f" ({', '.join(checks)})" if len(maps) > 1 else ""
+            lines.append(f"  bad query rows (x) per batch/head{which}:")
+            lines.extend("    " + line for line in rows.splitlines())
+        return "\n".join(lines)
 
 
 def skip_reason(impl: Implementation, case: AttentionCase) -> str | None:
