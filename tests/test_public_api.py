@@ -230,3 +230,57 @@ def test_a_library_module_first_imported_by_an_in_process_run_stays_loaded(pytes
     pytester.runpytest_inprocess("-p", "no:cacheprovider").assert_outcomes(passed=2)
     assert name in sys.modules
     assert "mine" not in sys.modules            # the run's own modules are still undone
+
+
+USER_BF16_TRITON = '''
+import torch
+import fuzzattn                      # before triton: it selects the interpreter without a GPU
+import triton
+import triton.language as tl
+from fuzzattn import AttentionCase, Capabilities, Implementation, judge
+
+
+@triton.jit
+def _attention(q_ptr, k_ptr, v_ptr, o_ptr, nq, nk, scale, D: tl.constexpr, B: tl.constexpr):
+    rows, dims = tl.arange(0, B), tl.arange(0, D)
+    tile = rows[:, None] * D + dims[None, :]
+    q = tl.load(q_ptr + tile, mask=rows[:, None] < nq, other=0.0)
+    k = tl.load(k_ptr + tile, mask=rows[:, None] < nk, other=0.0)
+    v = tl.load(v_ptr + tile, mask=rows[:, None] < nk, other=0.0)
+    s = tl.where(rows[None, :] < nk, tl.dot(q, tl.trans(k)) * scale, float("-inf"))
+    p = tl.exp(s - tl.max(s, 1)[:, None])
+    p = p / tl.sum(p, 1)[:, None]
+    out = tl.dot(p.to(v.dtype), v)
+    tl.store(o_ptr + tile, out.to(o_ptr.dtype.element_ty), mask=rows[:, None] < nq)
+
+
+def attention(q, k, v, *, causal, scale):
+    q, k, v = (t.contiguous() for t in (q, k, v))
+    out = torch.empty_like(q)
+    _attention[(1,)](q, k, v, out, q.shape[2], k.shape[2], scale, D=16, B=16)
+    return out
+
+
+MINE = Implementation("mine_bf16", attention, Capabilities(
+    dtypes={"bfloat16"}, head_dims={16}, causal=(), returns_lse=False))
+judged = judge(MINE, AttentionCase(1, 1, 1, 5, 7, 16, dtype="bfloat16"), gradients=False)
+print(judged.describe())
+assert judged.passed
+'''
+
+
+def test_a_script_judging_its_own_bf16_triton_kernel_gets_the_interpreter_repaired(tmp_path):
+    """A plain script (no CLI, no pytest plugin) imports fuzzattn, then triton, and judges its
+    own bf16 Triton kernel: the interpreter's bf16 tl.dot multiplies raw bit patterns unless
+    fuzzattn's repair is in place, and this correct kernel was judged 8e8 off."""
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "mine.py"
+    script.write_text(USER_BF16_TRITON)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=300, env=env, cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.startswith("[ok] mine_bf16"), done.stdout

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import sys
 
 import torch
 
@@ -40,6 +41,7 @@ from fuzzattn.inputs.transfer import same_device
 from fuzzattn.judging.value_checks import attribute_nonfinite, run_on, value_verdicts
 from fuzzattn.judging.verdict import CHECKS, Verdict, heatmap, locate
 from fuzzattn.platform.versions import versions
+from fuzzattn.triton_interpreter.backend import ensure_backend
 
 
 @functools.cache
@@ -131,6 +133,11 @@ def judge(impl: Implementation, case: AttentionCase, device=None, *,
 
     On a GPU shared through MPS a device fault raises shared_gpu.SharedDeviceFault instead of
     becoming a verdict: it may be another process's (fuzzattn/platform/mps.py)."""
+    if "triton" in sys.modules:
+        # `import fuzzattn` only selects the interpreter; its bf16 repairs come with
+        # ensure_backend, which the CLI and the pytest plugin run at start-up. A script judging
+        # its own bf16 Triton kernel without them saw a correct kernel 8e8 off.
+        ensure_backend()
     if not shared_gpu.guarding:
         return _judge(impl, case, device, expected_sha256=expected_sha256, gradients=gradients,
                       margins=margins)

@@ -57,19 +57,26 @@ def ensure_backend() -> None:
     inside fence.TESTED) install the bf16 repairs and the speed edits; outside it, patch
     nothing and say so once on stderr.
 
-    Idempotent and cheap after the first call. Must run before any @triton.jit decoration.
+    Idempotent, and free after the first call that got through. Must run before any
+    @triton.jit decoration.
     """
+    global _ensured
+    if _ensured:
+        return
     select_backend()
-    if not is_interpreted():
-        return
-    _check_numpy_compatible()
-    if not fence.tested():
-        fence.say_untested_once()
-        return
-    _install_bf16_dot_repair()
-    _install_bf16_cast_repair()
-    from fuzzattn.triton_interpreter import speed
-    speed.install()
+    if is_interpreted():
+        _check_numpy_compatible()
+        if not fence.tested():
+            fence.say_untested_once()
+        else:
+            _install_bf16_dot_repair()
+            _install_bf16_cast_repair()
+            from fuzzattn.triton_interpreter import speed
+            speed.install()
+    _ensured = True
+
+
+_ensured = False
 
 
 def _check_numpy_compatible() -> None:
