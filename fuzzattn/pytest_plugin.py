@@ -26,6 +26,7 @@ fresh one (a CUDA fault is sticky). Under MPS a device fault stops the whole run
 """
 from __future__ import annotations
 
+import collections
 import os
 import time
 from pathlib import Path
@@ -206,7 +207,7 @@ def pytest_collection_finish(session):
 # -- how many cases this run judged (summed over pytest-xdist workers) --------------------------
 _START_KEY = pytest.StashKey[float]()
 _JUDGED_KEY = pytest.StashKey[int]()
-_REFUSED_KEY = pytest.StashKey[dict]()       # (implementation, summary) -> draws, from workers
+_UNJUDGED_KEY = pytest.StashKey[collections.Counter]()   # _unjudged_here's, from workers
 
 
 def cuda_context_lost() -> str | None:
@@ -277,8 +278,7 @@ def pytest_sessionfinish(session):
     workeroutput = getattr(session.config, "workeroutput", None)
     if workeroutput is not None:            # an xdist worker: hand the counts to the controller
         workeroutput["fuzzattn_judged"] = campaign.judged_total
-        workeroutput["fuzzattn_refused"] = [[impl, summary, n] for (impl, summary), n
-                                            in campaign.refusal_counts.items()]
+        workeroutput["fuzzattn_unjudged"] = [[*key, n] for key, n in _unjudged_here().items()]
 
 
 def pytest_testnodedown(node, error):
@@ -287,9 +287,9 @@ def pytest_testnodedown(node, error):
     output = getattr(node, "workeroutput", {})
     judged = output.get("fuzzattn_judged", 0)
     node.config.stash[_JUDGED_KEY] = node.config.stash.get(_JUDGED_KEY, 0) + judged
-    refused = node.config.stash.setdefault(_REFUSED_KEY, {})
-    for impl, summary, n in output.get("fuzzattn_refused", []):
-        refused[(impl, summary)] = refused.get((impl, summary), 0) + n
+    unjudged = node.config.stash.setdefault(_UNJUDGED_KEY, collections.Counter())
+    for impl, what, summary, n in output.get("fuzzattn_unjudged", []):
+        unjudged[(impl, what, summary)] += n
 
 
 def pytest_terminal_summary(terminalreporter, config):
@@ -299,15 +299,25 @@ def pytest_terminal_summary(terminalreporter, config):
         seconds = time.perf_counter() - config.stash.get(_START_KEY, time.perf_counter())
         terminalreporter.write_line(f"fuzzattn: {judged} cases judged in {seconds:.1f} s "
                                     f"({judged / max(seconds, 1e-9):.1f} cases/s)")
-    # Draws Hypothesis replaced without a verdict: declared refusals and known upstream defects'
-    # cases. Never passes, so never silent: a campaign that mostly drew these tested little.
+    # Draws Hypothesis replaced without a verdict (declared refusals, known upstream defects'
+    # cases) and cases judged without their gradients. Never passes, so never silent: a campaign
+    # that mostly drew these tested little.
+    unjudged = config.stash.get(_UNJUDGED_KEY, collections.Counter()) + _unjudged_here()
+    for (impl, what, summary), n in unjudged.most_common(10):
+        terminalreporter.write_line(f"fuzzattn: {impl}: {n} {what}: {summary}")
+
+
+def _unjudged_here() -> collections.Counter:
+    """(implementation, what, summary) -> draws or cases, in this process."""
+    from fuzzattn.campaigns import campaign
     from fuzzattn.contract.known_defects import KNOWN_PREFIX
-    refused = dict(config.stash.get(_REFUSED_KEY, {}))
-    for key, n in campaign.refusal_counts.items():
-        refused[key] = refused.get(key, 0) + n
-    for (impl, summary), n in sorted(refused.items(), key=lambda kv: -kv[1])[:10]:
-        what = "passed over" if summary.startswith(KNOWN_PREFIX) else "refused"
-        terminalreporter.write_line(f"fuzzattn: {impl}: {n} draws {what}: {summary}")
+    counts = collections.Counter()
+    for (impl, summary), n in campaign.refusal_counts.items():
+        what = "draws passed over" if summary.startswith(KNOWN_PREFIX) else "draws refused"
+        counts[(impl, what, summary)] += n
+    for (impl, summary), n in campaign.forward_only_counts.items():
+        counts[(impl, "cases judged without gradients", summary)] += n
+    return counts
 
 
 def pytest_unconfigure(config):

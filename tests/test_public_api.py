@@ -167,22 +167,40 @@ PASSED_OVER = textwrap.dedent('''
     @given(case=attention_cases(MINE.caps))
     def test_mine(part, case):
         check_case(MINE, case, save_to_file=False)
+
+    FAULTS = KnownDefect("backward faults here", KNOWN.device_type, lambda case: True,
+                         "example.json", backward=True, check="device_fault")
+    GRADS = Implementation("grads", attention, Capabilities(
+        dtypes={"float32"}, head_dims={16}, returns_lse=False, backward=True,
+        known_defects=(FAULTS,)))
+
+    @settings(max_examples=5, derandomize=True, database=None, deadline=None)
+    @given(case=attention_cases(GRADS.caps))
+    def test_grads(case):
+        check_case(GRADS, case, save_to_file=False)
 ''')
 
 
 def test_the_summary_says_how_many_draws_were_passed_over_across_workers(pytester):
     """Draws without a verdict (refused, or a known defect's) are never passes, and never
-    silent: the run's summary counts them per implementation, added up over xdist workers."""
+    silent: the run's summary counts them per implementation, added up over xdist workers; so
+    are cases whose gradients were not judged."""
     pytester.makepyfile(test_known=PASSED_OVER)
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "fuzzattn.pytest_plugin",
                                            "-n", "2")
-    result.assert_outcomes(passed=2)
+    result.assert_outcomes(passed=3)
     line = [x for x in result.stdout.lines if "draws passed over" in x]
     assert len(line) == 1, result.stdout.str()
     assert line[0].startswith("fuzzattn: mine: ")
     assert line[0].endswith("draws passed over: known upstream defect (example.json): "
                             "causal is broken here")
     assert int(line[0].split()[2]) >= 2          # both workers' draws, added up
+    # a backward's device fault: its cases are judged, their gradients passed over
+    line = [x for x in result.stdout.lines if x.startswith("fuzzattn: grads: ")]
+    assert len(line) == 1 and line[0].endswith(
+        " cases judged without gradients: known upstream defect (example.json): "
+        "backward faults here"), result.stdout.str()
+    assert int(line[0].split()[2]) >= 1
 
 
 # The README's gradients example: a kernel offering its own backward, loaded from its file.

@@ -63,6 +63,8 @@ def _is_final_run() -> bool:
 _memo: collections.OrderedDict[tuple[str, str], JudgedCase] = collections.OrderedDict()
 _rerun: set = set()      # memo keys whose failure was rerun for flakiness
 refusal_counts: collections.Counter[tuple[str, str]] = collections.Counter()  # (impl, summary)
+# cases judged without their gradients, a known defect keeping them from this process
+forward_only_counts: collections.Counter[tuple[str, str]] = collections.Counter()
 judged_total = 0      # cases judged by this process (reruns for flakiness not counted)
 
 
@@ -161,6 +163,8 @@ def _raise_unless_passed(impl: Implementation, case: AttentionCase, judged: Judg
     (a skip, a refusal, a Counterexample with its file written on the final run)."""
     if judged.skipped is not None:
         raise RuntimeError(f"{case} was drawn but cannot run: {judged.skipped}")
+    if judged.forward_only is not None:
+        forward_only_counts[(impl.name, judged.forward_only)] += 1
     if judged.refused is not None:
         refusal_counts[(impl.name, judged.refused)] += 1
         if currently_in_test_context():
