@@ -16,7 +16,8 @@ the cost of shrinking.
 Cases an implementation refuses with one of its declared errors (`Capabilities.refusals`) are
 counted per campaign and rejected (Hypothesis draws another), never counted as passes; so are
 cases covered by a known upstream defect it declares (`Capabilities.known_defects`) that cannot
-be judged here, and their failures as that defect are tallied to it (judge_once).
+be judged here (a backward's device fault keeps only the gradients from running). Failures that
+a judged known defect explains are tallied to it (judge_once).
 
 `fuzz` runs a campaign outside pytest (the CLI's `fuzz`, `gate` and `mutants`), with a case
 and/or time budget, and returns a `Campaign`.
