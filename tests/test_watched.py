@@ -325,6 +325,27 @@ def test_a_fault_met_in_the_read_back_ends_the_watched_process_with_its_case(mon
         == [("sdpa", case, "forward", summary, "cpu"), ("sdpa", case, "backward", summary, "cpu")]
 
 
+def test_a_fault_met_anywhere_in_a_judgement_is_that_cases(monkeypatch):
+    """A kernel's asynchronous fault can also surface at the next launch, the oracle's, before
+    the read-back: the judgement raises, and the watched process ends with the case recorded."""
+    from fuzzattn.judging import judge as judging
+    from fuzzattn.run import execute
+    from fuzzattn.run.registry import implementations
+
+    def fault(*args, **kwargs):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    ended = []
+    monkeypatch.setattr(execute, "end_on_device_fault", lambda *a: ended.append(a))
+    monkeypatch.setattr(judging, "_references", fault)
+    impl, case = implementations()["sdpa"], AttentionCase(1, 1, 1, 3, 5, 16)
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        judging.judge(impl, case, "cpu")
+    assert [(i.name, c, stage, text) for i, c, stage, text, _ in ended] == [
+        ("sdpa", case, "judging",
+         "RuntimeError: CUDA error: an illegal memory access was encountered")]
+
+
 def test_only_a_watched_process_ends_and_only_on_a_cuda_fault(monkeypatch):
     from fuzzattn.run import execute
     from fuzzattn.run.registry import implementations

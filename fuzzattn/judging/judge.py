@@ -138,16 +138,20 @@ def judge(impl: Implementation, case: AttentionCase, device=None, *,
         # ensure_backend, which the CLI and the pytest plugin run at start-up. A script judging
         # its own bf16 Triton kernel without them saw a correct kernel 8e8 off.
         ensure_backend()
-    if not shared_gpu.guarding:
-        return _judge(impl, case, device, expected_sha256=expected_sha256, gradients=gradients,
-                      margins=margins)
     try:
         judged = _judge(impl, case, device, expected_sha256=expected_sha256, gradients=gradients,
                         margins=margins)
     except Exception as exc:
-        shared_gpu.check_error(exc, case)
+        if shared_gpu.guarding:
+            shared_gpu.check_error(exc, case)
+        # A fault met outside the kernel's call and read-back (the oracle's first launch in the
+        # context the kernel just poisoned) is still this case's: a watched process ends with
+        # it recorded instead of losing it with the run.
+        execute.end_on_device_fault(impl, case, "judging", execute.one_line(exc),
+                                    device or default_device())
         raise
-    shared_gpu.check_judged(judged)
+    if shared_gpu.guarding:
+        shared_gpu.check_judged(judged)
     return judged
 
 
