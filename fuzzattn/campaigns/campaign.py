@@ -164,13 +164,13 @@ def _raise_unless_passed(impl: Implementation, case: AttentionCase, judged: Judg
     (a skip, a refusal, a Counterexample with its file written on the final run)."""
     if judged.skipped is not None:
         raise RuntimeError(f"{case} was drawn but cannot run: {judged.skipped}")
-    if judged.forward_only is not None:
-        forward_only_counts[(impl.name, judged.forward_only)] += 1
     if judged.refused is not None:
         refusal_counts[(impl.name, judged.refused)] += 1
         if currently_in_test_context():
             reject()               # not a pass: Hypothesis draws another case
         raise Refused(judged.refused)
+    if judged.forward_only is not None:
+        forward_only_counts[(impl.name, judged.forward_only)] += 1
     if not judged.passed:
         written = save(judged, regressions_dir) if (save_to_file and _is_final_run()) else None
         raise Counterexample(judged, written)
