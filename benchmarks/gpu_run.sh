@@ -15,7 +15,8 @@
 #               palette, and float32 once without it (FUZZATTN_PALETTE=off): cases/s each
 #   defects     compiled: configurations pruned by their real compile errors, no configuration
 #               compiling as a finding; every distinct defect of a two-bug kernel in one run;
-#               sdpa per dtype with known defects judged (share of draws passed over, hits)
+#               sdpa per dtype over --workers auto for SDPA_SECONDS each, known defects judged
+#               (the shares passed over and judged without gradients, hits)
 #   workers     `fuzzattn fuzz --workers auto` on sdpa fp32 for 60 s (every check, gradients on
 #               every case as the command judges them), then cases/s for --workers 1..32 and the
 #               ratio to 1 worker for WORKERS (default 2,4,8,16,32,auto; WORKER_SECONDS each):
@@ -23,7 +24,7 @@
 #   gate        `fuzzattn gate` as a user runs it before a merge (its default budget on a GPU host)
 set -uo pipefail
 OUT=${OUT:-gpu-out} CAMPAIGN_SECONDS=${CAMPAIGN_SECONDS:-300} PARTS=${PARTS:-12} ZOO=${ZOO:-16} ZOO_SECONDS=${ZOO_SECONDS:-60}
-FLEX_SECONDS=${FLEX_SECONDS:-60} WORKERS=${WORKERS:-2,4,8,16,32,auto} WORKER_SECONDS=${WORKER_SECONDS:-30}
+FLEX_SECONDS=${FLEX_SECONDS:-60} SDPA_SECONDS=${SDPA_SECONDS:-120} WORKERS=${WORKERS:-2,4,8,16,32,auto} WORKER_SECONDS=${WORKER_SECONDS:-30}
 STEPS=${*:-suite zoo campaign throughput speed watched flex defects workers gate}
 NGPU=$(nvidia-smi -L 2>/dev/null | grep -c "^GPU") || { echo "gpu_run.sh: no GPU visible"; exit 2; }
 mkdir -p "$OUT"
@@ -113,9 +114,9 @@ defects)
         sed -n '/^defects (each once/,/^$/p; /^pruned (/,/^$/p' "$OUT/defects_$k.txt"
     done
     for d in float32 bfloat16 float16; do
-        step "defects: sdpa $d, 120 s, known defects judged"
-        python3 -m fuzzattn.cli fuzz --impl sdpa --dtype "$d" --profile gpu --seconds 120 \
-            --max-examples 1000000 --no-save >"$OUT/defects_sdpa_$d.txt" 2>&1
+        step "defects: sdpa $d, $SDPA_SECONDS s over --workers auto, known defects judged"
+        python3 -m fuzzattn.cli fuzz --impl sdpa --dtype "$d" --profile gpu --seconds "$SDPA_SECONDS" \
+            --workers auto --database off --max-examples 1000000 --no-save >"$OUT/defects_sdpa_$d.txt" 2>&1
         echo "fuzz exit $?"
         grep -E "^sdpa |passed over|known upstream" "$OUT/defects_sdpa_$d.txt" | head -n 5
     done ;;
