@@ -310,11 +310,10 @@ def pytest_terminal_summary(terminalreporter, config):
 def _unjudged_here() -> collections.Counter:
     """(implementation, what, summary) -> draws or cases, in this process."""
     from fuzzattn.campaigns import campaign
-    from fuzzattn.contract.known_defects import KNOWN_PREFIX
+    from fuzzattn.contract.known_defects import kind
     counts = collections.Counter()
     for (impl, summary), n in campaign.refusal_counts.items():
-        what = "draws passed over" if summary.startswith(KNOWN_PREFIX) else "draws refused"
-        counts[(impl, what, summary)] += n
+        counts[(impl, f"draws {kind(summary)}", summary)] += n
     for (impl, summary), n in campaign.forward_only_counts.items():
         counts[(impl, "cases judged without gradients", summary)] += n
     return counts

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from fuzzattn.campaigns import regression_file
 from fuzzattn.campaigns.defects import DefectBook
-from fuzzattn.contract.known_defects import KNOWN_HIT, KNOWN_PREFIX
+from fuzzattn.contract.known_defects import HIT, PASSED_OVER, REFUSED, kind
 from fuzzattn.judging.judge import JudgedCase
 
 
@@ -70,14 +70,8 @@ class Campaign:
         passed over, tallied to or judged without gradients for known upstream defects, or ''
         when there were none of these."""
         drawn = self.refused_total + self.cases
-
-        def kind(summary: str) -> str:
-            if not summary.startswith(KNOWN_PREFIX):
-                return "refused"
-            hit = summary.startswith(f"{KNOWN_PREFIX} {KNOWN_HIT} ")
-            return "judged, failing as known upstream defects" if hit else "passed over"
         shares = [(what, {s: n for s, n in self.refused.items() if kind(s) == what}) for what in
-                  ("refused", "judged, failing as known upstream defects", "passed over")]
+                  (REFUSED, HIT, PASSED_OVER)]
         shares.append(("judged without gradients", self.forward_only))
         notes = []
         for what, counts in shares:
@@ -90,8 +84,7 @@ class Campaign:
     @property
     def mostly_refused(self) -> bool:
         """More draws refused or passed over than judged (known defects' judged hits aside)."""
-        hits = sum(n for s, n in self.refused.items()
-                   if s.startswith(f"{KNOWN_PREFIX} {KNOWN_HIT} "))
+        hits = sum(n for s, n in self.refused.items() if kind(s) == HIT)
         return self.refused_total - hits > self.cases
 
 

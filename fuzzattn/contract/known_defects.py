@@ -17,9 +17,10 @@ that case is a finding like any. A defect that names no check, or whose check is
 verdict (a device fault poisons the CUDA context of the process judging it) outside an isolated
 judge, is passed over unjudged: counted ("known upstream defect ..."), and Hypothesis draws
 another case; when every such defect covering a case is a backward one, only its gradients are
-passed over: the forward is judged, and the case counted as judged without gradients. The metamorphic relations pass over every covered case. A replay
-of a regression file judges it whatever is declared here. Keep each predicate as narrow as the
-`fuzzattn explain` evidence in its file.
+passed over: the forward is judged, and the case counted as judged without gradients. The
+metamorphic relations pass over every covered case. A replay of a regression file judges it
+whatever is declared here. Keep each predicate as narrow as the `fuzzattn explain` evidence in
+its file.
 """
 from __future__ import annotations
 
@@ -68,6 +69,18 @@ class KnownDefect:
         return f"{KNOWN_PREFIX} {KNOWN_HIT} ({self.regression}): {self.name}"
 
 
+# How a draw a campaign counted without a verdict of its own is reported: refused (a declared
+# error), judged and failing as a known defect (a hit), or passed over unjudged.
+REFUSED, HIT, PASSED_OVER = "refused", "judged, failing as known upstream defects", "passed over"
+
+
+def kind(summary: str) -> str:
+    """REFUSED, HIT or PASSED_OVER, by the draw's counted summary."""
+    if not summary.startswith(KNOWN_PREFIX):
+        return REFUSED
+    return HIT if summary.startswith(f"{KNOWN_PREFIX} {KNOWN_HIT} ") else PASSED_OVER
+
+
 def covering(defects, case: AttentionCase, device, gradients: bool) -> list[KnownDefect]:
     """Every one of `defects` that covers this case on `device` (a torch.device or its name, as
     "cuda:0"). Most implementations declare none: then nothing is computed."""
@@ -75,4 +88,3 @@ def covering(defects, case: AttentionCase, device, gradients: bool) -> list[Know
         return []
     device_type = torch.device(device).type
     return [defect for defect in defects if defect.covers(case, device_type, gradients)]
-

@@ -39,7 +39,6 @@ from fuzzattn.platform import mps as shared_gpu
 from fuzzattn.inputs.materialize import inputs_sha256, materialize
 from fuzzattn.platform.device_faults import is_device_fault
 from fuzzattn.isolation import starting
-from fuzzattn.isolation.starting import main_module_hidden, server_without_cuda
 from fuzzattn.isolation.worker import (FIELDS, IsolationError, declared, spec_of,
                                               where, worker_main)
 from fuzzattn.judging.judge import JudgedCase, default_device
@@ -134,7 +133,7 @@ class IsolatedJudge:
             target=worker_main, name=f"fuzzattn-isolated-{self.spec}", daemon=True,
             args=(child, self.spec, _pickled(self.fields), self.device, torch.get_num_threads(), self._log,
                   dict(os.environ)))
-        with main_module_hidden(), server_without_cuda():
+        with starting.main_module_hidden(), starting.server_without_cuda():
             self._proc.start()
         child.close()         # else the worker's death would never read as EOF here
         self._conn = parent
