@@ -50,11 +50,18 @@ zoo)
     mapfile -t MUTANTS < <(python3 -m fuzzattn.cli mutants --list | awk '/^mutant_/ {print $1}')
     for z in $(seq 0 $(( ZOO - 1 ))); do
         for i in "${!MUTANTS[@]}"; do
-            (( i % ZOO == z )) && OMP_NUM_THREADS=1 python3 -m fuzzattn.cli mutants --only "${MUTANTS[$i]}" \
-                --profile gpu --max-examples 100 --seconds "$ZOO_SECONDS" | grep "^mutant_"
+            (( i % ZOO == z )) && { OMP_NUM_THREADS=1 python3 -m fuzzattn.cli mutants --only "${MUTANTS[$i]}" \
+                --profile gpu --max-examples 100 --seconds "$ZOO_SECONDS"; echo "${MUTANTS[$i]} exit $?"; }
         done >"$OUT/zoo/lane_$z.txt" 2>&1 &
     done; wait
-    grep -h "^mutant_" "$OUT"/zoo/lane_*.txt | sort | tee "$OUT/zoo.txt" | awk '{n++} $2 == "killed" {k++} END {print k+0 "/" n+0 " killed"}' ;;
+    # A mutant whose command printed no kill-table row: its lane's log says why.
+    for m in "${MUTANTS[@]}"; do awk -v m="$m" '$1 == m && $2 !~ /^[0-9]+$/ && $2 != "exit" {f = 1} END {exit !f}' "$OUT"/zoo/lane_*.txt || {
+        echo "$m: no kill-table row"; grep -h -B 15 "^$m exit" "$OUT"/zoo/lane_*.txt | tail -n 15; }; done
+    # Kill-table rows only (a defects-table row has a number in its second column).
+    grep -h "^mutant_" "$OUT"/zoo/lane_*.txt | awk '$2 !~ /^[0-9]+$/ && $2 != "exit"' | sort | tee "$OUT/zoo.txt" \
+        | awk '{n++} $2 == "killed" {k++; print $4}' | sort -n | awk '{c[NR] = $1} END {
+            print NR " killed, cases to kill: median " c[int((NR + 1) / 2)] ", max " c[NR]}'
+    echo "of $(wc -l <"$OUT/zoo.txt") mutants" ;;
 campaign)
     step "campaign: $PARTS parts x $CAMPAIGN_SECONDS s over $NGPU GPU(s)"
     rm -rf "$OUT/campaign"                 # --report sums every result under it

@@ -14,6 +14,7 @@ import torch
 from fuzzattn import AttentionCase, Capabilities, Implementation, judge
 from fuzzattn.run.registry import implementations
 from fuzzattn.kernels.sdpa import sdpa_forward
+from fuzzattn.platform import flight
 
 judge_module = importlib.import_module("fuzzattn.judging.judge")   # the package re-exports judge()
 runs_module = importlib.import_module("fuzzattn.run.runs")
@@ -272,6 +273,7 @@ def test_a_fault_surfacing_in_the_read_back_is_the_runs_crash(together, monkeypa
     results are read back, and is judged as the implementation's crash on this case."""
     from fuzzattn.isolation.supervisor import is_device_fault
     monkeypatch.setattr(judge_module, "_runs_together", lambda here, device: together)
+    monkeypatch.setattr(flight, "recorder", lambda: None)   # in-process: a watched run would end
 
     def faulted(*args, **kwargs):
         raise RuntimeError("CUDA error: an illegal memory access was encountered\nmore text")
@@ -287,6 +289,7 @@ def test_a_fault_surfacing_in_the_read_back_is_the_runs_crash(together, monkeypa
 
 def test_a_fault_surfacing_in_the_backwards_read_back_is_its_crash(monkeypatch):
     gradients_module = importlib.import_module("fuzzattn.gradients.runs")
+    monkeypatch.setattr(flight, "recorder", lambda: None)   # in-process: a watched run would end
 
     def faulted(*args, **kwargs):
         raise RuntimeError("CUDA error: misaligned address")

@@ -107,6 +107,39 @@ def test_undeclared_inputs_are_refused_in_one_line():
         flex.flex_forward(q, q, q, causal="diagonal", scale=0.25)
 
 
+def test_the_known_decoding_defect_covers_exactly_groups_past_the_sparse_block():
+    """kernels/flex.py's predicate: Nq < 128, a power-of-two group G > 1, Nq * G > 128."""
+    covers = [d for d in flex.KNOWN_DEFECTS if d.regression == "60adf642d27b.json"][0].applies
+    def case(seq_q, heads, kv_heads=1):
+        return AttentionCase(batch=1, heads=heads, kv_heads=kv_heads, seq_q=seq_q, seq_k=9,
+                             head_dim=16, dtype="float32")
+    assert covers(case(65, 2)) and covers(case(60, 12, 3)) and covers(case(127, 8, 2))
+    assert not covers(case(64, 2))           # 128 rows: one sparse block
+    assert not covers(case(65, 3))           # not a power of two: the main kernel
+    assert not covers(case(65, 2, 2))        # no group
+    assert not covers(case(128, 2))          # not decoding
+    assert flex.IMPL.caps.known_defects == flex.KNOWN_DEFECTS
+
+
+@pytest.mark.skipif(not ON_CUDA, reason="CUDA's compiled flex (flex decoding is a Triton template)")
+def test_flex_decoding_fails_to_compile_exactly_where_the_known_defect_says():
+    """Upstream behaviour the known defect rests on: when a torch release fixes it this fails;
+    drop the KnownDefect and the file's expected_failures entry then."""
+    for seq_q, heads, fails in ((65, 2, True), (64, 2, False), (65, 3, False)):
+        q = torch.randn(1, heads, seq_q, 16, device="cuda")
+        k = torch.randn(1, 1, 9, 16, device="cuda")
+        covered = flex._decoding_rows_past_the_sparse_block(
+            AttentionCase(batch=1, heads=heads, kv_heads=1, seq_q=seq_q, seq_k=9, head_dim=16,
+                          dtype="float32"))
+        assert covered == fails
+        if fails:
+            with pytest.raises(Exception, match="NoValidChoicesError"):
+                flex.flex_forward(q, k, k, causal=False, scale=0.25)
+        else:
+            out, lse = flex.flex_forward(q, k, k, causal=False, scale=0.25)
+            assert out.shape == q.shape and torch.isfinite(lse).all()
+
+
 def test_the_registry_imports_flex_without_torch_compile():
     """torch._dynamo (2.3 s of each process on the CPU) is imported when flex first runs, not by
     every process that imports the registry."""

@@ -28,9 +28,11 @@ factor values are matched by class (`match_class`): a configuration axis by bein
 choice at all, since a bug needing BLOCK_M > BLOCK_N needs it at 32 and at 64 alike; the value
 profiles that put scores past a finite sentinel as one class, since they reach the same bug at
 different magnitudes; every other factor by its value, so a bug of each causal alignment stays
-its own. A bug needing a relation between two configuration axes may still be reported once
-per axis it was found needing, and one needing either causal alignment once per alignment:
-over-reported, never hidden.
+its own. A failure that needs a causal mask is judged once more with the other alignment: when
+that fails the same way, the defect needs causal=either (chunks aligned to the wrong end of the
+keys fail top-left and bottom-right alike: one defect, met through both). A bug needing a
+relation between two configuration axes may still be reported once per axis it was found
+needing: over-reported, never hidden.
 """
 from __future__ import annotations
 
@@ -41,6 +43,8 @@ from fuzzattn.contract.case import AttentionCase
 from fuzzattn.contract.dtypes import DTYPES
 
 _CRASHES = ("crash", "grad_crash")
+# The causal factor of a defect that fails both alignments the same way (`needed_factors`).
+EITHER_ALIGNMENT = "either"
 # Value profiles that reach one input class (scores past a finite mask sentinel) at different
 # magnitudes: a bug found through one is the same bug when met through the other.
 _VALUE_CLASSES = {"below_sentinel": "past a finite sentinel",
@@ -136,6 +140,12 @@ def needed_factors(judged, caps: Capabilities, judge) -> dict[str, str]:
     for name, (value, variants) in _off_plain(judged.case, caps).items():
         if not any(_reproduces(variant, caps, judge, key, keys) for variant in variants):
             needed[name] = value
+    if "causal" in needed:
+        # Needing a mask is not needing this alignment: a bug that fails the other one the same
+        # way (chunks aligned to the wrong end fail both) is one defect, met through either.
+        other = [a for a in caps.causal if a != judged.case.causal]
+        if any(_reproduces(judged.case.replace(causal=a), caps, judge, key, keys) for a in other):
+            needed["causal"] = EITHER_ALIGNMENT
     return needed
 
 
@@ -174,7 +184,8 @@ class Defect:
         if not same_symptom(judged, self.check_key, self.keys):
             return False
         have = _classes(case_factors, caps)
-        return all(have.get(k) == v for k, v in _classes(self.factors, caps).items())
+        return all(have.get(k) == v or (v == EITHER_ALIGNMENT and k == "causal" and k in have)
+                   for k, v in _classes(self.factors, caps).items())
 
 
 class DefectBook:
