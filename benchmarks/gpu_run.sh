@@ -2,7 +2,7 @@
 # On a CUDA host, from the repository root: install this checkout over the host's torch and
 # triton, then run what benchmarks/REPORT.md's GPU tables report. Each step writes under OUT.
 #     bash benchmarks/gpu_run.sh [suite] [zoo] [campaign] [throughput] [speed] [watched] [flex] [defects]
-#                                [workers] [gate]
+#                                [sdpa] [workers] [gate]
 #                                                                                     (default: all)
 #   suite       the test suite on compiled kernels and the CUDA backends, its 40 slowest tests
 #   zoo         every mutant fuzzed compiled, ZOO processes side by side, ZOO_SECONDS at most each
@@ -14,8 +14,8 @@
 #   flex        FlexAttention fuzzed FLEX_SECONDS per dtype (compiles included) with its shape
 #               palette, and float32 once without it (FUZZATTN_PALETTE=off): cases/s each
 #   defects     compiled: configurations pruned by their real compile errors, no configuration
-#               compiling as a finding; every distinct defect of a two-bug kernel in one run;
-#               sdpa per dtype over --workers auto for SDPA_SECONDS each, known defects judged
+#               compiling as a finding; every distinct defect of a two-bug kernel in one run
+#   sdpa        sdpa per dtype over --workers auto for SDPA_SECONDS each, known defects judged
 #               (the shares passed over and judged without gradients, hits)
 #   workers     `fuzzattn fuzz --workers auto` on sdpa fp32 for 60 s (every check, gradients on
 #               every case as the command judges them), then cases/s for --workers 1..32 and the
@@ -25,7 +25,7 @@
 set -uo pipefail
 OUT=${OUT:-gpu-out} CAMPAIGN_SECONDS=${CAMPAIGN_SECONDS:-300} PARTS=${PARTS:-12} ZOO=${ZOO:-16} ZOO_SECONDS=${ZOO_SECONDS:-60}
 FLEX_SECONDS=${FLEX_SECONDS:-60} SDPA_SECONDS=${SDPA_SECONDS:-120} WORKERS=${WORKERS:-2,4,8,16,32,auto} WORKER_SECONDS=${WORKER_SECONDS:-30}
-STEPS=${*:-suite zoo campaign throughput speed watched flex defects workers gate}
+STEPS=${*:-suite zoo campaign throughput speed watched flex defects sdpa workers gate}
 NGPU=$(nvidia-smi -L 2>/dev/null | grep -c "^GPU") || { echo "gpu_run.sh: no GPU visible"; exit 2; }
 mkdir -p "$OUT"
 step() { echo; echo "== $1 ($(date +%T))"; }
@@ -119,13 +119,14 @@ defects)
             --seconds 120 --regressions-dir "$OUT/defects_$k" >"$OUT/defects_$k.txt" 2>&1
         echo "fuzz exit $?"
         sed -n '/^defects (each once/,/^$/p; /^pruned (/,/^$/p' "$OUT/defects_$k.txt"
-    done
+    done ;;
+sdpa)
     for d in float32 bfloat16 float16; do
         step "defects: sdpa $d, $SDPA_SECONDS s over --workers auto, known defects judged"
         python3 -m fuzzattn.cli fuzz --impl sdpa --dtype "$d" --profile gpu --seconds "$SDPA_SECONDS" \
             --workers auto --database off --max-examples 1000000 --no-save >"$OUT/defects_sdpa_$d.txt" 2>&1
         echo "fuzz exit $?"
-        grep -E "^sdpa |passed over|known upstream" "$OUT/defects_sdpa_$d.txt" | head -n 5
+        sed -n '/^sdpa /p; /^defects (each once/,/^$/p; /^counted without/,/^$/p' "$OUT/defects_sdpa_$d.txt"
     done ;;
 workers)
     step "fuzz --workers auto: sdpa fp32, 60 s, profile gpu"
@@ -144,5 +145,5 @@ gate)
     python3 -m fuzzattn.cli gate --regressions-dir "$OUT/gate" >"$OUT/gate.txt" 2>&1
     echo "gate exit $? in $(( $(date +%s) - started )) s"
     tail -n 30 "$OUT/gate.txt" ;;
-*)  echo "gpu_run.sh: unknown step $s (suite, zoo, campaign, throughput, speed, watched, flex, defects, workers, gate)"; exit 2 ;;
+*)  echo "gpu_run.sh: unknown step $s (suite, zoo, campaign, throughput, speed, watched, flex, defects, sdpa, workers, gate)"; exit 2 ;;
 esac; done

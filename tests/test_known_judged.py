@@ -82,6 +82,12 @@ def test_a_campaign_judges_covered_cases_and_reports_the_rest():
     hits = {s: n for s, n in result.refused.items() if s.startswith(f"{KNOWN_PREFIX} hit")}
     assert sum(hits.values()) > 0, result.refused
     assert "judged, failing as known upstream defects" in result.refusal_note()
+    # printed whole below the table, whose detail column cuts it
+    from fuzzattn.campaigns.outcome import FAIL, Outcome
+    from fuzzattn.cli.tables import after_campaigns
+    shown = after_campaigns([Outcome("fuzz", "two_bugs_one_known float32", FAIL, False,
+                                     result.cases, campaign=result)])
+    assert f"  two_bugs_one_known float32: {result.refusal_note()}" in shown
     assert all(d.check_key == "out" for d in result.defects), \
         [(d.check_key, str(d.judged.case)) for d in result.defects]
     # the chunk bug is found on bottom-right cases though every such case is covered: drawn

@@ -97,9 +97,22 @@ def pruned_notes(outcomes: Sequence[Outcome]) -> list[str]:
             for line in pruned_lines(getattr(o.campaign, "pruned", None) or {})]
 
 
+def counted_notes(outcomes: Sequence[Outcome]) -> list[str]:
+    """Each campaign's draws counted without a verdict of their own, whole (the table's detail
+    column cuts them): refused, tallied to or passed over for known upstream defects, judged
+    without gradients."""
+    return [f"{o.subject}: {note}" for o in outcomes
+            if o.campaign is not None and (note := o.campaign.refusal_note())]
+
+
 def after_campaigns(outcomes: Sequence[Outcome]) -> str:
-    """What follows a campaign table: the defects table, then the pruned configurations."""
+    """What follows a campaign table: the defects table, the draws counted without a verdict,
+    then the pruned configurations."""
     parts = [defects_table(outcomes)]
+    counted = counted_notes(outcomes)
+    if counted:
+        parts.append("counted without a verdict of their own:\n"
+                     + "\n".join("  " + n for n in counted))
     notes = pruned_notes(outcomes)
     if notes:
         parts.append("pruned (configurations that do not compile for these draws, as Triton's "
