@@ -126,7 +126,7 @@ sdpa)
         python3 -m fuzzattn.cli fuzz --impl sdpa --dtype "$d" --profile gpu --seconds "$SDPA_SECONDS" \
             --workers auto --database off --max-examples 1000000 --no-save >"$OUT/defects_sdpa_$d.txt" 2>&1
         echo "fuzz exit $?"
-        sed -n '/^sdpa /p; /^defects (each once/,/^$/p; /^counted without/,/^$/p' "$OUT/defects_sdpa_$d.txt"
+        sed -n '/^sdpa  /p; /^defects (each once/,/^$/p; /^counted without/,/^$/p' "$OUT/defects_sdpa_$d.txt"
     done ;;
 workers)
     step "fuzz --workers auto: sdpa fp32, 60 s, profile gpu"

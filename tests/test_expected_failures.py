@@ -28,10 +28,13 @@ from fuzzattn.run.loader import load_implementation
 from fuzzattn.relations.forward import RELATIONS
 from fuzzattn.run.registry import implementations
 from fuzzattn.kernels.sdpa import sdpa_forward
-from fuzzattn.kernels.sdpa_defects import KNOWN_DEFECTS
+from fuzzattn.kernels import flex
+from fuzzattn.kernels.sdpa_defects import KNOWN_DEFECTS as SDPA_DEFECTS
 from fuzzattn.strategies import attention_cases
 
 HERE = Path(__file__).resolve().parent
+# Every built-in implementation's declared upstream defects (flex is registered on CUDA only).
+KNOWN_DEFECTS = {**SDPA_DEFECTS, "flex": flex.KNOWN_DEFECTS}
 BUILT = HERE / "purpose_built.py"
 LEAKY_SPEC = f"{BUILT}:BOTTOM_RIGHT_AS_TOP_LEFT"     # wrong on every bottom-right case, Nq != Nk
 EXACT_SPEC = f"{BUILT}:EXACT"                          # right on everything
