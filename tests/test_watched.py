@@ -276,6 +276,21 @@ def test_mutants_take_a_timeout_without_isolation(tmp_path):
     assert re.search(r"mutant_phantom_keys\s+killed", out), out
 
 
+def test_a_mutant_that_crashes_the_process_is_killed_and_the_zoo_goes_on(tmp_path):
+    """Watched, a crash ends the process with every campaign after it unjudged: the command runs
+    again isolated, where the crash is the mutant's kill, and nothing is saved."""
+    (tmp_path / "odd.py").write_text(SEGFAULT_LATER)
+    done, _ = fuzzattn("mutants", "--impl", "odd.py:ODD_KEYS", "--only", "mutant_phantom_keys",
+                       "--max-examples", 30, "--profile", "ci", cwd=tmp_path)
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out
+    assert "ended the process (segfault); judging again isolated" in out, out
+    assert re.search(r"odd_keys\s+killed\s+float32\s+\d+\s+\d+\s+\S+\s+segfault", out), out
+    assert re.search(r"mutant_phantom_keys\s+killed", out), out
+    assert "regression file:" not in out, out
+    assert leftovers(str(tmp_path)) == []
+
+
 @pytest.mark.parametrize("spec, check, detail", [
     ("odd.py:ODD_KEYS", "segfault", "segfault: the process died with SIGSEGV at odd.py:8 in attention"),
     (f"{KERNELS}:HANG", "hang", "hang: no result from the forward call after 3 s"),

@@ -7,6 +7,7 @@ the replay command are printed, and the exit status is 1. A segfault or device f
 campaign is then shrunk by running that campaign again isolated (each case in a worker process);
 a hang is kept as found, since every try of a shrink would wait out the deadline. With
 --keep-going the whole command then runs again isolated, so that every campaign finishes.
+`mutants` always does so, saving and shrinking nothing: a mutant's crash is its kill.
 
 FUZZATTN_SUPERVISE=off runs the command in this process (a crash then ends the run), as
 `fuzzattn.cli.main(argv)` always does.
@@ -54,6 +55,8 @@ def console_main(argv=None) -> int:
             print(f"fuzzattn: error: {ending.died}", file=sys.stderr)
             return 2
         return ending.returncode
+    if args.command == "mutants" and "--isolate" not in argv:
+        return _mutants_again_isolated(crash, argv, args)
     written = save_crash(crash, args)
     if crash.check != "hang" and crash.record.get("context"):
         shrink(crash, written)
@@ -63,6 +66,19 @@ def console_main(argv=None) -> int:
         rerun = watchdog.run_watched(command(again), timeout=_watch_timeout(args))
         return max(1, rerun.returncode) if rerun.returncode >= 0 else 1
     return 1
+
+
+def _mutants_again_isolated(crash, argv: list[str], args) -> int:
+    """A planted bug that crashes, hangs or faults the process is killed by it, not a finding to
+    save: the zoo is judged again isolated, where that is a verdict in the kill table and every
+    other mutant is still fuzzed (in the watched run the crash ended them all)."""
+    from fuzzattn.isolation import watchdog
+    again = argv + ["--isolate"]
+    print(f"fuzzattn: {crash.record.get('impl', 'a mutant')} ended the process ({crash.check}); "
+          f"judging again isolated, where that is a kill: fuzzattn {' '.join(again)}",
+          file=sys.stderr, flush=True)
+    rerun = watchdog.run_watched(command(again), timeout=_watch_timeout(args))
+    return rerun.returncode if rerun.returncode >= 0 else 1
 
 
 def command(argv: list[str]) -> list[str]:
