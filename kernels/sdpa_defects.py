@@ -59,6 +59,7 @@ def _half_bottom_right_empty_rows(case: AttentionCase) -> bool:
 
 
 def _fp16_bottom_right_custom_scale(case: AttentionCase) -> bool:
+    """fp16 bottom-right with a scale of the caller's (what the shrunk case's factors needed)."""
     return case.dtype == "float16" and case.causal == "bottom_right" and case.scale is not None
 
 

@@ -61,24 +61,26 @@ def console_main(argv=None) -> int:
     if crash.check != "hang" and crash.record.get("context"):
         shrink(crash, written)
     if getattr(args, "keep_going", False):
-        again = argv if "--isolate" in argv else argv + ["--isolate"]
-        print("fuzzattn: carrying on, isolated: fuzzattn " + " ".join(again), file=sys.stderr)
-        rerun = watchdog.run_watched(command(again), timeout=_watch_timeout(args))
-        return max(1, rerun.returncode) if rerun.returncode >= 0 else 1
+        return max(1, _again_isolated(argv, args, "fuzzattn: carrying on, isolated"))
     return 1
+
+
+def _again_isolated(argv: list[str], args, why: str) -> int:
+    """Run the command again with --isolate, where a crash is a verdict; its exit status (1 if
+    the rerun itself died)."""
+    from fuzzattn.isolation import watchdog
+    again = argv if "--isolate" in argv else argv + ["--isolate"]
+    print(f"{why}: fuzzattn {' '.join(again)}", file=sys.stderr, flush=True)
+    rerun = watchdog.run_watched(command(again), timeout=_watch_timeout(args))
+    return rerun.returncode if rerun.returncode >= 0 else 1
 
 
 def _mutants_again_isolated(crash, argv: list[str], args) -> int:
     """A planted bug that crashes, hangs or faults the process is killed by it, not a finding to
     save: the zoo is judged again isolated, where that is a verdict in the kill table and every
     other mutant is still fuzzed (in the watched run the crash ended them all)."""
-    from fuzzattn.isolation import watchdog
-    again = argv + ["--isolate"]
-    print(f"fuzzattn: {crash.record.get('impl', 'a mutant')} ended the process ({crash.check}); "
-          f"judging again isolated, where that is a kill: fuzzattn {' '.join(again)}",
-          file=sys.stderr, flush=True)
-    rerun = watchdog.run_watched(command(again), timeout=_watch_timeout(args))
-    return rerun.returncode if rerun.returncode >= 0 else 1
+    return _again_isolated(argv, args, f"fuzzattn: {crash.record.get('impl', 'a mutant')} ended "
+                           f"the process ({crash.check}); judging again isolated, where that is a kill")
 
 
 def command(argv: list[str]) -> list[str]:
