@@ -95,6 +95,21 @@ def test_a_derived_deadline_grows_with_the_case_and_never_falls_below_the_floor(
     assert speeds.timeout("other", small) == flight.FIRST_CALL
 
 
+
+def test_a_per_shape_compiler_gets_the_first_call_deadline_on_each_new_shape():
+    """torch.compile'd kernels compile again for every shape: a compile is not a hang."""
+    import dataclasses
+    speeds = flight.Speeds()
+    case = AttentionCase(batch=1, heads=1, kv_heads=1, seq_q=8, seq_k=8, head_dim=16)
+    speeds.note("flex", case, 0.001)
+    per_shape = dict(compiles_per_shape=True, stage="forward")
+    assert speeds.timeout("flex", case, **per_shape) == flight.FIRST_CALL      # compiles
+    assert speeds.timeout("flex", case, **per_shape) == flight.FLOOR           # compiled
+    assert speeds.timeout("flex", dataclasses.replace(case, data_seed=7), **per_shape) == flight.FLOOR
+    assert speeds.timeout("flex", dataclasses.replace(case, seq_k=9), **per_shape) == flight.FIRST_CALL
+    assert speeds.timeout("flex", case, compiles_per_shape=True, stage="backward") == flight.FIRST_CALL
+    assert speeds.timeout("flex", dataclasses.replace(case, seq_q=9)) == flight.FLOOR   # not declared
+
 # -- the command, watched -------------------------------------------------------------------------
 def test_a_hanging_kernel_is_saved_as_a_hang_with_no_flag(tmp_path):
     done, seconds = fuzzattn("fuzz", "--impl", f"{KERNELS}:HANG", "--max-examples", 30,

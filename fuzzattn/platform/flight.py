@@ -10,7 +10,10 @@ the record names the case that was in flight.
 
 A call's deadline is `timeout_for`: the --timeout given, else derived from the implementation's
 measured speed in this process (the median seconds per multiply-add of its recent calls) times
-the case's size, with a floor that covers a compile, and a generous first call.
+the case's size, with a floor that covers a compile, and a generous first call. An
+implementation that declares `compiles_per_shape` compiles again for every new shape, so its
+first call on each shape gets the first call's deadline: a torch.compile of flex's forward and
+backward took over 60 s with 16 pytest workers compiling beside it on the H200.
 """
 from __future__ import annotations
 
@@ -50,15 +53,27 @@ class Speeds:
 
     def __init__(self, recent: int = 64):
         self._rates = defaultdict(lambda: deque(maxlen=recent))
+        self._compiled = defaultdict(set)      # per-shape compilers: the shapes called so far
 
     def note(self, name: str, case, seconds: float) -> None:
         self._rates[name].append(seconds / work(case))
 
-    def timeout(self, name: str, case) -> float:
+    def timeout(self, name: str, case, *, compiles_per_shape: bool = False, stage: str = "") -> float:
         rates = self._rates.get(name)
         if not rates:
             return FIRST_CALL
+        if compiles_per_shape:
+            shape = (stage, *compiled_shape(case))
+            if shape not in self._compiled[name]:
+                self._compiled[name].add(shape)
+                return FIRST_CALL
         return max(FLOOR, SLOWDOWN * statistics.median(rates) * work(case))
+
+
+def compiled_shape(case) -> tuple:
+    """What a per-shape compiler specialises on: every field of the case but its values."""
+    return (case.batch, case.heads, case.kv_heads, case.seq_q, case.seq_k, case.head_dim,
+            case.dtype, case.causal, case.scale, case.layout, case.config)
 
 
 class Recorder:
@@ -86,7 +101,8 @@ class Recorder:
                                   "case": case.to_dict(), "context": self.context}).encode()
             payload = payload[:SIZE - HEADER.size]
             self._payload_for = (case, impl.name, stage, payload)
-        timeout = self._fixed or self.speeds.timeout(impl.name, case)
+        timeout = self._fixed or self.speeds.timeout(
+            impl.name, case, compiles_per_shape=impl.caps.compiles_per_shape, stage=stage)
         self._map[HEADER.size:HEADER.size + len(payload)] = payload
         self._seq += 1
         self._started = time.monotonic()
