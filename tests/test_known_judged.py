@@ -146,3 +146,21 @@ def test_a_campaign_counts_cases_judged_without_gradients_not_passed_over():
     assert result.refused == {} and result.forward_only == {BACKWARD_FAULT.summary(): 20}
     assert result.refusal_note() == ("100% of draws judged without gradients: "
                                       f"{BACKWARD_FAULT.summary()} (20)")
+
+
+def test_a_replay_failing_as_the_implementations_known_defect_is_an_expected_failure(tmp_path):
+    """A file pinning one kernel's defect can land in another kernel's declared known defect (an
+    sdpa file on flex's decoding inputs): that replay is xfail, and any other failure still fails."""
+    from fuzzattn.campaigns.outcome import FAIL, XFAIL
+    from fuzzattn.campaigns.regression_file import parse
+    from fuzzattn.campaigns.replay import replay_one
+
+    def record(case):
+        return parse({"schema": 2, "case": case.to_dict(), "impl": "other",
+                      "check": "nonfinite", "where": ""})
+
+    known = replay_one(record(br(2, 1)), KNOWN)
+    assert (known.verdict, known.passed) == (XFAIL, True), known.message
+    assert "known defect (nonfinite, example.json)" in known.message
+    other = replay_one(record(br(2, 17)), KNOWN)                 # the chunk bug
+    assert (other.verdict, other.passed) == (FAIL, False), other.message

@@ -5,7 +5,9 @@ A replay is one judged case, read against what the file expects of that implemen
     ok              passed, as a fixed bug should
     FAIL            failed a check (the message has the case, the heatmap and the replay command)
     inputs_drifted  the case no longer materialises the bits the file pins: nothing was run
-    xfail           failed, and the file lists this implementation as known to fail it
+    xfail           failed, and the file lists this implementation as known to fail it, or
+                    failed as a known defect the implementation declares for the case (a file
+                    pinning one kernel's defect can land in another's known defect)
     XPASS(strict)   passed although the file expects it to fail: fails the run (the defect is
                     fixed upstream, or the case stopped showing it: update the file)
     skip            the implementation cannot run the case here (the reason is given), or it
@@ -89,7 +91,20 @@ def replay_one(record: RegressionFile, impl: Implementation, device=None, *,
                                        f"({failure.check}): {expected.reason}{upstream}")
     if judged.passed:
         return outcome(OK, f"{header}: {impl.name} ok")
+    known = _known_defect(impl, record, judged, torch.device(device or default_device()).type)
+    if known is not None:
+        return outcome(XFAIL, f"{header}: {impl.name} fails as its known defect "
+                              f"({known.check}, {known.regression}): {known.name}")
     return outcome(FAIL, f"{header}\n{judged.describe()}\n{hint}")
+
+
+def _known_defect(impl, record, judged: JudgedCase, device_type: str):
+    """The implementation's declared known defect this failure is, if any (replays judge
+    gradients wherever the implementation has a backward)."""
+    for defect in impl.caps.known_defects:
+        if defect.covers(record.case, device_type, gradients=True) and defect.matches(judged):
+            return defect
+    return None
 
 
 def _rerun_flaky(impl, record, judge_fn, judged: JudgedCase) -> JudgedCase:
