@@ -16,7 +16,7 @@ import itertools
 import torch
 import triton
 
-from fuzzattn.contract import autotune
+from fuzzattn.contract import KnownDefect, autotune
 from fuzzattn.triton_interpreter.backend import ensure_backend, is_interpreted
 
 # BACKWARD_CONFIGS below depends on the backend: choose it before reading it.
@@ -225,3 +225,25 @@ def forward_and_backward_rule(config: dict, case) -> str | None:
         if why:
             return why
     return backward_config_rule(config, case)
+
+
+# -- a configuration the compiler gets wrong --------------------------------------------------------
+def _faulting_fp32_tile(case) -> bool:
+    """fp32 with the forward tile BLOCK_M=16 x BLOCK_N=128, 4 warps, no pipelining: measured on
+    the H200 (triton 3.6.0) to fault with an illegal memory access at BLOCK_D=64, on a one-block
+    case (Nq=16, Nk=128) as on a long ragged one. The same tile in fp16, with 2 stages, 8 warps,
+    BLOCK_M=32 or BLOCK_N=64 runs correctly, and the interpreter's bounds guards see no
+    out-of-bounds address in the kernel: the fault is in the compiled code for this point. Only
+    the head dims measured are covered. Not in AUTOTUNE_CONFIGS, so the autotuned path never
+    runs it; a pinned configuration does."""
+    config = dict(case.config or ())
+    return (case.dtype == "float32" and block_d(case.head_dim) == 64
+            and (config.get("BLOCK_M"), config.get("BLOCK_N"), config.get("num_warps"),
+                 config.get("num_stages")) == (16, 128, 4, 1))
+
+
+KNOWN_DEFECTS = (
+    KnownDefect("compiled forward faults (illegal memory access): fp32, BLOCK_M=16, BLOCK_N=128, "
+                "4 warps, 1 stage, BLOCK_D=64 (triton 3.6.0, H200)", "cuda",
+                _faulting_fp32_tile, "a739a4c48449.json", check="device_fault"),
+)
