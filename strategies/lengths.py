@@ -56,7 +56,7 @@ MAX_CHUNK = 16      # speculative decoding: a few new queries against a long cac
 # seen: tall (bottom-right empty rows, otherwise seen late in a short campaign) and multi_block
 # (where accumulator precision bugs show; the only family besides chunk and decode that always
 # spans several key tiles), and square (causal prefill: a diagonal block in every query tile).
-EXTRA_WEIGHT = ("tall", "multi_block", "square")
+EXTRA_WEIGHT = ("tall", "multi_block", "decode")
 
 
 def seq_shapes(*, max_len: int = 40, max_large_len: int | None = None, tile: int = TILE,
