@@ -101,12 +101,9 @@ KEEP_GOING = pytest.mark.skipif(not _keeps_going(), reason="fuzz stops at its fi
 
 
 @KEEP_GOING
-def test_one_fuzz_run_reports_every_seeded_defect(one_run):
+def test_one_fuzz_run_reports_every_seeded_defect_once(one_run):
+    """One test over the run (not one per claim): under xdist each test holding the module's
+    fixture would pay the whole fuzz run again in its own worker, 150 s compiled on the H200."""
     status, out, found = one_run
-    assert status == 1 and set(found) == {"diagonal", "finite_max", "lse_rows"}, out
-
-
-@KEEP_GOING
-def test_one_fuzz_run_reports_each_seeded_defect_once(one_run):
-    status, out, found = one_run
+    assert status == 1, out
     assert found == ["diagonal", "finite_max", "lse_rows"], out

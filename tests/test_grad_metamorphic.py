@@ -21,6 +21,7 @@ from fuzzattn.run.registry import implementations
 from fuzzattn.triton_interpreter.backend import is_interpreted
 from fuzzattn.kernels.sdpa import sdpa_forward
 from fuzzattn.strategies import attention_cases
+from fuzzattn.campaigns.compile_palette import campaign_palette
 
 DEVICE = default_device()
 BACKWARD = [impl for impl in implementations().values() if impl.caps.backward]
@@ -40,7 +41,8 @@ def _cases(relation: str, impl: Implementation):
         caps = dataclasses.replace(caps, causal=())
     if is_interpreted() and impl.backend == "triton":
         caps = dataclasses.replace(caps, dtypes=caps.dtypes - {"bfloat16"})   # repaired dot: slow
-    cases = attention_cases(caps, profile=profile)
+    # Compiled kernels draw from one compile palette, as their campaigns do.
+    cases = attention_cases(caps, profile=profile, palette=campaign_palette(impl, 0))
     if relation == "grad_batch_independence":
         cases = cases.map(lambda c: c if c.batch >= 2 else c.replace(batch=2))
     return cases

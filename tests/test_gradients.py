@@ -30,6 +30,7 @@ from fuzzattn.triton_interpreter.backend import is_interpreted
 from fuzzattn.settings import implementations as all_implementations
 from fuzzattn.kernels.sdpa import sdpa_forward
 from fuzzattn.strategies import attention_cases
+from fuzzattn.campaigns.compile_palette import campaign_palette
 
 
 def case(seq_q=3, seq_k=5, head_dim=16, *, batch=1, heads=1, kv_heads=None, **kw) -> AttentionCase:
@@ -281,7 +282,10 @@ def test_gradients_match_oracle(impl, dtype):
     @settings(max_examples=_budget(impl))
     @given(data=st.data())
     def gradients(data):
-        c = data.draw(attention_cases(impl.caps, dtype=dtype), label="case")
+        # Compiled kernels draw from a compile palette, as their campaigns do: each new
+        # configuration or shape is a compile, which would be most of the test's time.
+        c = data.draw(attention_cases(impl.caps, dtype=dtype, palette=campaign_palette(impl, 0)),
+                      label="case")
         reason = skip_reason(impl, c)
         if reason is not None:
             pytest.skip(reason)

@@ -22,6 +22,7 @@ from fuzzattn.judging.judge import default_device, skip_reason
 from fuzzattn.relations.forward import RELATIONS, check_relations
 from fuzzattn.run.registry import implementations
 from fuzzattn.strategies import attention_cases
+from fuzzattn.campaigns.compile_palette import campaign_palette
 
 DEVICE = default_device()
 REAL = list(implementations().values())
@@ -60,8 +61,8 @@ def _cases(relation: str, impl: Implementation):
         caps = dataclasses.replace(caps, causal=())
     if relation == "causal_prefix" and not caps.causal:
         pytest.skip(f"{impl.name} declares no causal alignment")
-    # A kernel compiled per shape draws its shapes from one palette, as its campaigns do.
-    cases = attention_cases(caps, profile=_profile(), palette=0 if caps.compiles_per_shape else None)
+    # Compiled kernels draw from one compile palette, as their campaigns do.
+    cases = attention_cases(caps, profile=_profile(), palette=campaign_palette(impl, 0))
     if relation == "batch_independence":
         cases = cases.map(lambda c: c if c.batch >= 2 else c.replace(batch=2))
     if relation == "causal_prefix":
