@@ -55,9 +55,10 @@ MAX_CHUNK = 16      # speculative decoding: a few new queries against a long cac
 # mutating a dozen or so fresh draws, so a family's share of fresh draws decides how soon it is
 # seen: tall (bottom-right empty rows, otherwise seen late in a short campaign) and multi_block
 # (where accumulator precision bugs show; the only family besides chunk and decode that always
-# spans several key tiles), and decode (drawn causal, it shows its alignment only top-left: one
-# draw in twenty before, past 60 cases on the gpu profile for a decode path that drops the mask).
-# Square shapes also come from the independent and tile-edge families.
+# spans several key tiles), and decode (drawn causal, its alignment shows only top-left: at a
+# single weight a top-left decode is one draw in twenty, too rare for a 60-case gpu campaign to
+# find a decode path that drops the mask). Square shapes also come from the independent and
+# tile-edge families.
 EXTRA_WEIGHT = ("tall", "multi_block", "decode")
 
 
