@@ -217,7 +217,7 @@ def test_the_expected_failure_files_replay_here(path, worker_pool):
         device = default_device()
         if record.expected_failure(impl.name, device):
             allowed = (XFAIL,)
-        elif any(d.covers(record.case, device, gradients=True) for d in impl.caps.known_defects):
+        elif covering(impl.caps.known_defects, record.case, device, gradients=True):
             allowed = (XFAIL, OK)        # a known defect's class: failing as it, or passing
         else:
             allowed = (OK, "skip")

@@ -30,6 +30,7 @@ import torch
 from fuzzattn.campaigns.outcome import DRIFTED, FAIL, OK, SKIP, XFAIL, XPASS, Outcome
 from fuzzattn.campaigns.regression_file import RegressionFile, display_path, replay_command
 from fuzzattn.contract.implementation import Implementation
+from fuzzattn.contract.known_defects import covering
 from fuzzattn.judging.judge import JudgedCase, default_device, judge
 from fuzzattn.judging.verdict import PROCESS_CHECKS, Verdict
 
@@ -91,20 +92,18 @@ def replay_one(record: RegressionFile, impl: Implementation, device=None, *,
                                        f"({failure.check}): {expected.reason}{upstream}")
     if judged.passed:
         return outcome(OK, f"{header}: {impl.name} ok")
-    known = _known_defect(impl, record, judged, torch.device(device or default_device()).type)
+    known = _known_defect(impl, record, judged, device or default_device())
     if known is not None:
         return outcome(XFAIL, f"{header}: {impl.name} fails as its known defect "
                               f"({known.check}, {known.regression}): {known.name}")
     return outcome(FAIL, f"{header}\n{judged.describe()}\n{hint}")
 
 
-def _known_defect(impl, record, judged: JudgedCase, device_type: str):
+def _known_defect(impl, record, judged: JudgedCase, device):
     """The implementation's declared known defect this failure is, if any (replays judge
     gradients wherever the implementation has a backward)."""
-    for defect in impl.caps.known_defects:
-        if defect.covers(record.case, device_type, gradients=True) and defect.matches(judged):
-            return defect
-    return None
+    covered = covering(impl.caps.known_defects, record.case, device, gradients=True)
+    return next((defect for defect in covered if defect.matches(judged)), None)
 
 
 def _rerun_flaky(impl, record, judge_fn, judged: JudgedCase) -> JudgedCase:

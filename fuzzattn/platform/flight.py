@@ -17,6 +17,7 @@ backward took over 60 s with 16 pytest workers compiling beside it on the H200.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import mmap
 import os
@@ -70,10 +71,14 @@ class Speeds:
         return max(FLOOR, SLOWDOWN * statistics.median(rates) * work(case))
 
 
+# What a case's tensors hold, not their shape: a per-shape compiler does not compile again for it.
+_VALUE_FIELDS = frozenset({"values", "data_seed", "generator"})
+
+
 def compiled_shape(case) -> tuple:
     """What a per-shape compiler specialises on: every field of the case but its values."""
-    return (case.batch, case.heads, case.kv_heads, case.seq_q, case.seq_k, case.head_dim,
-            case.dtype, case.causal, case.scale, case.layout, case.config)
+    return tuple(getattr(case, f.name) for f in dataclasses.fields(case)
+                 if f.name not in _VALUE_FIELDS)
 
 
 class Recorder:
