@@ -12,6 +12,7 @@ tests that fuzz and shrink took minutes each on an H200).
 pytest_plugins = ["pytester", "fuzzattn.pytest_plugin"]
 
 import os
+import sys
 from pathlib import Path
 
 if not os.environ.get("FUZZATTN_PROFILE") and not os.environ.get("CI"):
@@ -53,8 +54,12 @@ def pytest_collection_modifyitems(items):
 # imported inside them. A library cannot be imported twice: torch.compile's modules, first loaded
 # by an inner run that compiled FlexAttention, then failed to re-import in every later test of
 # that xdist worker ("Artifact of type=autotune already registered in mega-cache artifact
-# factory"). The libraries' modules are kept; the plugin's tests only need their own files undone.
-_LIBRARIES = ("torch", "triton", "sympy", "numpy", "functorch", "hypothesis")
+# factory"). Nor can the standard library's: an executor class cached by `concurrent.futures`
+# pickles its worker function by name, and a re-imported `concurrent.futures.process` holds another
+# one (PicklingError in every later `--workers` run of that worker; inductor first imports it when
+# it compiles). Libraries and the standard library are kept; the plugin's tests only need their
+# own files undone.
+_LIBRARIES = {"torch", "triton", "sympy", "numpy", "functorch", "hypothesis"} | sys.stdlib_module_names
 
 
 def _keep_libraries():

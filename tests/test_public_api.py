@@ -242,11 +242,15 @@ def test_a_library_module_first_imported_by_an_in_process_run_stays_loaded(pytes
     candidates = ("torch.utils.show_pickle", "torch.utils.bundled_inputs", "torch.utils.model_dump",
                   "torch.utils.jit.log_extract")
     name = next(n for n in candidates if n not in sys.modules)
-    pytester.makepyfile(f"def test_imports():\n    import {name}\n")
+    # The standard library's too: a re-imported concurrent.futures.process failed every later
+    # ProcessPoolExecutor of the worker (its cached class pickles another module's function).
+    stdlib = next(n for n in ("concurrent.futures.process", "mailbox", "tabnanny", "wave")
+                  if n not in sys.modules)
+    pytester.makepyfile(f"def test_imports():\n    import {name}\n    import {stdlib}\n")
     pytester.makepyfile(mine="VALUE = 1\n")
     pytester.makepyfile(test_mine="def test_mine():\n    import mine\n")
     pytester.runpytest_inprocess("-p", "no:cacheprovider").assert_outcomes(passed=2)
-    assert name in sys.modules
+    assert name in sys.modules and stdlib in sys.modules
     assert "mine" not in sys.modules            # the run's own modules are still undone
 
 

@@ -10,10 +10,11 @@ report the noise as its allowance: never less than its error, never more than th
 from __future__ import annotations
 
 import pytest
-from hypothesis import HealthCheck, given, seed, settings
+from hypothesis import HealthCheck, assume, given, seed, settings
 
 from fuzzattn import settings as run_settings
-from fuzzattn.judging.judge import judge
+from fuzzattn.contract.known_defects import covering
+from fuzzattn.judging.judge import default_device, judge
 from fuzzattn.run.registry import implementations, mutants
 from fuzzattn.strategies import attention_cases
 
@@ -36,7 +37,15 @@ def test_tiers_give_the_whole_rules_verdicts(name, dtype):
               suppress_health_check=list(HealthCheck))
     @given(strategy)
     def compare(case):
-        tiered, whole = judge(impl, case), judge(impl, case, margins=True)
+        # A declared defect that cannot be judged in this process (sdpa's backward device fault
+        # on CUDA, which would end the worker) is passed over as campaigns pass it over: the
+        # gradients only when every such defect is the backward's, else the whole draw.
+        unjudged = [d for d in covering(impl.caps.known_defects, case, default_device(), True)
+                    if not d.judged(isolated=False)]
+        assume(all(d.backward for d in unjudged))
+        gradients = not unjudged
+        tiered = judge(impl, case, gradients=gradients)
+        whole = judge(impl, case, gradients=gradients, margins=True)
         assert (tiered.skipped, tiered.refused) == (whole.skipped, whole.refused)
         assert [(v.check, v.passed) for v in tiered.verdicts] == \
                [(v.check, v.passed) for v in whole.verdicts], case
