@@ -84,10 +84,21 @@ def _decoding_rows_past_the_sparse_block(case) -> bool:
             and group & (group - 1) == 0 and case.seq_q * group > SPARSE_BLOCK)
 
 
+def _fp32_strided_last_dim_q_and_k(case) -> bool:
+    """q and k both with stride 2 in the last dimension, fp32: the one class measured
+    (regressions/208e505db4d8.json; v's layout did not matter). Whether one strided input is
+    enough, and other dtypes, was not established: the process measuring it failed every later
+    case, hence `unsafe`."""
+    return case.dtype == "float32" and case.layout[0] == case.layout[1] == "last_dim_strided"
+
+
 KNOWN_DEFECTS = (
     KnownDefect("compiled forward raises NoValidChoicesError: flex decoding (Nq < 128) with a "
                 "block mask, a power-of-two GQA group and Nq * group > 128", "cuda",
                 _decoding_rows_past_the_sparse_block, "ab18a9f314cb.json", check="crash"),
+    KnownDefect("compiled forward: heads past the first wrong and nondeterministic, fp32 q and k "
+                "with a strided last dimension", "cuda", _fp32_strided_last_dim_q_and_k,
+                "208e505db4d8.json", check="out", unsafe=True),
 )
 
 CAPS = Capabilities(

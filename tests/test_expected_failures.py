@@ -211,7 +211,7 @@ def test_the_expected_failure_files_replay_here(path, worker_pool):
     runs = [impl for impl in registered.values() if impl.supports(record.case)]
     assert runs, "some implementation here must run the case"
     for impl in runs:
-        judge_fn = worker_pool.get(impl).judge if needs_isolation(record) else None
+        judge_fn = worker_pool.get(impl).judge if needs_isolation(record, impl) else None
         outcome = replay_one(record, impl, judge_fn=judge_fn)
         assert outcome.passed, outcome.message
         device = default_device()

@@ -164,3 +164,37 @@ def test_a_replay_failing_as_the_implementations_known_defect_is_an_expected_fai
     assert "known defect (nonfinite, example.json)" in known.message
     other = replay_one(record(br(2, 17)), KNOWN)                 # the chunk bug
     assert (other.verdict, other.passed) == (FAIL, False), other.message
+
+
+def test_an_unsafe_defect_is_judged_only_in_a_worker_process():
+    """An unsafe defect (its kernel leaves the process unfit to judge on) is passed over in-process
+    whatever check it names; an isolated judge runs the case and tallies the failure to it."""
+    unsafe = dataclasses.replace(NAN_ROWS, unsafe=True)
+    impl = dataclasses.replace(KNOWN, name="two_bugs_unsafe", caps=dataclasses.replace(
+        KNOWN.caps, known_defects=(unsafe,)))
+    assert judge_once(impl, br(2, 1), gradients=False).refused == unsafe.summary()
+    asked = []
+
+    def isolated(case, gradients):
+        asked.append(case)
+        return judge(KNOWN, case, gradients=gradients)
+
+    judged = judge_once(impl, br(3, 1), judge_fn=isolated, gradients=False)
+    assert asked and set(asked) == {br(3, 1)}     # (a failure is judged again for flakiness)
+    assert judged.refused == unsafe.tally()
+
+
+def test_a_file_an_unsafe_defect_covers_is_replayed_in_a_worker_process():
+    from fuzzattn.campaigns.regression_file import parse
+    from fuzzattn.campaigns.replay import needs_isolation
+
+    def record(case, check="out"):
+        return parse({"schema": 2, "case": case.to_dict(), "impl": "other", "check": check,
+                      "where": ""})
+
+    unsafe = dataclasses.replace(KNOWN, name="two_bugs_unsafe", caps=dataclasses.replace(
+        KNOWN.caps, known_defects=(dataclasses.replace(NAN_ROWS, unsafe=True),)))
+    assert needs_isolation(record(br(2, 1)), unsafe)            # covered: in a worker
+    assert not needs_isolation(record(br(2, 1)), KNOWN)         # the same defect, safe
+    assert not needs_isolation(record(AttentionCase(1, 1, 1, 2, 2, 16)), unsafe)  # not covered
+    assert needs_isolation(record(br(2, 1), "segfault"))        # a process verdict, always

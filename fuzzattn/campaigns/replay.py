@@ -18,8 +18,9 @@ A replay is one judged case, read against what the file expects of that implemen
 A file recorded as `flaky` is judged FLAKY_REPLAYS times and says how many runs failed.
 
 A file recorded as hang, segfault or device_fault (PROCESS_CHECKS) would take an in-process replay
-down with it: `needs_isolation` says so, and the callers (replay, gate, the pytest plugin) judge
-it through an isolated worker's `judge_fn`.
+down with it, and so would a file whose case an implementation's unsafe known defect covers (on
+that implementation): `needs_isolation` says so, and the callers (replay, gate, the pytest plugin)
+judge it through an isolated worker's `judge_fn`.
 """
 from __future__ import annotations
 
@@ -37,9 +38,13 @@ from fuzzattn.judging.verdict import PROCESS_CHECKS, Verdict
 FLAKY_REPLAYS = 5
 
 
-def needs_isolation(record: RegressionFile) -> bool:
-    """The file records a failure that ends the process judging it in-process."""
-    return record.check in PROCESS_CHECKS
+def needs_isolation(record: RegressionFile, impl: Implementation | None = None) -> bool:
+    """The file records a failure that ends the process judging it in-process, or `impl`
+    declares an unsafe known defect covering its case here (contract/known_defects.py)."""
+    if record.check in PROCESS_CHECKS:
+        return True
+    return impl is not None and any(
+        d.unsafe for d in covering(impl.caps.known_defects, record.case, default_device(), True))
 
 
 def replay_one(record: RegressionFile, impl: Implementation, device=None, *,

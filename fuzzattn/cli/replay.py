@@ -92,7 +92,7 @@ def _replay_all(paths, subjects, *, only_given, progress, pool, isolate, outcome
                 continue
             start = time.perf_counter()
             try:
-                judge_fn = pool.get(impl).judge if isolate or needs_isolation(record) else None
+                judge_fn = pool.get(impl).judge if isolate or needs_isolation(record, impl) else None
                 outcome = replay_one(record, impl, judge_fn=judge_fn)
             except Exception as exc:   # e.g. a case over the memory budget: this file fails, the rest run
                 text = f"{name}: {one_line(exc)}"

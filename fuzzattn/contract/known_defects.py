@@ -16,7 +16,9 @@ failed checks include that check is the known defect's, tallied to it ("known up
 that case is a finding like any. A defect that names no check, or whose check is a process
 verdict (a device fault poisons the CUDA context of the process judging it) outside an isolated
 judge, is passed over unjudged: counted ("known upstream defect ..."), and Hypothesis draws
-another case; when every such defect covering a case is a backward one, only its gradients are
+another case; so is a defect declared `unsafe`, one whose failure leaves the judging process
+unfit to go on (a kernel touching memory it does not own: every later call there failed), which
+only an isolated judge runs, and whose file every replay judges in a worker process; when every such defect covering a case is a backward one, only its gradients are
 passed over: the forward is judged, and the case counted as judged without gradients. The
 metamorphic relations pass over every covered case. A replay of a regression file judges it
 whatever is declared here. Keep each predicate as narrow as the `fuzzattn explain` evidence in
@@ -47,6 +49,7 @@ class KnownDefect:
     regression: str = ""                        # the file under regressions/ that pins it
     backward: bool = False                      # shows only when gradients are judged
     check: str = ""                             # the check its file records ("": not judged)
+    unsafe: bool = False                        # judged in a worker process only (docstring)
 
     def covers(self, case: AttentionCase, device_type: str, gradients: bool) -> bool:
         return (device_type == self.device_type and (gradients or not self.backward)
@@ -58,7 +61,8 @@ class KnownDefect:
 
     def judged(self, isolated: bool) -> bool:
         """Whether a covered case is run and judged (module docstring)."""
-        return bool(self.check) and (isolated or self.check not in _PROCESS_CHECKS)
+        return bool(self.check) and (isolated or (self.check not in _PROCESS_CHECKS
+                                                  and not self.unsafe))
 
     def matches(self, judged) -> bool:
         """Whether a judgement of a covered case failed the way the defect's file records."""
