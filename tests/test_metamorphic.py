@@ -259,3 +259,31 @@ def test_nan_in_both_runs_fails_the_relation():
     bad = Implementation(name="first_row_nan", fn=first_row_nan, caps=ANY)
     verdict = RELATIONS["batch_independence"](bad, BAD_CASES[0], DEVICE)
     assert not verdict.passed and verdict.where.startswith("b0 h0 rows 0;")
+
+
+def _tf32_truncating(q, k, v, *, causal, scale):
+    """fp32 attention whose matmul operands keep the first 10 explicit mantissa bits, truncated,
+    as tensor cores read an fp32 operand (Triton's fp32 tl.dot on a GPU)."""
+    def truncated(t):
+        return (t.float().contiguous().view(torch.int32) & ~0x1FFF).view(torch.float32).double()
+    s = truncated(q) @ truncated(k).transpose(-1, -2) * scale
+    if causal:
+        s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool).triu(1), -math.inf)
+    p = torch.softmax(s, -1)
+    return (truncated(p) @ truncated(v)).float(), torch.logsumexp(s, -1).float()
+
+
+TF32_TRUNCATING = Implementation("tf32_truncating", _tf32_truncating, Capabilities(
+    dtypes={"float32"}, head_dims=None, causal=("top_left",), fp32_matmul="tf32"))
+
+
+@settings(max_examples=200, deadline=None, database=None)
+@given(seed=st.integers(0, 2**32 - 1), k_dim=st.sampled_from([1, 2, 8]))
+def test_score_shift_allows_tf32_operands_truncated(seed, k_dim):
+    """The H200 failure of triton_fa2 (D=1, one key: lse off by 2.3 x 2^-11 of |q| |k + w|): the
+    rounding model takes a TF32 operand as truncated, so a kernel reading its operands that way
+    obeys every relation. With round-to-nearest's 2^-11 this kernel failed score_shift."""
+    case = AttentionCase(1, 1, 1, 1, 1, k_dim, causal="top_left", data_seed=seed)
+    verdicts = check_relations(TF32_TRUNCATING, case, torch.device("cpu"))
+    assert "metamorphic:score_shift" in {v.check for v in verdicts}     # judged, not passed over
+    assert all(v.passed for v in verdicts), [v.describe() for v in verdicts if not v.passed]

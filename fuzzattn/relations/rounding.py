@@ -6,9 +6,9 @@ the inputs it was given by:
   score     s_ij = scale * q_i.k_j is an fp32 (or better) dot product of length D, then shifted by
             the running max: |error| <= eps_i = scale |q_i|_2 max_j |k_j|_2 ((D + 4) u32 + 2 u_mm)
             (worst-case dot-product bound, Cauchy-Schwarz, plus the scale multiply and the max
-            subtraction; u_mm = 2^-11 for TF32 fp32 matmuls, else 0). Scores off by <= eps move
-            each weight by a factor in [e^-2eps, e^2eps], so the output by at most
-            min(e^2eps - 1, 1) 2 max|V|.
+            subtraction; u_mm = 2^-10 for TF32 fp32 matmuls, whose operands are truncated,
+            else 0). Scores off by <= eps move each weight by a factor in [e^-2eps, e^2eps], so
+            the output by at most min(e^2eps - 1, 1) 2 max|V|.
   weights   P is rounded to the input dtype before P @ V (relative u_p: the dtype's roundoff, or
             u_mm for fp32), absolutely by eta = 2^-25 below fp16's normal range, and V as a
             matmul operand by u_mm: (u_p + u_mm + Nk eta) max|V|.
@@ -33,7 +33,7 @@ from __future__ import annotations
 import torch
 
 from fuzzattn.contract.case import AttentionCase
-from fuzzattn.contract.dtypes import TF32_ROUNDOFF, U32, reads_tf32, unit_roundoff
+from fuzzattn.contract.dtypes import TF32_TRUNCATION, U32, reads_tf32, unit_roundoff
 from fuzzattn.contract.implementation import Implementation
 
 FP16_WEIGHT_FLOOR = 2.0 ** -25   # absolute rounding of an fp16 weight below 2^-14 (subnormal)
@@ -46,7 +46,7 @@ class Rounding:
 
     def __init__(self, impl: Implementation, case: AttentionCase):
         tf32 = reads_tf32(case.dtype, impl.caps.fp32_matmul)
-        self.u_mm = TF32_ROUNDOFF if tf32 else 0.0
+        self.u_mm = TF32_TRUNCATION if tf32 else 0.0
         # fp32 weights are not rounded before P @ V, except as a TF32 operand.
         self.u_p = self.u_mm if case.dtype == "float32" else unit_roundoff(case.dtype)
         self.u_out = unit_roundoff(case.dtype)
