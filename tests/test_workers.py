@@ -90,6 +90,7 @@ def test_each_worker_on_a_cuda_host_gets_its_share_of_the_cores(monkeypatch):
 
 
 def test_auto_is_one_worker_per_core_up_to_a_cap(monkeypatch):
+    monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)    # a user's shell
     monkeypatch.setattr(workers, "visible_gpus", lambda: [])
     monkeypatch.setattr(os, "cpu_count", lambda: 64)
     assert workers.resolve_count("auto") == workers.CPU_CAP
@@ -100,6 +101,14 @@ def test_auto_is_one_worker_per_core_up_to_a_cap(monkeypatch):
     monkeypatch.setattr(os, "cpu_count", lambda: 256)
     assert workers.resolve_count("auto") == 2 * workers.PER_GPU
     assert workers.resolve_count(3) == 3
+    # one of 16 pytest-xdist workers on 16 cores: its share, one core (in-process, no pool)
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw3")
+    monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", "16")
+    assert workers.resolve_count("auto") == 1
+    monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", "4")
+    assert workers.resolve_count("auto") == 4
+    assert workers.resolve_count(3) == 3                        # asked for: given
 
 
 @pytest.mark.parametrize("value, expected", [

@@ -85,14 +85,24 @@ def visible_gpus() -> list[str]:
     return [str(i) for i in range(torch.cuda.device_count())]
 
 
+def cores() -> int:
+    """The cores `auto` may fill: the machine's, or a pytest-xdist worker's share of them. Its
+    neighbours run their own tests side by side: on the 16-core H200 host each in-process gate
+    test of `pytest -n auto` started 16 workers, each paying CUDA's start-up, 60-100 s a test."""
+    count = os.cpu_count() or 1
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        count //= max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1))
+    return max(1, count)
+
+
 def resolve_count(value) -> int:
     """The number of worker processes `--workers VALUE` asks for here."""
     if value != "auto":
         return int(value)
     gpus = visible_gpus()
     if gpus:
-        return max(1, min(PER_GPU * len(gpus), os.cpu_count() or 1))
-    return max(1, min(os.cpu_count() or 1, CPU_CAP))
+        return max(1, min(PER_GPU * len(gpus), cores()))
+    return max(1, min(cores(), CPU_CAP))
 
 
 @dataclasses.dataclass(frozen=True)
