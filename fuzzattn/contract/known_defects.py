@@ -16,10 +16,11 @@ failed checks include that check is the known defect's, tallied to it ("known up
 that case is a finding like any. A defect that names no check, or whose check is a process
 verdict (a device fault poisons the CUDA context of the process judging it) outside an isolated
 judge, is passed over unjudged: counted ("known upstream defect ..."), and Hypothesis draws
-another case; so is a defect declared `unsafe`, one whose failure leaves the judging process
-unfit to go on (a kernel touching memory it does not own: every later call there failed), which
-only an isolated judge runs, and whose file every replay judges in a worker process; when every such defect covering a case is a backward one, only its gradients are
-passed over: the forward is judged, and the case counted as judged without gradients. The
+another case. So is, outside an isolated judge, a defect declared `unsafe`: one whose failure
+leaves the judging process unfit to go on (a kernel touching memory it does not own, after which
+every later call there failed); every replay judges its file in a worker process. When every
+such defect covering a case is a backward one, only its gradients are passed over: the forward
+is judged, and the case counted as judged without gradients. The
 metamorphic relations pass over every covered case. A replay of a regression file judges it
 whatever is declared here. Keep each predicate as narrow as the `fuzzattn explain` evidence in
 its file.
