@@ -104,6 +104,27 @@ BACKWARD_DEVICE_FAULT = Implementation(
                 "seq_q >= 5", sources=(str(Path(__file__).resolve()),))
 ABORT_ONCE = _impl(abort_once, "SIGSEGV once, at the first seq_q == 7 case; correct afterwards")
 
+COMPILE_SECONDS = 1.5
+_compiled_shapes: set = set()
+
+
+def compile_per_shape(q, k, v, *, causal, scale):
+    """Takes COMPILE_SECONDS on its process's first call of each shape, as a torch.compile'd
+    kernel compiling it does; hangs at seq_q >= 5 while the file FUZZATTN_TEST_HANG names exists."""
+    shape = (*q.shape, *k.shape)
+    if shape not in _compiled_shapes:
+        _compiled_shapes.add(shape)
+        time.sleep(COMPILE_SECONDS)
+    while _at_threshold(q) and Path(os.environ["FUZZATTN_TEST_HANG"]).exists():
+        time.sleep(3600)
+    return _attention(q, k, v, causal=causal, scale=scale)
+
+
+COMPILING = Implementation(name="compile_per_shape", fn=compile_per_shape,
+                           caps=dataclasses.replace(CAPS, compiles_per_shape=True),
+                           description="compiles on each shape's first call; hangs at seq_q >= 5 after")
+COMPILING_UNDECLARED = dataclasses.replace(COMPILING, name="compile_per_shape_undeclared", caps=CAPS)
+
 
 # -- a real device fault (CUDA only) ------------------------------------------------------------
 def triton_oob_store(q, k, v, *, causal, scale):

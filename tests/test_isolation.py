@@ -174,6 +174,28 @@ def test_a_death_once_does_not_end_the_run(tmp_path, monkeypatch):
     assert len(list((tmp_path / "files").glob("*.json"))) == 1
 
 
+def test_a_per_shape_compiler_gets_the_first_call_deadline_for_each_new_shape(tmp_path, monkeypatch):
+    """Declaring `compiles_per_shape`, each shape's first case in a worker may take as long as a
+    compile (flight.FIRST_CALL), later cases of the shape the timeout: a hang is still a hang.
+    A worker started after one has compiled nothing. Undeclared, the compile is a hang."""
+    import dataclasses
+    hang = tmp_path / "hang"
+    monkeypatch.setenv("FUZZATTN_TEST_HANG", str(hang))
+    with IsolatedJudge(kernel("COMPILING"), timeout=TIMEOUT) as isolated:
+        assert isolated.judge(case(3)).passed                         # compiles: 1.5 s
+        assert isolated.judge(dataclasses.replace(case(3), data_seed=1)).passed
+        assert isolated.judge(case(5)).passed                         # a new shape compiles
+        hang.touch()
+        hung = isolated.judge(dataclasses.replace(case(5), data_seed=1))
+        assert hung.first_failure.check == "hang", hung.describe()
+        assert f"no result after {TIMEOUT:g} s" in hung.first_failure.detail
+        hang.unlink()
+        assert isolated.judge(dataclasses.replace(case(3), data_seed=2)).passed   # new worker
+        assert isolated.stats.starts == 2
+    with IsolatedJudge(kernel("COMPILING_UNDECLARED"), timeout=TIMEOUT) as isolated:
+        assert isolated.judge(case(3)).first_failure.check == "hang"
+
+
 def test_timeout_bounds_a_campaign_against_a_hanging_kernel(tmp_path):
     """fuzz(isolate=True): with a time cap of `seconds`, the campaign may overrun it by at most
     the case in flight and Hypothesis's final replay, each a timeout plus a (forked) restart.

@@ -19,7 +19,9 @@ and sends it one case at a time. The supervisor knows the case before the worker
 
 Each verdict names the innermost frame of the implementation's own code where it stood (from the
 worker's faulthandler dump). A case's timeout never includes a worker's start-up, which has its
-own `start_timeout`. These are ordinary failing JudgedCases: Hypothesis shrinks them like any
+own `start_timeout`; for an implementation declaring `compiles_per_shape` (torch.compile'd flex)
+the first case of each shape a worker judges gets `flight.FIRST_CALL` instead, as a watched run's
+first call does: that case compiles, and a compile is not a hang. These are ordinary failing JudgedCases: Hypothesis shrinks them like any
 other, and the regression file they leave replays isolated again.
 """
 from __future__ import annotations
@@ -36,6 +38,7 @@ from pathlib import Path
 from fuzzattn.contract.case import AttentionCase
 from fuzzattn.contract.implementation import Implementation
 from fuzzattn.platform import mps as shared_gpu
+from fuzzattn.platform.flight import FIRST_CALL, compiled_shape
 from fuzzattn.inputs.materialize import inputs_sha256, materialize
 from fuzzattn.platform.device_faults import is_device_fault
 from fuzzattn.isolation import starting
@@ -138,6 +141,7 @@ class IsolatedJudge:
         child.close()         # else the worker's death would never read as EOF here
         self._conn = parent
         self._ready = False
+        self._compiled = set()    # a new process compiles every shape again
         self.stats.starts += 1
 
     def _await_ready(self) -> None:
@@ -246,13 +250,26 @@ class IsolatedJudge:
         self.close()
 
     # -- requests -------------------------------------------------------------------------------
-    def _exchange(self, request: str, payload) -> tuple[str, object]:
+    def _case_timeout(self, case: AttentionCase, gradients: bool) -> float | None:
+        """`timeout`, or FIRST_CALL for a per-shape compiler's first case of a shape (and of
+        gradients judged or not) in the worker now running."""
+        if self.timeout is None or not getattr(self.fields.get("caps"), "compiles_per_shape", False):
+            return self.timeout
+        shape = (gradients, *compiled_shape(case))
+        if shape in self._compiled:
+            return self.timeout
+        self._compiled.add(shape)
+        return max(self.timeout, FIRST_CALL)
+
+    def _exchange(self, request: str, payload, timeout: float | None = None) -> tuple[str, object]:
         """Send one request; ('judged'|'faulted'|'declared'|'error', payload) from the worker, or
-        ('hang', detail) / ('died', detail) decided here. After hang/died a new worker is starting."""
+        ('hang', detail) / ('died', detail) decided here. After hang/died a new worker is starting.
+        `timeout`: this request's, if not the judge's."""
         self._ensure_ready()
+        timeout = self.timeout if timeout is None else timeout
         try:
             self._conn.send((request, payload))
-            if self._conn.poll(self.timeout):
+            if self._conn.poll(timeout):
                 return self._conn.recv()
         except (EOFError, OSError):
             detail = f"worker {self._death_detail()}{where(self._fault_dump())}"
@@ -266,7 +283,7 @@ class IsolatedJudge:
         deadline = time.perf_counter() + min(self.grace, 0.5)
         while time.perf_counter() < deadline and "File " not in self._fault_dump():
             time.sleep(0.02)
-        detail = f"no result after {self.timeout:g} s; worker killed{where(self._fault_dump())}"
+        detail = f"no result after {timeout:g} s; worker killed{where(self._fault_dump())}"
         self.stats.hangs += 1
         self._replace()
         return "hang", detail
@@ -276,7 +293,9 @@ class IsolatedJudge:
         """Judge `case` in the worker: its JudgedCase, or one with a hang/segfault/device_fault
         verdict (with the inputs' sha256 and the versions, so it makes a regression file)."""
         self.stats.cases += 1
-        kind, payload = self._exchange("judge", (case.to_dict(), expected_sha256, gradients))
+        self._ensure_ready()                  # (a worker started now has compiled nothing)
+        kind, payload = self._exchange("judge", (case.to_dict(), expected_sha256, gradients),
+                                       self._case_timeout(case, gradients))
         if kind == "hang":
             return self._failed(case, "hang", payload)
         if kind == "died":
