@@ -20,10 +20,9 @@ another case. So is, outside an isolated judge, a defect declared `unsafe`: one 
 leaves the judging process unfit to go on (a kernel touching memory it does not own, after which
 every later call there failed); every replay judges its file in a worker process. When every
 such defect covering a case is a backward one, only its gradients are passed over: the forward
-is judged, and the case counted as judged without gradients. The
-metamorphic relations pass over every covered case. A replay of a regression file judges it
-whatever is declared here. Keep each predicate as narrow as the `fuzzattn explain` evidence in
-its file.
+is judged, and the case counted as judged without gradients. The metamorphic relations pass
+over every covered case. A replay of a regression file judges it whatever is declared here. Keep
+each predicate as narrow as the `fuzzattn explain` evidence in its file.
 """
 from __future__ import annotations
 

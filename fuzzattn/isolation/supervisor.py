@@ -21,8 +21,9 @@ Each verdict names the innermost frame of the implementation's own code where it
 worker's faulthandler dump). A case's timeout never includes a worker's start-up, which has its
 own `start_timeout`; for an implementation declaring `compiles_per_shape` (torch.compile'd flex)
 the first case of each shape a worker judges gets `flight.FIRST_CALL` instead, as a watched run's
-first call does: that case compiles, and a compile is not a hang. These are ordinary failing JudgedCases: Hypothesis shrinks them like any
-other, and the regression file they leave replays isolated again.
+first call does: that case compiles, and a compile is not a hang. These are ordinary failing
+JudgedCases: Hypothesis shrinks them like any other, and the regression file they leave replays
+isolated again.
 """
 from __future__ import annotations
 
