@@ -71,6 +71,18 @@ def test_progress_is_live_on_a_terminal_and_periodic_lines_elsewhere(monkeypatch
     assert quiet.getvalue() == ""
 
 
+def test_a_status_is_a_line_elsewhere_after_a_quiet_interval():
+    """Not a terminal: a status (the gate's 'replay 12/74 FILE') is printed when nothing was for
+    an interval (10 s by default), so a long replay shows in a CI log, and not more often."""
+    log = io.StringIO()
+    progress = report.Progress(stream=log, every=0.05)
+    progress.status("replay 1/3 a.json")              # just started: nothing to say yet
+    time.sleep(0.06)
+    progress.status("replay 2/3 b.json")              # quiet for an interval: a line
+    progress.status("replay 3/3 c.json")              # a line just went out
+    assert log.getvalue() == "replay 2/3 b.json\n"
+
+
 def test_junit_xml_and_markdown_render_every_outcome():
     outcomes = [report_words.Outcome("replay", "a.json on sdpa", report_words.OK, True, seconds=0.1),
                 report_words.Outcome("fuzz", "x float32", report_words.FAIL, False, 7, 1.5,

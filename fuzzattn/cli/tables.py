@@ -216,16 +216,19 @@ def progress_enabled(stream=None) -> bool:
 class Progress:
     """What a campaign is doing while it runs: on a terminal one rewritten line,
     'fuzz sdpa float32  412 judged  37.5/s  3 refused  0 failed  11.0/60 s', redrawn ten times a
-    second; otherwise the same as a full line every LINE_EVERY seconds."""
+    second; otherwise the same as a full line every LINE_EVERY seconds. A status ('replay 12/74
+    FILE', 'starting 16 worker processes') is shown live, and elsewhere as a line when nothing
+    was printed for LINE_EVERY seconds: a CI log of a gate replaying for minutes is not silent."""
 
     def __init__(self, enabled: bool | None = None, stream=None, every: float = LINE_EVERY):
         self.stream = stream or sys.stdout
         self.live = progress_enabled(self.stream) if enabled is None else enabled
         self.every = every
         self._width = 0
+        self._quiet_since = time.perf_counter()
 
     @property
-    def enabled(self) -> bool:           # replay's status lines are live-only
+    def enabled(self) -> bool:
         return self.live
 
     def track(self, strategy, label: str, budget: int, *, cap: float | None = None,
@@ -255,13 +258,14 @@ class Progress:
                 f"{failed} failed  {elapsed:.1f}{limit} s")
 
     def status(self, text: str) -> None:
-        if self.live:
+        if self.live or time.perf_counter() - self._quiet_since >= self.every:
             self._show(text)
 
     def _show(self, text: str) -> None:
         if not self.live:
             self.stream.write(text + "\n")
             self.stream.flush()
+            self._quiet_since = time.perf_counter()
             return
         pad = max(0, self._width - len(text))
         self.stream.write("\r" + text + " " * pad)
