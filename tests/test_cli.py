@@ -12,6 +12,7 @@ from contextlib import redirect_stdout
 import os
 import shutil
 import subprocess
+import sys
 import textwrap
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -337,3 +338,14 @@ def test_a_bad_environment_setting_is_one_line_before_anything_runs(capsys, monk
     captured = capsys.readouterr()
     assert captured.err.startswith(f"fuzzattn: error: {message}") and captured.err.count("\n") == 1
     assert "judged" not in captured.out
+
+
+def test_a_reader_that_goes_away_ends_the_command_quietly():
+    """`fuzzattn mutants --list | head -1`: the reader leaves, and the command stops with the
+    shell's SIGPIPE status and nothing on stderr, not an internal error."""
+    child = subprocess.Popen([sys.executable, "-m", "fuzzattn.cli", "mutants", "--list"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    child.stdout.close()                    # gone before the first line
+    err = child.stderr.read().decode()
+    assert child.wait(timeout=300) == 141, err
+    assert err == "", err

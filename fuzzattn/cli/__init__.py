@@ -11,7 +11,7 @@ Exit status: 0 when everything passed; 1 when something failed (a counterexample
 unreadable regression file, a surviving mutant); 2 when the command could not run as asked (a
 bad argument, an implementation that cannot be loaded, a bad git revision); 3 when a device
 fault on a GPU shared through MPS ended the run without a verdict (fuzzattn/platform/mps.py); 130
-when interrupted. Every status-2 or status-3 problem is one line on stderr starting with "fuzzattn: error:",
+when interrupted; 141, silently, when stdout's reader went away (`| head`). Every status-2 or status-3 problem is one line on stderr starting with "fuzzattn: error:",
 never a traceback; FUZZATTN_DEBUG=1 lets an unexpected internal error show its traceback.
 
 `main(argv)` runs in-process (the tests call it directly), so it restores the Hypothesis profile
@@ -80,6 +80,26 @@ def _check_environment() -> None:
         raise CLIError(str(exc)) from None
 
 
+READER_GONE_STATUS = 141      # 128 + SIGPIPE, what a shell reports for a tool whose reader left
+
+
+def _reader_gone() -> bool:
+    """Whether stdout's reader went away (`fuzzattn gate | head`): then the command stops quietly,
+    as Unix tools do, and Python's own flush at exit writes nowhere instead of raising again. A
+    broken pipe of the command's own (to a worker) leaves stdout writable, and stays an error."""
+    import select
+    try:
+        fd = sys.stdout.fileno()
+        poller = select.poll()
+        poller.register(fd, select.POLLOUT)
+        gone = any(events & select.POLLERR for _, events in poller.poll(0))   # a pipe with no reader
+    except (AttributeError, OSError, ValueError):      # no descriptor (a captured stream)
+        return False
+    if gone:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), fd)
+    return gone
+
+
 def main(argv=None) -> int:
     from fuzzattn import settings
     parser = build_parser()
@@ -111,6 +131,8 @@ def main(argv=None) -> int:
             return SHARED_DEVICE_FAULT_STATUS
         except Exception as exc:
             from fuzzattn.inputs.budget import CaseTooLargeError
+            if isinstance(exc, BrokenPipeError) and _reader_gone():
+                return READER_GONE_STATUS
             if isinstance(exc, CaseTooLargeError):
                 print(f"fuzzattn: error: {one_line(exc)}", file=sys.stderr)
                 return 2
