@@ -60,7 +60,18 @@ def tiled(q, k, v, *, causal, scale, config):
     return _attention(q, k, v, causal=causal, scale=scale)
 
 
+def segfault_on_large(q, k, v, *, causal, scale):
+    """Dies with SIGSEGV when q passes 8 (values=large; normal values stay under 6 sigma): a crash
+    only a worker survives."""
+    if q.abs().amax() > 8:
+        import ctypes
+        ctypes.string_at(0)
+    return _attention(q, k, v, causal=causal, scale=scale)
+
+
 EXACT = Implementation("exact", exact, CAPS, description="float64 softmax: passes everything")
+SEGFAULT_ON_LARGE = Implementation("segfault_on_large", segfault_on_large, CAPS,
+                                   description="SIGSEGV on values=large, exact otherwise")
 BOTTOM_RIGHT_AS_TOP_LEFT = Implementation("bottom_right_as_top_left", bottom_right_as_top_left, CAPS,
                                           description="bottom-right computed as top-left")
 NO_RUNNING_MAX = Implementation("no_running_max", no_running_max, CAPS,

@@ -67,6 +67,26 @@ def test_a_large_values_bug_is_explained_by_values(capsys, tmp_path):
     assert out.strip().splitlines()[-1].startswith("passes when: values=normal; still fails when:")
 
 
+def test_a_file_that_kills_its_judge_is_explained_one_worker_per_variant(tmp_path):
+    """A segfault file: each variant is judged in a worker of its own (in-process the first would
+    end the command), the crash is the baseline's check, and values=normal passes."""
+    import json
+    import subprocess
+    import sys
+    case = AttentionCase(1, 1, 1, 4, 6, 32, causal="top_left", scale=1.0, values="large")
+    path = _file(tmp_path, case)
+    path.write_text(json.dumps({**json.loads(path.read_text()), "check": "segfault"}))
+    done = subprocess.run([sys.executable, "-m", "fuzzattn.cli", "explain", str(path), "--impl",
+                           f"{BUILT}:SEGFAULT_ON_LARGE"], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "each variant judged in a worker process of its own" in done.stdout
+    table = rows(done.stdout)
+    assert table["-"][1:3] == ["FAIL", "segfault"], table
+    assert table["values=normal"][1] == "pass"
+    assert table["causal=none"][1:3] == ["FAIL", "segfault"]      # the worker after a crash too
+    assert done.stdout.strip().splitlines()[-1].startswith("passes when: values=normal")
+
+
 def test_a_configuration_bug_is_explained_by_its_axis(capsys, tmp_path):
     case = AttentionCase(1, 1, 1, 3, 9, 16, config=(("tile", 7),))
     status, out, _ = explain(capsys, _file(tmp_path, case), f"{BUILT}:TILED")

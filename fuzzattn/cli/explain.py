@@ -9,6 +9,11 @@ only the changed factor differs (for values, layout and dtype the tensors change
 is the point). One table, then one line reading it: the factors whose change makes the failure go
 away are the ones the bug depends on.
 
+A file whose failure ends or corrupts the process judging it (a hang, segfault or device fault,
+or a case the implementation's unsafe known defect covers: campaigns.replay.needs_isolation) has
+each variant judged in a worker process of its own, so one variant's fault cannot pass for the
+next one's failure; it costs a worker's start-up per variant.
+
 A variant the implementation does not declare is shown as such and not run; a variant it refuses
 with a declared error (an SDPA backend's "No available kernel") is shown as refused. Neither
 counts as passing. Exit status 0 once the table is printed (it is a diagnosis, not a check);
@@ -124,7 +129,7 @@ def _worst(judged):
                default=None)
 
 
-def judge_variant(row: Variant) -> Variant:
+def judge_variant(row: Variant, isolated: bool = False) -> Variant:
     from fuzzattn.judging.judge import judge
     if row.verdict:             # decided without running (a backend absent here)
         return row
@@ -132,7 +137,13 @@ def judge_variant(row: Variant) -> Variant:
     if why is not None:
         row.verdict, row.check = UNDECLARED, why
         return row
-    judged = judge(row.impl, row.case, margins=True)   # numbers against the whole rule
+    if isolated:                # a fresh worker: the last variant's fault is not this one's
+        from fuzzattn.isolation.pool import DEFAULT_TIMEOUT
+        from fuzzattn.isolation.supervisor import IsolatedJudge
+        with IsolatedJudge(row.impl, timeout=DEFAULT_TIMEOUT) as worker:
+            judged = worker.judge(row.case, margins=True)
+    else:
+        judged = judge(row.impl, row.case, margins=True)   # numbers against the whole rule
     if judged.skipped:
         row.verdict, row.check = SKIPPED, judged.skipped
     elif judged.refused:
@@ -176,8 +187,11 @@ def run(args) -> int:
     if why is not None:
         raise common.CLIError(f"--impl {args.impl}: {impl.name} does not declare the file's case "
                               f"({why}); nothing to explain")
-    rows = [judge_variant(r) for r in variants(impl, record.case)]
-    print(f"fuzzattn explain: {args.path.name} on {impl.name}\n  case: {record.case}")
+    from fuzzattn.campaigns.replay import needs_isolation
+    isolated = needs_isolation(record, impl)
+    rows = [judge_variant(r, isolated) for r in variants(impl, record.case)]
+    print(f"fuzzattn explain: {args.path.name} on {impl.name}\n  case: {record.case}"
+          + ("\n  each variant judged in a worker process of its own" if isolated else ""))
     print(tables.table(("factor", "changed to", "verdict", "check", "error / allowed"),
                        [[r.factor, r.changed_to, r.verdict, r.check, r.numbers] for r in rows],
                        max_width=70))

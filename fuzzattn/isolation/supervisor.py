@@ -290,12 +290,13 @@ class IsolatedJudge:
         return "hang", detail
 
     def judge(self, case: AttentionCase, *, expected_sha256: str | None = None,
-              gradients: bool = True) -> JudgedCase:
+              gradients: bool = True, margins: bool = False) -> JudgedCase:
         """Judge `case` in the worker: its JudgedCase, or one with a hang/segfault/device_fault
-        verdict (with the inputs' sha256 and the versions, so it makes a regression file)."""
+        verdict (with the inputs' sha256 and the versions, so it makes a regression file).
+        `margins`: as judge()'s, every bound on the whole rule."""
         self.stats.cases += 1
         self._ensure_ready()                  # (a worker started now has compiled nothing)
-        kind, payload = self._exchange("judge", (case.to_dict(), expected_sha256, gradients),
+        kind, payload = self._exchange("judge", (case.to_dict(), expected_sha256, gradients, margins),
                                        self._case_timeout(case, gradients))
         if kind == "hang":
             return self._failed(case, "hang", payload)

@@ -152,9 +152,10 @@ def worker_main(conn, spec: str, fields: bytes | None, device: str, threads: int
                 from fuzzattn.run.loader import _probe
                 conn.send(("declared", portable(declared(_probe(impl, spec)))))
             else:
-                case, expected_sha256, gradients = payload
+                case, expected_sha256, gradients, margins = payload
                 judged = judge(impl, AttentionCase.from_dict(case), device=device,
-                               expected_sha256=expected_sha256, gradients=gradients)
+                               expected_sha256=expected_sha256, gradients=gradients,
+                               margins=margins)
                 fault = context_fault(device)
                 conn.send(("judged", judged) if fault is None else ("faulted", (judged, fault)))
         except Exception as exc:       # the harness raised: the supervisor decides what it means
