@@ -87,8 +87,8 @@ def _decoding_rows_past_the_sparse_block(case) -> bool:
 def _fp32_strided_last_dim_q_and_k(case) -> bool:
     """q and k both with stride 2 in the last dimension, fp32: the one class measured
     (regressions/208e505db4d8.json; v's layout did not matter). Whether one strided input is
-    enough, and other dtypes, was not established: the process measuring it failed every later
-    case, hence `unsafe`."""
+    enough, and other dtypes, is not established. `unsafe`: two runs of the case differ, so flex
+    reads memory it does not own there."""
     return case.dtype == "float32" and case.layout[0] == case.layout[1] == "last_dim_strided"
 
 

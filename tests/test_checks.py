@@ -222,6 +222,32 @@ def test_unwritten_output_is_named_so_whatever_the_heap_held():
     assert seen == {"unwritten_output"}
 
 
+def test_a_per_shape_compiler_runs_outside_any_dispatch_mode():
+    """A Python dispatch mode makes torch.compile'd code run eagerly (flex's higher-order op then
+    raised NotImplementedError in the zeroed re-run), so a kernel declaring compiles_per_shape
+    is called under none, its attribution re-runs included; other kernels' clean re-runs keep
+    the zeroing mode (the test above)."""
+    from torch.utils._python_dispatch import _get_current_dispatch_mode
+    from fuzzattn.inputs.nan_fill import UninitializedMemoryIsZero
+    from fuzzattn.run import runs
+    modes = []
+
+    def noting(q, k, v, *, causal, scale):
+        modes.append(_get_current_dispatch_mode())
+        return sdpa_forward(q, k, v, causal=causal, scale=scale)
+
+    caps = Capabilities(dtypes={"float32"}, compiles_per_shape=True)
+    compiled = Implementation("compiled_like", noting, caps)
+    case = AttentionCase(1, 1, 1, 3, 5, 16)
+    for poison in (True, False):
+        runs.run(compiled, case, "cpu", adversarial=True, poison=poison)
+    assert modes == [None, None]
+    plain = dataclasses.replace(compiled, name="plain", caps=dataclasses.replace(
+        caps, compiles_per_shape=False))
+    runs.run(plain, case, "cpu", adversarial=True, poison=False)
+    assert isinstance(modes[-1], UninitializedMemoryIsZero)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_guarded_buffer_sees_a_write_into_either_guard_and_none_into_its_body(dtype):
     from fuzzattn.run.runs import GuardedBuffer

@@ -18,8 +18,7 @@ from fuzzattn.inputs.materialize import (Inputs, born_on_device, changed_flags, 
                                          materialize_dout, moved_with, place, place_flat, view_in)
 from fuzzattn.judging.placement import moved
 from fuzzattn.inputs.transfer import read_back, same_device
-from fuzzattn.inputs.nan_fill import (UninitializedMemoryIsZero, prime_allocator,
-                                      uninitialized_memory_is_nan)
+from fuzzattn.inputs.nan_fill import adversarial_memory, prime_allocator
 from fuzzattn.judging.verdict import Verdict
 
 
@@ -102,7 +101,7 @@ def run_backward(impl: Implementation, case: AttentionCase, device, forward, *, 
     if not adversarial:
         memory = contextlib.nullcontext()
     else:
-        memory = uninitialized_memory_is_nan() if poison else UninitializedMemoryIsZero()
+        memory = adversarial_memory(poison, impl.caps.compiles_per_shape)
     with memory:
         # Not synchronised on its own (fuzzattn/run/runs.py): a device fault surfaces in the read-back.
         call = execute.call_gradients(impl, *inputs.tensors(), dout, case, out=out, lse=lse,

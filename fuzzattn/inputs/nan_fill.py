@@ -83,6 +83,20 @@ def _set_deterministic_algorithms(mode: bool, *, warn_only: bool) -> None:
     torch._C._set_deterministic_algorithms(mode, warn_only=warn_only)
 
 
+def adversarial_memory(poison: bool, compiled: bool):
+    """The memory an adversarial run's kernel allocates from: NaN-filled (`poison`), else zeroed
+    by UninitializedMemoryIsZero, except for a kernel that declares `compiles_per_shape`. Under
+    a Python dispatch mode torch.compile'd code runs eagerly: flex_attention warned "called
+    without torch.compile()", and its higher-order op then raised NotImplementedError (measured
+    on the CPU), so the clean re-run judged another kernel, which failed. Such a kernel's clean
+    re-runs get the allocator's zeroed blocks alone (prime_allocator) on CUDA, whose caching
+    allocator hands them back reliably; on the CPU nothing zeroes its allocations, and an output
+    it leaves unwritten may be named an out-of-bounds read instead."""
+    if poison:
+        return uninitialized_memory_is_nan()
+    return contextlib.nullcontext() if compiled else UninitializedMemoryIsZero()
+
+
 @contextlib.contextmanager
 def uninitialized_memory_is_nan():
     """Make torch.empty & co. return NaN-filled memory (CPU and CUDA) for the duration: torch

@@ -26,8 +26,7 @@ from fuzzattn.contract.dtypes import BY_NAME
 from fuzzattn.contract.implementation import Implementation
 from fuzzattn.run import execute
 from fuzzattn.inputs.materialize import Inputs, as_bits, changed_anywhere, changed_flags, materialize
-from fuzzattn.inputs.nan_fill import (UninitializedMemoryIsZero, prime_allocator,
-                                    uninitialized_memory_is_nan)
+from fuzzattn.inputs.nan_fill import adversarial_memory, prime_allocator
 from fuzzattn.inputs.transfer import read_back
 from fuzzattn.judging.verdict import Verdict
 
@@ -68,7 +67,7 @@ def prime_for_outputs(case: AttentionCase, device, byte: int) -> None:
     (library workspaces) included, which torch's NaN fill of empty tensors never sees. On the CPU
     a forward run needs no priming: every tensor the kernel allocates is NaN-filled
     (`uninitialized_memory_is_nan`) or zeroed (`UninitializedMemoryIsZero`, the attribution
-    re-runs) whatever malloc hands back, and malloc's reuse of a primed chunk was never
+    re-runs but a per-shape compiler's: nan_fill.adversarial_memory) whatever malloc hands back, and malloc's reuse of a primed chunk was never
     reliable. There the 16 fills cost ~1.4% of a ci case (py-spy, sdpa fp32) and bought nothing."""
     if torch.device(device).type == "cpu":
         return
@@ -143,7 +142,7 @@ def launch(impl: Implementation, case: AttentionCase, device, *, adversarial: bo
         prime_for_outputs(case, device, 0xFF if poison else 0x00)
     verdict = dict(impl=impl.name, case=case)
     if adversarial:
-        memory = uninitialized_memory_is_nan() if poison else UninitializedMemoryIsZero()
+        memory = adversarial_memory(poison, impl.caps.compiles_per_shape)
     else:
         memory = contextlib.nullcontext()
     with memory:
