@@ -65,7 +65,7 @@ def add_options(p: argparse.ArgumentParser, default) -> None:
     p.add_argument("--workers", type=workers_arg, default=default, metavar="N|auto",
                    help="worker processes per campaign, each drawing different cases (auto: "
                         f"{PER_GPU} per visible GPU up to one per core, else one per core up to "
-                        f"{CPU_CAP}; default: "
+                        f"{CPU_CAP}; inside a pytest-xdist worker, its share of the cores; default: "
                         f"{default})")
     p.add_argument("--database", metavar="DIR|redis://HOST:PORT[/DB]|off",
                    help="the Hypothesis example database whose saved failures are replayed first "
