@@ -2,8 +2,8 @@
 # On a CUDA host, from the repository root: install this checkout over the host's torch and
 # triton, then run what benchmarks/REPORT.md's GPU tables report. Each step writes under OUT.
 #     bash benchmarks/gpu_run.sh [suite] [zoo] [campaign] [throughput] [speed] [watched] [flex] [defects]
-#                                [sdpa] [workers] [gate]
-#                                                                                     (default: all)
+#                                [sdpa] [workers] [gate] [explain]
+#                                                                          (default: all but explain)
 #   suite       the test suite on compiled kernels and the CUDA backends, its SUITE_DURATIONS slowest tests
 #   zoo         every mutant fuzzed compiled, ZOO processes side by side, ZOO_SECONDS at most each
 #   campaign    PARTS isolated campaign parts spread over the GPUs, CAMPAIGN_SECONDS each
@@ -22,9 +22,12 @@
 #               ratio to 1 worker for WORKERS (default 2,4,8,16,32,auto; WORKER_SECONDS each):
 #               what PER_GPU in fuzzattn/cli/workers.py should be
 #   gate        `fuzzattn gate` as a user runs it before a merge (its default budget on a GPU host)
+#   explain     `fuzzattn explain FILE --impl NAME` for each FILE:NAME in EXPLAIN (default: the
+#               flex strided-last-dim file), to narrow a CUDA-only defect's predicate
 set -uo pipefail
 OUT=${OUT:-gpu-out} CAMPAIGN_SECONDS=${CAMPAIGN_SECONDS:-300} PARTS=${PARTS:-12} ZOO=${ZOO:-16} ZOO_SECONDS=${ZOO_SECONDS:-60}
 FLEX_SECONDS=${FLEX_SECONDS:-60} SDPA_SECONDS=${SDPA_SECONDS:-120} WORKERS=${WORKERS:-2,4,8,16,32,auto} WORKER_SECONDS=${WORKER_SECONDS:-30}
+EXPLAIN=${EXPLAIN:-regressions/208e505db4d8.json:flex}
 STEPS=${*:-suite zoo campaign throughput speed watched flex defects sdpa workers gate}
 NGPU=$(nvidia-smi -L 2>/dev/null | grep -c "^GPU") || { echo "gpu_run.sh: no GPU visible"; exit 2; }
 mkdir -p "$OUT"
@@ -145,5 +148,11 @@ gate)
     python3 -m fuzzattn.cli gate --regressions-dir "$OUT/gate" >"$OUT/gate.txt" 2>&1
     echo "gate exit $? in $(( $(date +%s) - started )) s"
     tail -n 30 "$OUT/gate.txt" ;;
-*)  echo "gpu_run.sh: unknown step $s (suite, zoo, campaign, throughput, speed, watched, flex, defects, sdpa, workers, gate)"; exit 2 ;;
+explain)
+    for entry in $EXPLAIN; do
+        step "explain ${entry%%:*} on ${entry##*:}"
+        python3 -m fuzzattn.cli explain "${entry%%:*}" --impl "${entry##*:}" 2>&1 \
+            | tee "$OUT/explain_$(basename "${entry%%:*}" .json)_${entry##*:}.txt"
+    done ;;
+*)  echo "gpu_run.sh: unknown step $s (suite, zoo, campaign, throughput, speed, watched, flex, defects, sdpa, workers, gate, explain)"; exit 2 ;;
 esac; done
