@@ -75,9 +75,9 @@ def test_a_status_is_a_line_elsewhere_after_a_quiet_interval():
     """Not a terminal: a status (the gate's 'replay 12/74 FILE') is printed when nothing was for
     an interval (10 s by default), so a long replay shows in a CI log, and not more often."""
     log = io.StringIO()
-    progress = report.Progress(stream=log, every=0.05)
+    progress = report.Progress(stream=log, every=0.5)
     progress.status("replay 1/3 a.json")              # just started: nothing to say yet
-    time.sleep(0.06)
+    time.sleep(0.6)
     progress.status("replay 2/3 b.json")              # quiet for an interval: a line
     progress.status("replay 3/3 c.json")              # a line just went out
     assert log.getvalue() == "replay 2/3 b.json\n"
