@@ -11,8 +11,9 @@ Exit status: 0 when everything passed; 1 when something failed (a counterexample
 unreadable regression file, a surviving mutant); 2 when the command could not run as asked (a
 bad argument, an implementation that cannot be loaded, a bad git revision); 3 when a device
 fault on a GPU shared through MPS ended the run without a verdict (fuzzattn/platform/mps.py); 130
-when interrupted; 141, silently, when stdout's reader went away (`| head`). Every status-2 or status-3 problem is one line on stderr starting with "fuzzattn: error:",
-never a traceback; FUZZATTN_DEBUG=1 lets an unexpected internal error show its traceback.
+when interrupted; 141, silently, when stdout's reader went away (`| head`). Every status-2 or
+status-3 problem is one line on stderr starting with "fuzzattn: error:", never a traceback;
+FUZZATTN_DEBUG=1 lets an unexpected internal error show its traceback.
 
 `main(argv)` runs in-process (the tests call it directly), so it restores the Hypothesis profile
 and FUZZATTN_PROFILE it found when it returns. Heavy imports (torch, kernels) happen inside the

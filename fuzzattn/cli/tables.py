@@ -227,10 +227,6 @@ class Progress:
         self._width = 0
         self._quiet_since = time.perf_counter()
 
-    @property
-    def enabled(self) -> bool:
-        return self.live
-
     def track(self, strategy, label: str, budget: int, *, cap: float | None = None,
               counts=None):
         """The same strategy, showing progress as each case is drawn. `counts()` gives

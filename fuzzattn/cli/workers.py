@@ -88,7 +88,7 @@ def visible_gpus() -> list[str]:
 def cores() -> int:
     """The cores `auto` may fill: the machine's, or a pytest-xdist worker's share of them. Its
     neighbours run their own tests side by side: on the 16-core H200 host each in-process gate
-    test of `pytest -n auto` started 16 workers, each paying CUDA's start-up, 60-100 s a test."""
+    test of `pytest -n auto` started 16 workers, each paying CUDA's start-up: 22-97 s a test."""
     count = os.cpu_count() or 1
     if os.environ.get("PYTEST_XDIST_WORKER"):
         count //= max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1))

@@ -18,7 +18,7 @@ verdict (a device fault poisons the CUDA context of the process judging it) outs
 judge, is passed over unjudged: counted ("known upstream defect ..."), and Hypothesis draws
 another case. So is, outside an isolated judge, a defect declared `unsafe`: one whose failure
 leaves the judging process unfit to go on (a kernel touching memory it does not own, after which
-every later call there failed); every replay judges its file in a worker process. When every
+no later result of that process can be trusted); every replay judges its file in a worker process. When every
 such defect covering a case is a backward one, only its gradients are passed over: the forward
 is judged, and the case counted as judged without gradients. The metamorphic relations pass
 over every covered case. A replay of a regression file judges it whatever is declared here. Keep

@@ -39,7 +39,7 @@ from pathlib import Path
 from fuzzattn.contract.case import AttentionCase
 from fuzzattn.contract.implementation import Implementation
 from fuzzattn.platform import mps as shared_gpu
-from fuzzattn.platform.flight import FIRST_CALL, compiled_shape
+from fuzzattn.platform.flight import FIRST_CALL, first_of_its_shape
 from fuzzattn.inputs.materialize import inputs_sha256, materialize
 from fuzzattn.platform.device_faults import is_device_fault
 from fuzzattn.isolation import starting
@@ -254,12 +254,9 @@ class IsolatedJudge:
     def _case_timeout(self, case: AttentionCase, gradients: bool) -> float | None:
         """`timeout`, or FIRST_CALL for a per-shape compiler's first case of a shape (and of
         gradients judged or not) in the worker now running."""
-        if self.timeout is None or not getattr(self.fields.get("caps"), "compiles_per_shape", False):
+        if (self.timeout is None or not getattr(self.fields.get("caps"), "compiles_per_shape", False)
+                or not first_of_its_shape(self._compiled, case, gradients)):
             return self.timeout
-        shape = (gradients, *compiled_shape(case))
-        if shape in self._compiled:
-            return self.timeout
-        self._compiled.add(shape)
         return max(self.timeout, FIRST_CALL)
 
     def _exchange(self, request: str, payload, timeout: float | None = None) -> tuple[str, object]:

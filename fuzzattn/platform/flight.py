@@ -63,11 +63,8 @@ class Speeds:
         rates = self._rates.get(name)
         if not rates:
             return FIRST_CALL
-        if compiles_per_shape:
-            shape = (stage, *compiled_shape(case))
-            if shape not in self._compiled[name]:
-                self._compiled[name].add(shape)
-                return FIRST_CALL
+        if compiles_per_shape and first_of_its_shape(self._compiled[name], case, stage):
+            return FIRST_CALL
         return max(FLOOR, SLOWDOWN * statistics.median(rates) * work(case))
 
 
@@ -79,6 +76,16 @@ def compiled_shape(case) -> tuple:
     """What a per-shape compiler specialises on: every field of the case but its values."""
     return tuple(getattr(case, f.name) for f in dataclasses.fields(case)
                  if f.name not in _VALUE_FIELDS)
+
+
+def first_of_its_shape(seen: set, case, stage) -> bool:
+    """Whether a per-shape compiler meets this (stage, shape) for the first time in the process
+    whose calls `seen` records (then noted there): that call compiles, and gets FIRST_CALL."""
+    shape = (stage, *compiled_shape(case))
+    if shape in seen:
+        return False
+    seen.add(shape)
+    return True
 
 
 class Recorder:

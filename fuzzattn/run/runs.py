@@ -67,8 +67,8 @@ def prime_for_outputs(case: AttentionCase, device, byte: int) -> None:
     (library workspaces) included, which torch's NaN fill of empty tensors never sees. On the CPU
     a forward run needs no priming: every tensor the kernel allocates is NaN-filled
     (`uninitialized_memory_is_nan`) or zeroed (`UninitializedMemoryIsZero`, the attribution
-    re-runs but a per-shape compiler's: nan_fill.adversarial_memory) whatever malloc hands back, and malloc's reuse of a primed chunk was never
-    reliable. There the 16 fills cost ~1.4% of a ci case (py-spy, sdpa fp32) and bought nothing."""
+    re-runs but a per-shape compiler's: nan_fill.adversarial_memory) whatever malloc hands
+    back, and malloc's reuse of a primed chunk was never reliable. There the 16 fills cost ~1.4% of a ci case (py-spy, sdpa fp32) and bought nothing."""
     if torch.device(device).type == "cpu":
         return
     out_bytes = math.prod(case.shape("q")) * BY_NAME[case.dtype].itemsize
