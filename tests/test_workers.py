@@ -341,3 +341,52 @@ def test_an_unusable_default_database_falls_back_and_says_where_a_chosen_one_is_
     assert "cannot create the directory" in capsys.readouterr().err
     with pytest.raises(example_db.DatabaseError, match="cannot create the directory"):
         example_db.open_database(str(blocker / "examples"), "--database")
+
+
+# -- the gate's replay over the workers -----------------------------------------------------------
+SHIPPED = ("065944617799", "5982e80801ec", "79368643515d")     # small fp32 cases, D=16
+
+
+def _replay_rows(out: str) -> list[list[str]]:
+    """The summary table's replay rows without their seconds."""
+    rows = [re.split(r"\s{2,}", line.strip()) for line in out.splitlines() if line.startswith("replay  ")]
+    return [[cell for cell in cells if not re.fullmatch(r"\d+\.\d", cell)] for cells in rows]
+
+
+def _regressions(tmp_path) -> Path:
+    directory = tmp_path / "reg"
+    directory.mkdir()
+    for name in SHIPPED:
+        (directory / f"{name}.json").write_text((HERE.parent / "regressions" / f"{name}.json").read_text())
+    (directory / "broken.json").write_text('{"bad": 1}')
+    return directory
+
+
+def test_the_gate_replays_over_its_workers_with_the_rows_of_one_process(capsys, tmp_path):
+    directory = _regressions(tmp_path)
+    rows = {}
+    for n in (1, 2):
+        status, out, err = run(capsys, "gate", "--workers", n, "--budget", 0.5, "--database", "off",
+                               "--regressions-dir", directory)
+        assert status == 1, out + err                               # broken.json fails
+        assert f"{n} worker(s)" in out and "budget was spent" in out, out
+        rows[n] = _replay_rows(out)
+    assert len(rows[1]) > len(SHIPPED) + 1, rows[1]                 # each file on several kernels
+    assert rows[2] == rows[1]
+    assert rows[2][-1][:3] == ["replay", "broken.json", "FAIL"], rows[2]
+
+
+def test_a_replay_worker_that_dies_loses_no_file(tmp_path):
+    """Unwatched, a file that kills its worker (it records no crash, so it is not judged
+    isolated) is replayed again in an isolated worker of the gate itself, in its place."""
+    directory = _regressions(tmp_path)
+    (tmp_path / "odd.py").write_text(SEGFAULT_LATER)
+    status, out = command("gate", "--impl", "odd.py:ODD_KEYS", "--workers", 2, "--budget", 0.5,
+                          "--database", "off", "--regressions-dir", directory, cwd=tmp_path,
+                          env={"FUZZATTN_SUPERVISE": "off"})
+    assert status == 1, out
+    rows = _replay_rows(out)
+    assert ["replay", "5982e80801ec.json on odd_keys", "FAIL", "segfault"] in rows, out   # Nq 17, Nk 1
+    assert "worker died with SIGSEGV at odd.py:8 in attention" in out, out
+    assert {cells[1].partition(" on ")[0] for cells in rows} == {f"{n}.json" for n in SHIPPED} | {"broken.json"}
+    assert [cells[2] for cells in rows].count("FAIL") == 2, rows

@@ -3,7 +3,7 @@ that supports it, (2) fuzz every implementation within a budget, saving what it 
 --mutants, check that every seeded bug is still caught. Exit 0 only when everything passed.
 
 The budget (--budget, the wall time of (1) and (2)) is spent in order: the replay takes what it
-needs, then each fuzzing campaign (one implementation and dtype, over --workers processes) gets
+needs (its files side by side over the --workers processes), then each fuzzing campaign (one implementation and dtype, over --workers processes) gets
 an equal share of what is left, so time a quick campaign leaves unused goes to the later ones.
 The gate ends within the budget plus the time to shrink what it found, and the mutant self-test.
 
@@ -108,31 +108,33 @@ def run(args) -> int:
               f"{'; isolated' if isolate else ''}{' timeout=%g s' % timeout if timeout else ''}")
     print(header, flush=True)
 
-    # (1) every known bug stays fixed, on every implementation that can run its case
-    print(f"gate: replaying {len(paths)} regression file(s)", flush=True)
-    outcomes = replay.replay_all(paths, subjects, only_given=False, progress=progress,
-                                 isolate=isolate, timeout=timeout)
-    if not paths and not args.allow_empty:
-        outcomes.append(Outcome("replay", display_path(regressions_dir), FAIL, False,
-                                detail="no regression files to replay (wrong directory? "
-                                       "--regressions-dir DIR, or --allow-empty)",
-                                message=f"{display_path(regressions_dir)} holds no *.json regression "
-                                        "file: the gate would replay nothing. Run it from the "
-                                        "repository root, pass --regressions-dir, or --allow-empty."))
-
-    # (2) look for new bugs; counterexamples become regression files for step (1) next time
-    plan = []
-    for impl in subjects:
-        if impl.name not in to_fuzz:
-            outcomes.append(Outcome("fuzz", impl.name, SKIP, True, skipped=True,
-                                    detail=f"unchanged since {args.changed_since}: replayed only"))
-            continue
-        plan += [(impl, dtype) for dtype in common.dtypes_of(impl, None)]
-    plan = fuzz_order(plan, interpreted, outside)
-    unfuzzed = 0
     with workers.Pool(n_workers, progress) as pool:
+        # (1) every known bug stays fixed, on every implementation that can run its case; the
+        # files side by side over the workers, whose start-up the fuzzing then does not pay
+        print(f"gate: replaying {len(paths)} regression file(s)", flush=True)
+        outcomes = replay.replay_all(paths, subjects, only_given=False, progress=progress,
+                                     isolate=isolate, timeout=timeout, workers=pool,
+                                     given=tuple(args.impl), probe_isolated=probe_isolated)
+        if not paths and not args.allow_empty:
+            outcomes.append(Outcome("replay", display_path(regressions_dir), FAIL, False,
+                                    detail="no regression files to replay (wrong directory? "
+                                           "--regressions-dir DIR, or --allow-empty)",
+                                    message=f"{display_path(regressions_dir)} holds no *.json regression "
+                                            "file: the gate would replay nothing. Run it from the "
+                                            "repository root, pass --regressions-dir, or --allow-empty."))
+
+        # (2) look for new bugs; counterexamples become regression files for step (1) next time
+        plan = []
+        for impl in subjects:
+            if impl.name not in to_fuzz:
+                outcomes.append(Outcome("fuzz", impl.name, SKIP, True, skipped=True,
+                                        detail=f"unchanged since {args.changed_since}: replayed only"))
+                continue
+            plan += [(impl, dtype) for dtype in common.dtypes_of(impl, None)]
+        plan = fuzz_order(plan, interpreted, outside)
+        unfuzzed = 0
         if plan and deadline - time.perf_counter() > MIN_SHARE * len(plan):
-            pool.start()        # its start-up is spent before the shares are measured out
+            pool.start()        # (when one file was replayed) spent before the shares are measured
         print(f"gate: fuzzing {len(plan)} campaign(s) in the {max(0, deadline - time.perf_counter()):.0f} s "
               "left of the budget", flush=True)
         for i, (impl, dtype) in enumerate(plan):

@@ -192,14 +192,20 @@ class _SharedCounts:
         pass
 
 
-def _run_share(share: Share) -> Outcome:
-    from fuzzattn.campaigns import example_db
+def adopt(cwd: str, env: dict) -> None:
+    """A task's working directory and environment, the parent's (a fork server's children start
+    with the server's own), keeping this worker's GPU."""
     gpu = os.environ.get("CUDA_VISIBLE_DEVICES")
-    os.chdir(share.cwd)
+    os.chdir(cwd)
     os.environ.clear()
-    os.environ.update(share.env)
+    os.environ.update(env)
     if gpu is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = gpu
+
+
+def _run_share(share: Share) -> Outcome:
+    from fuzzattn.campaigns import example_db
+    adopt(share.cwd, share.env)
     profile = common.load_profile(share.profile)
     impl = common.resolve(share.spec, share.isolate, share.timeout)
     seconds = None if share.deadline is None else max(share.deadline - time.monotonic(), 0.01)
@@ -289,6 +295,31 @@ class Pool:
 
     def __exit__(self, kind, exc, tb):
         self.close(now=kind is not None)
+
+    def each(self, function, tasks: list, status) -> list:
+        """function(task) for every task over the workers, in the tasks' order: its result, the
+        exception it raised, or None where its worker died (the pool is then closed, and started
+        again by its next use). `status(done)` is the progress line's text."""
+        executor = self._ensure()
+        futures = [executor.submit(function, task) for task in tasks]
+        while True:
+            done, pending = concurrent.futures.wait(futures, timeout=POLL)
+            if self.progress is not None:
+                self.progress.status(status(len(done)))
+            if not pending:
+                break
+        results, broken = [], False
+        for future in futures:
+            try:
+                results.append(future.result())
+            except concurrent.futures.process.BrokenProcessPool:
+                results.append(None)
+                broken = True
+            except Exception as exc:
+                results.append(exc)
+        if broken:
+            self.close(now=True)
+        return results
 
     def run_campaign(self, impl, dtype, *, profile, max_examples: int, seconds: float | None,
                      hypothesis_seed: int, save: bool, regressions_dir, progress, database: str | None,
