@@ -36,6 +36,9 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
 _CAMPAIGNS = ("test_differential.py::test_matches_oracle", "test_gradients.py::test_gradients_match_oracle",
               "test_metamorphic.py::test_real_", "test_grad_metamorphic.py::test_real_backward_obeys")
 _COMPILED = ("triton_fa2", "flex")
+# The autotuned example's one fuzz run (its module fixture): 100-136 s compiled on the H200, the
+# suite's longest test there.
+_LONGEST = ("test_autotuned_example.py::test_one_fuzz_run",)
 _PROCESSES = ("test_expected_failures.py", "test_watched.py", "test_isolation.py", "test_cli.py",
               "test_install_layout.py", "test_benchmarks.py", "test_public_api.py", "test_fixtures.py",
               "test_tiers.py", "test_palette.py", "test_cli_mutants.py", "test_workers.py")
@@ -43,6 +46,8 @@ _PROCESSES = ("test_expected_failures.py", "test_watched.py", "test_isolation.py
 
 def pytest_collection_modifyitems(items):
     def rank(item) -> int:
+        if any(part in item.nodeid for part in _LONGEST):
+            return 0
         if any(part in item.nodeid for part in _CAMPAIGNS) and any(k in item.nodeid for k in _COMPILED):
             return 0
         return 1 if item.nodeid.split("::")[0].rpartition("/")[2] in _PROCESSES else 2
