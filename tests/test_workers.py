@@ -305,6 +305,21 @@ def test_the_gate_fuzzes_interpreted_triton_kernels_last():
     assert gate.fuzz_order(plan, interpreted=False) == plan
 
 
+def test_the_compiled_gate_fuzzes_per_shape_compilers_first():
+    """Their first cases compile for longer than a share: first, the later shares pay for it,
+    and the gate still ends within its budget."""
+    from fuzzattn.contract import Capabilities, Implementation
+    tri = Implementation("tri", lambda *a, **k: None, Capabilities(), backend="triton")
+    tor = Implementation("tor", lambda *a, **k: None, Capabilities())
+    flex = Implementation("flex", lambda *a, **k: None, Capabilities(compiles_per_shape=True))
+    plan = [(tri, "float32"), (flex, "float32"), (tor, "float32"), (flex, "float16")]
+    assert [(i.name, d) for i, d in gate.fuzz_order(plan, interpreted=False)] == [
+        ("flex", "float32"), ("flex", "float16"), ("tri", "float32"), ("tor", "float32")]
+    assert gate.fuzz_order(plan, interpreted=True) == [plan[1], plan[2], plan[3], plan[0]]
+    order = [i.name for i, _ in gate.fuzz_order(plan, interpreted=False, outside=frozenset({"tor"}))]
+    assert order == ["tor", "flex", "flex", "tri"]
+
+
 def test_the_gate_fuzzes_the_implementations_it_was_given_first():
     """An --impl kernel is the change under review: it is not left to what the budget has left."""
     from fuzzattn.contract import Capabilities, Implementation
