@@ -137,7 +137,7 @@ def test_a_replay_stopped_by_sigterm_still_reports_what_it_replayed(capsys, monk
     for path in plain:
         (tmp_path / path.name).write_text(path.read_text())
     before = signal.getsignal(signal.SIGTERM)
-    status, out, _ = run(capsys, "replay", tmp_path, "--impl", "sdpa_math")
+    status, out, _ = run(capsys, "replay", tmp_path, "--impl", "sdpa_math", "--workers", 1)
     assert status == 143
     assert re.search(r"stopped by SIGTERM after 2 of 4 regression file\(s\): 2 passed", out), out
     assert signal.getsignal(signal.SIGTERM) is before          # the handler is put back

@@ -121,7 +121,7 @@ def run(args) -> int:
         # files side by side over the workers, whose start-up the fuzzing then does not pay
         print(f"gate: replaying {len(paths)} regression file(s)", flush=True)
         outcomes = replay.replay_all(paths, subjects, only_given=False, progress=progress,
-                                     isolate=isolate, timeout=timeout, workers=pool,
+                                     isolate=isolate, timeout=timeout, processes=pool,
                                      given=tuple(args.impl), probe_isolated=probe_isolated)
         if not paths and not args.allow_empty:
             outcomes.append(Outcome("replay", display_path(regressions_dir), FAIL, False,

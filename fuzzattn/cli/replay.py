@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 from fuzzattn.campaigns.outcome import FAIL, SKIP, Outcome
-from fuzzattn.cli import common, tables
+from fuzzattn.cli import common, tables, workers
 
 
 def add_parser(commands) -> None:
@@ -18,6 +18,9 @@ def add_parser(commands) -> None:
                    help="regression files or directories of *.json")
     p.add_argument("--impl", action="append", default=[], metavar=common.IMPL_METAVAR,
                    help="replay only against these implementations; repeatable")
+    p.add_argument("--workers", type=workers.workers_arg, default="auto", metavar="N|auto",
+                   help="replay the files side by side over N worker processes (auto: as for fuzz; "
+                        "default: auto)")
     common.isolation_options(p)
     p.set_defaults(run=run)
 
@@ -57,20 +60,20 @@ def any_needs_isolation(paths) -> bool:
 
 def replay_all(paths, subjects, *, only_given: bool, progress, isolate: bool = False,
                timeout: float | None = None, outcomes: list | None = None,
-               workers=None, given: tuple = (), probe_isolated: bool = False) -> list[Outcome]:
+               processes=None, given: tuple = (), probe_isolated: bool = False) -> list[Outcome]:
     """Replay each file on each supporting subject; a file that cannot be read is one failing row.
     With `isolate`, and always for a file recording hang/segfault/device_fault, a file is judged
     in an isolated worker process (one per implementation, reused across files).
 
-    `workers` (a cli.workers.Pool of several processes) replays the files side by side, one file
+    `processes` (a cli.workers.Pool of several) replays the files side by side, one file
     a task, the rows in the files' order: on a CUDA host most of a replay is compiling, one
     kernel per shape, which one process does in turn (the gate's 74 files took 94 s there).
     Each worker resolves the subjects again: the registered ones unless `only_given`, and the
     `given` --impl specs (probed isolated with `probe_isolated`)."""
     from fuzzattn.isolation.pool import DEFAULT_TIMEOUT, WorkerPool
     outcomes = [] if outcomes is None else outcomes      # filled as files are replayed
-    if workers is not None and workers.n > 1 and len(paths) > 1:
-        return _replay_over(workers, paths, subjects, only_given=only_given, progress=progress,
+    if processes is not None and processes.n > 1 and len(paths) > 1:
+        return _replay_over(processes, paths, subjects, only_given=only_given, progress=progress,
                             isolate=isolate, timeout=timeout, outcomes=outcomes, given=given,
                             probe_isolated=probe_isolated)
     with WorkerPool(timeout or DEFAULT_TIMEOUT) as pool:
@@ -100,7 +103,6 @@ def replay_task(task: ReplayTask) -> list[Outcome]:
     """The worker side: one file on its subjects, as _replay_all does it in one process."""
     global _isolated
     from multiprocessing import util
-    from fuzzattn.cli import workers
     from fuzzattn.isolation.pool import DEFAULT_TIMEOUT, WorkerPool
     workers.adopt(task.cwd, task.env)
     key = (task.registered, task.given, task.probe_isolated, task.timeout)
@@ -123,27 +125,31 @@ class _Silent:
         pass
 
 
-def _replay_over(workers, paths, subjects, *, only_given, progress, isolate, timeout, outcomes,
+def _replay_over(processes, paths, subjects, *, only_given, progress, isolate, timeout, outcomes,
                  given, probe_isolated) -> list[Outcome]:
     import os
     tasks = [ReplayTask(str(path), not only_given, tuple(given), only_given, isolate, probe_isolated,
                         timeout, os.getcwd(), dict(os.environ)) for path in paths]
-    results = workers.each(replay_task, tasks,
-                           lambda done: f"replay {done}/{len(paths)} ({workers.n} workers)")
-    lost = [path for path, result in zip(paths, results) if result is None]
-    again: dict[str, list] = {}     # a worker died: the files it held are judged here, isolated
-    for outcome in (replay_all(lost, subjects, only_given=only_given, progress=progress,
-                               isolate=True, timeout=timeout) if lost else []):
-        again.setdefault(outcome.subject.partition(" on ")[0], []).append(outcome)
-    for path, result in zip(paths, results):
-        if result is None:
-            outcomes += again.get(path.name, [])
-        elif isinstance(result, list):
-            outcomes += result
-        else:       # the task itself raised (not a verdict: those are rows already)
-            text = f"{path.name}: {common.one_line(result)}"
-            outcomes.append(Outcome("replay", path.name, FAIL, False, detail=text, message=text))
-    progress.clear()
+    results: list = [None] * len(paths)         # None: not replayed (stopped before it)
+    try:
+        processes.each(replay_task, tasks, lambda done: f"replay {done}/{len(paths)} "
+                       f"({processes.n} workers)", results)
+        lost = [path for path, result in zip(paths, results) if result is workers.DIED]
+        if lost:    # a worker died: the files it held are replayed here, each isolated
+            again: dict[str, list] = {}
+            for outcome in replay_all(lost, subjects, only_given=only_given, progress=progress,
+                                      isolate=True, timeout=timeout):
+                again.setdefault(outcome.subject.partition(" on ")[0], []).append(outcome)
+            results = [again.get(path.name, []) if result is workers.DIED else result
+                       for path, result in zip(paths, results)]
+    finally:        # stopped too: the files replayed so far, in the files' order
+        for path, result in zip(paths, results):
+            if isinstance(result, list):
+                outcomes += result
+            elif isinstance(result, BaseException):     # the task raised; verdicts are rows already
+                text = f"{path.name}: {common.one_line(result)}"
+                outcomes.append(Outcome("replay", path.name, FAIL, False, detail=text, message=text))
+        progress.clear()
     return outcomes
 
 
@@ -197,12 +203,15 @@ def run(args) -> int:
     # replayed so far are still reported: a long replay cut short must not print nothing.
     outcomes: list[Outcome] = []
     stopped = None
-    with common.stop_on_sigterm():
+    progress = tables.Progress()
+    with common.stop_on_sigterm(), workers.Pool(workers.resolve_count(args.workers), progress) as pool:
         try:
-            replay_all(paths, subjects, only_given=bool(args.impl), progress=tables.Progress(),
-                       isolate=isolate, timeout=timeout, outcomes=outcomes)
+            replay_all(paths, subjects, only_given=bool(args.impl), progress=progress,
+                       isolate=isolate, timeout=timeout, outcomes=outcomes, processes=pool,
+                       given=tuple(args.impl), probe_isolated=probe_isolated)
         except (KeyboardInterrupt, common.Terminated) as exc:
             stopped = "SIGTERM" if isinstance(exc, common.Terminated) else "SIGINT"
+            pool.close(now=True)
     rows = []
     for o in outcomes:
         file, _, impl = o.subject.partition(" on ")

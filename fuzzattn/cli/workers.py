@@ -45,6 +45,7 @@ PER_GPU = 16
 CPU_CAP = 8
 POLL = 0.1              # seconds between looks at the workers (and progress redraws)
 START_LIMIT = 300.0     # seconds a worker waits for the others to start (CUDA, imports)
+DIED = "died"           # Pool.each's answer for a task whose worker process died
 
 
 def workers_arg(text: str):
@@ -296,30 +297,27 @@ class Pool:
     def __exit__(self, kind, exc, tb):
         self.close(now=kind is not None)
 
-    def each(self, function, tasks: list, status) -> list:
-        """function(task) for every task over the workers, in the tasks' order: its result, the
-        exception it raised, or None where its worker died (the pool is then closed, and started
-        again by its next use). `status(done)` is the progress line's text."""
+    def each(self, function, tasks: list, status, results: list) -> None:
+        """function(task) for every task over the workers, each answer put in `results` at its
+        task's index as it comes (so a caller stopped by ^C keeps what finished): its result,
+        the exception it raised, or DIED where its worker died (the pool is then closed, and
+        started again by its next use). `status(done)` is the progress line's text."""
         executor = self._ensure()
-        futures = [executor.submit(function, task) for task in tasks]
-        while True:
-            done, pending = concurrent.futures.wait(futures, timeout=POLL)
+        futures = {executor.submit(function, task): i for i, task in enumerate(tasks)}
+        pending, broken = set(futures), False
+        while pending:
+            done, pending = concurrent.futures.wait(pending, timeout=POLL)
+            for future in done:
+                try:
+                    results[futures[future]] = future.result()
+                except concurrent.futures.process.BrokenProcessPool:
+                    results[futures[future]], broken = DIED, True
+                except Exception as exc:
+                    results[futures[future]] = exc
             if self.progress is not None:
-                self.progress.status(status(len(done)))
-            if not pending:
-                break
-        results, broken = [], False
-        for future in futures:
-            try:
-                results.append(future.result())
-            except concurrent.futures.process.BrokenProcessPool:
-                results.append(None)
-                broken = True
-            except Exception as exc:
-                results.append(exc)
+                self.progress.status(status(len(futures) - len(pending)))
         if broken:
             self.close(now=True)
-        return results
 
     def run_campaign(self, impl, dtype, *, profile, max_examples: int, seconds: float | None,
                      hypothesis_seed: int, save: bool, regressions_dir, progress, database: str | None,
