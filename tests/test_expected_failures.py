@@ -82,6 +82,31 @@ def test_replay_fails_an_expected_failure_that_passes_as_xpass_strict(capsys, tm
     assert "XPASS(strict)" in out
 
 
+def _never_called(case, expected_sha256=None):
+    raise AssertionError("a replay expected to hang was run")
+
+
+def test_a_replay_expected_to_hang_is_xfail_without_running(tmp_path):
+    """A file recording a hang that lists the implementation, or a case its known hang defect
+    covers: waiting out the timeout on every replay would show nothing new."""
+    path = _file(tmp_path, {"exact": dict(REASON, device=default_device())})
+    record = dataclasses.replace(load(path), check="hang")
+    outcome = replay_one(record, EXACT, judge_fn=_never_called)
+    assert outcome.verdict == XFAIL and outcome.passed, outcome.message
+    assert "not run, expected to hang: drops the bottom-right offset" in outcome.message
+    assert outcome.judged.first_failure.check == "hang" and outcome.detail == "hang"
+    # The same file on an implementation it does not list is run (and passes here).
+    assert replay_one(record, dataclasses.replace(EXACT, name="other")).verdict == OK
+    # A known hang defect covering the case: not run either, whatever the file records.
+    hangs = KnownDefect("never returns (planted)", default_device(), lambda case: case.seq_k == 5,
+                        "planted.json", check="hang")
+    declaring = dataclasses.replace(EXACT, name="declaring",
+                                    caps=dataclasses.replace(EXACT.caps, known_defects=(hangs,)))
+    plain = dataclasses.replace(load(path), expected_failures={})
+    outcome = replay_one(plain, declaring, judge_fn=_never_called)
+    assert outcome.verdict == XFAIL and "its known defect (planted.json)" in outcome.message
+
+
 # -- gate ---------------------------------------------------------------------------------------
 @pytest.fixture
 def replay_only(monkeypatch):

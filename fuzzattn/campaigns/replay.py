@@ -17,6 +17,9 @@ A replay is one judged case, read against what the file expects of that implemen
 
 A file recorded as `flaky` is judged FLAKY_REPLAYS times and says how many runs failed.
 
+A replay expected to hang (the file lists the implementation and records a hang, or a known hang
+defect of the implementation covers the case) is not run: xfail, "not run" (`_expected_hang`).
+
 A file recorded as hang, segfault or device_fault (PROCESS_CHECKS) would take an in-process replay
 down with it, and so would a file whose case an implementation's unsafe known defect covers (on
 that implementation): `needs_isolation` says so, and the callers (replay, gate, the pytest plugin)
@@ -70,6 +73,13 @@ def replay_one(record: RegressionFile, impl: Implementation, device=None, *,
     header = f"regression file {display_path(record.path) if record.path else record.name}"
     if record.covers:
         header += f" (covers: {record.covers})"
+    device_type = torch.device(device or default_device()).type
+    hang = _expected_hang(impl, record, device_type)
+    if hang is not None:
+        judged = JudgedCase(impl.name, record.case, [Verdict(impl=impl.name, case=record.case,
+                                                             check="hang", passed=False,
+                                                             detail="not run: expected to hang")])
+        return outcome(XFAIL, f"{header}: {impl.name} not run, expected to hang: {hang}")
     judged = judge_fn(record.case, expected_sha256=record.inputs_sha256)
     if record.check == "flaky" and judged.skipped is None:
         judged = _rerun_flaky(impl, record, judge_fn, judged)
@@ -86,7 +96,7 @@ def replay_one(record: RegressionFile, impl: Implementation, device=None, *,
         recorded = (record.versions or {}).get("torch", "unknown")
         return outcome(DRIFTED, f"{header}: inputs drifted: {failure.detail} "
                                          f"(recorded with torch {recorded})")
-    expected = record.expected_failure(impl.name, torch.device(device or default_device()).type)
+    expected = record.expected_failure(impl.name, device_type)
     if expected is not None:
         upstream = f" ({expected.upstream})" if expected.upstream else ""
         if judged.passed:
@@ -102,6 +112,19 @@ def replay_one(record: RegressionFile, impl: Implementation, device=None, *,
         return outcome(XFAIL, f"{header}: {impl.name} fails as its known defect "
                               f"({known.check}, {known.regression}): {known.name}")
     return outcome(FAIL, f"{header}\n{judged.describe()}\n{hint}")
+
+
+def _expected_hang(impl, record, device_type: str) -> str | None:
+    """Why `impl` is expected to hang on the file's case here, or None. Such a replay is not run
+    (as pytest's xfail(run=False)): it would only wait out the worker's timeout, up to minutes
+    for a per-shape compiler, on every replay. The file still replays on every other
+    implementation and device; an upstream fix shows when the entry is removed."""
+    expected = record.expected_failure(impl.name, device_type)
+    if expected is not None and record.check == "hang":
+        return expected.reason + (f" ({expected.upstream})" if expected.upstream else "")
+    hangs = [d for d in covering(impl.caps.known_defects, record.case, device_type, True)
+             if d.check == "hang"]
+    return f"its known defect ({hangs[0].regression}): {hangs[0].name}" if hangs else None
 
 
 def _known_defect(impl, record, judged: JudgedCase, device):
