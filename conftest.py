@@ -53,6 +53,28 @@ def pytest_collection_modifyitems(items):
         return 1 if item.nodeid.split("::")[0].rpartition("/")[2] in _PROCESSES else 2
 
     items.sort(key=rank)          # stable: the rest keep their order
+    items[:] = _dealt(items, [rank(item) < 2 for item in items],
+                      int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1))
+
+
+def _dealt(items: list, long: list, workers: int) -> list:
+    """The order for --dist worksteal, which hands worker i the i-th of `workers` equal
+    contiguous slices before any stealing: the long tests dealt round-robin to the slices'
+    fronts, longest first, each slice then filled up in order. Sorted but not dealt, the long
+    ones sat in the first slices, and the workers that stole them late ran alone at the end
+    (pytest -n 16 on the H200: 339 s against 248 s of test time per worker). Every worker
+    collects the same list, so every worker computes the same order."""
+    if workers < 2:
+        return items
+    size = [len(items) // workers + (i < len(items) % workers) for i in range(workers)]
+    slices: list[list] = [[] for _ in range(workers)]
+    heavy = [item for item, is_long in zip(items, long) if is_long]
+    for i, item in enumerate(heavy):      # never past a slice's size: len(heavy) <= len(items)
+        slices[i % workers].append(item)
+    rest = iter(item for item, is_long in zip(items, long) if not is_long)
+    for w in range(workers):
+        slices[w] += [next(rest) for _ in range(size[w] - len(slices[w]))]
+    return [item for part in slices for item in part]
 
 
 # pytester's in-process runs put sys.modules back as they found it, dropping every module first
