@@ -305,32 +305,44 @@ def test_the_gate_fuzzes_interpreted_triton_kernels_last():
     assert gate.fuzz_order(plan, interpreted=False) == plan
 
 
-def test_the_compiled_gate_fuzzes_per_shape_compilers_first():
-    """Their first cases compile for longer than a share: first, the later shares pay for it,
-    and the gate still ends within its budget."""
+def test_the_gate_fuzzes_per_shape_compilers_last():
+    """Their first cases compile for longer than an equal share: they get what the others left."""
     from fuzzattn.contract import Capabilities, Implementation
     tri = Implementation("tri", lambda *a, **k: None, Capabilities(), backend="triton")
     tor = Implementation("tor", lambda *a, **k: None, Capabilities())
     flex = Implementation("flex", lambda *a, **k: None, Capabilities(compiles_per_shape=True))
     plan = [(tri, "float32"), (flex, "float32"), (tor, "float32"), (flex, "float16")]
     assert [(i.name, d) for i, d in gate.fuzz_order(plan, interpreted=False)] == [
-        ("flex", "float32"), ("flex", "float16"), ("tri", "float32"), ("tor", "float32")]
-    assert gate.fuzz_order(plan, interpreted=True) == [plan[1], plan[2], plan[3], plan[0]]
-    order = [i.name for i, _ in gate.fuzz_order(plan, interpreted=False, outside=frozenset({"tor"}))]
-    assert order == ["tor", "flex", "flex", "tri"]
+        ("tri", "float32"), ("tor", "float32"), ("flex", "float32"), ("flex", "float16")]
+    assert [i.name for i, _ in gate.fuzz_order(plan, interpreted=True)] == ["tor", "tri", "flex", "flex"]
+    order = [i.name for i, _ in gate.fuzz_order(plan, interpreted=False, outside=frozenset({"flex"}))]
+    assert order == ["flex", "flex", "tri", "tor"]
 
 
-def test_the_gate_fuzzes_the_implementations_it_was_given_first():
-    """An --impl kernel is the change under review: it is not left to what the budget has left."""
+def test_a_per_shape_compiler_is_not_started_on_a_share_shorter_than_its_compiles(
+        capsys, monkeypatch, tmp_path):
+    from fuzzattn.cli import common
     from fuzzattn.contract import Capabilities, Implementation
-    tri = Implementation("tri", lambda *a, **k: None, Capabilities(), backend="triton")
-    tor = Implementation("tor", lambda *a, **k: None, Capabilities())
-    mine = Implementation("mine", lambda *a, **k: None, Capabilities(), backend="triton")
-    plan = [(tri, "float32"), (tor, "float32"), (mine, "float32"), (mine, "float16")]
-    order = [(i.name, d) for i, d in gate.fuzz_order(plan, interpreted=True, outside=frozenset({"mine"}))]
-    assert order == [("mine", "float32"), ("mine", "float16"), ("tor", "float32"), ("tri", "float32")]
-    order = [i.name for i, _ in gate.fuzz_order(plan, interpreted=False, outside=frozenset({"mine"}))]
-    assert order == ["mine", "mine", "tri", "tor"]
+    compiling = Implementation("compiling", lambda *a, **k: None,
+                               Capabilities(dtypes={"float32"}, compiles_per_shape=True))
+    plain = Implementation("plain", lambda *a, **k: None, Capabilities(dtypes={"float32"}))
+    monkeypatch.setattr(common, "registered", lambda: [compiling, plain])
+    started = []
+
+    def campaign(pool, impl, dtype, *, seconds, **kw):
+        started.append(impl.name)
+        return Outcome("fuzz", f"{impl.name} {dtype}", OK, True, 1, 0.01)
+
+    monkeypatch.setattr(gate.workers, "run_campaign", campaign)
+    args = ("gate", "--allow-empty", "--workers", 1, "--regressions-dir", tmp_path / "none")
+    status, out, err = run(capsys, *args, "--budget", gate.FIRST_COMPILES / 2)
+    assert status == 0, out + err
+    assert started == ["plain"], out
+    assert re.search(r"compiling float32 +skip .*not fuzzed: its \d+ s share is shorter than its "
+                     r"first compiles", out), out
+    started.clear()
+    status, out, err = run(capsys, *args, "--budget", gate.FIRST_COMPILES * 2)
+    assert status == 0 and started == ["plain", "compiling"], out + err
 
 
 def test_the_gate_with_a_small_budget_ends_and_reports_every_campaign(capsys, tmp_path):

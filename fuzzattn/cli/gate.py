@@ -36,24 +36,29 @@ GATE_COMPILED_SECONDS = 120.0
 GATE_BUDGET_CUDA = 240.0
 GATE_BUDGET_CPU = 120.0
 MIN_SHARE = 0.5         # seconds: a campaign offered less is not started (reported as not fuzzed)
+# A registered implementation that compiles per shape is not started on a share shorter than its
+# first compiles: a share is checked between cases, so it would end that much past the budget.
+# flex on the H200, 16 workers: the first 16 cases took 40 s (2026-12-03); a 4 s share took 60 s.
+FIRST_COMPILES = 40.0
 
 
 def fuzz_order(plan: list, interpreted: bool, outside: frozenset = frozenset()) -> list:
     """The campaigns in the order they spend the budget. Implementations named with --impl go
-    first: they are the change being gated. Under the interpreter, Triton kernels go last: the
-    others judge their cases in a second or two and leave most of their share, which the slow
-    interpreted campaigns, going last, then get (each used its whole 5 s share when it went
-    first, 11-28 cases, while the gate ended 53 s inside its budget). Compiled, implementations
-    that compile per shape go first: a share is checked between cases, and their first cases
-    compile for far longer than a share (flex's 4 s share took 60 s on the H200, its first
-    cases compiling in 16 workers, and the gate ended that much past its budget); first, what
-    they overrun comes out of the later campaigns' shares instead."""
+    first: they are the change being gated. Under the interpreter, Triton kernels go after the
+    others: those judge their cases in a second or two and leave most of their share, which the
+    slow interpreted campaigns, going later, then get (each used its whole 5 s share when it went
+    first, 11-28 cases, while the gate ended 53 s inside its budget). Implementations that
+    compile per shape go last, on what all the others left: their first cases compile for
+    longer than an equal share (run(): FIRST_COMPILES)."""
     def key(campaign):
         impl = campaign[0]
-        late = (impl.backend == "triton" if interpreted
-                else not getattr(impl.caps, "compiles_per_shape", False))
-        return impl.name not in outside, late
+        return (impl.name not in outside, _compiles_per_shape(impl),
+                interpreted and impl.backend == "triton")
     return sorted(plan, key=key)            # stable: the registry's order otherwise
+
+
+def _compiles_per_shape(impl) -> bool:
+    return bool(getattr(impl.caps, "compiles_per_shape", False))
 
 
 def add_parser(commands) -> None:
@@ -147,10 +152,13 @@ def run(args) -> int:
               "left of the budget", flush=True)
         for i, (impl, dtype) in enumerate(plan):
             share = (deadline - time.perf_counter()) / (len(plan) - i)
-            if share < MIN_SHARE:
+            compiling = _compiles_per_shape(impl) and impl.name not in outside
+            if share < (FIRST_COMPILES if compiling else MIN_SHARE):
                 unfuzzed += 1
+                why = (f"its {share:.0f} s share is shorter than its first compiles (~{FIRST_COMPILES:g} s)"
+                       if compiling and share >= MIN_SHARE else f"the {budget:g} s budget was spent")
                 outcomes.append(Outcome("fuzz", f"{impl.name} {dtype}", SKIP, True, skipped=True,
-                                        detail=f"not fuzzed: the {budget:g} s budget was spent"))
+                                        detail=f"not fuzzed: {why}"))
                 continue
             outcomes.append(workers.run_campaign(
                 pool, impl, dtype, profile=profile, max_examples=max_examples,
@@ -160,7 +168,8 @@ def run(args) -> int:
                 stop_at_first=args.stop_at_first))
     if unfuzzed:
         notes.append(f"{unfuzzed} campaign(s) not fuzzed: the {budget:g} s budget was spent "
-                     "before them (--budget S)")
+                     "before them, or what was left was shorter than a per-shape compiler's first "
+                     "compiles (--budget S)")
 
     # (3) the fuzzer still catches every seeded bug
     if args.mutants:
