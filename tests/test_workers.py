@@ -437,3 +437,24 @@ def test_a_replay_over_workers_stopped_reports_the_files_it_finished(capsys, mon
     assert re.search(r"stopped by SIGTERM after 2 of 4 regression file\(s\): 2 passed", out), out
     assert [cells[0] for cells in _replay_rows(out, first=CONFIGURED)] == [
         f"{CONFIGURED[0]}.json", f"{CONFIGURED[2]}.json"]      # broken.json was still out
+
+
+def test_a_replay_over_workers_sends_isolated_files_first_and_reports_in_the_files_order(
+        capsys, monkeypatch, tmp_path):
+    """A file judged in an isolated worker starts a process of its own: sent last, it was the
+    replay's tail. The table keeps the files' order."""
+    directory = _regressions(tmp_path, CONFIGURED)
+    hang = directory / f"{CONFIGURED[2]}.json"          # the last file by name records a hang
+    hang.write_text(json.dumps({**json.loads(hang.read_text()), "check": "hang"}))
+    submitted = []
+
+    def each(self, function, tasks, status, results):
+        for i, task in enumerate(tasks):
+            submitted.append(Path(task.path).name)
+            results[i] = [Outcome("replay", f"{submitted[-1]} on triton_fa2", OK, True)]
+
+    monkeypatch.setattr(workers.Pool, "each", each)
+    status, out, _ = run(capsys, "replay", directory, "--impl", "triton_fa2", "--workers", 2)
+    assert submitted[0] == hang.name and len(submitted) == 4, submitted
+    names = sorted(p.name for p in directory.glob("*.json"))
+    assert [cells[0] for cells in _replay_rows(out, first=tuple(names))] == names, out
