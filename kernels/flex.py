@@ -73,15 +73,22 @@ def _limits():
 SPARSE_BLOCK = 128
 
 
-def _decoding_rows_past_the_sparse_block(case) -> bool:
-    """Flex decoding lowers calls with Nq < 128 and a power-of-two GQA group G; it stacks the G
-    query heads of a KV head into one tile of next_power_of_2(Nq * G) rows, and drops every
-    configuration whose tile does not divide the block mask's sparse block: past 128 rows none
-    is left (regressions/ab18a9f314cb.json). Without a mask (non-causal) flex's own block spans
-    the whole sequence, and the same shapes compile (measured on the H200)."""
+def _decoding_with_a_mask(case) -> bool:
+    """Flex decoding lowers calls with Nq < 128 and a power-of-two GQA group; causal calls carry
+    a block mask."""
     group = case.heads // case.kv_heads
     return (case.causal != "none" and case.seq_q < SPARSE_BLOCK and group > 1
-            and group & (group - 1) == 0 and case.seq_q * group > SPARSE_BLOCK)
+            and group & (group - 1) == 0)
+
+
+def _decoding_rows_past_the_sparse_block(case) -> bool:
+    """Flex decoding stacks the G query heads of a KV head into one tile of
+    next_power_of_2(Nq * G) rows, and drops every configuration whose tile does not divide the
+    block mask's sparse block: past 128 rows none is left (regressions/ab18a9f314cb.json).
+    Without a mask (non-causal) flex's own block spans the whole sequence, and the same shapes
+    compile (measured on the H200)."""
+    return (_decoding_with_a_mask(case)
+            and case.seq_q * (case.heads // case.kv_heads) > SPARSE_BLOCK)
 
 
 def _fp32_strided_last_dim_q_and_k(case) -> bool:
@@ -93,13 +100,11 @@ def _fp32_strided_last_dim_q_and_k(case) -> bool:
 
 
 def _decoding_fp32_head_dim_80(case) -> bool:
-    """Flex decoding's path (Nq < 128, a power-of-two GQA group) with a block mask, head dim 80,
-    fp32: the one case measured (regressions/a6513705ec89.json, B=4 H=16/4 Nq=22 Nk=95) gave no
-    result from its forward call within minutes. The traits of that case that put it on a code
-    path of its own; which of them matter is not established."""
-    group = case.heads // case.kv_heads
-    return (case.causal != "none" and case.seq_q < SPARSE_BLOCK and group > 1
-            and group & (group - 1) == 0 and case.head_dim == 80 and case.dtype == "float32")
+    """Flex decoding with a block mask, head dim 80, fp32: the one case measured
+    (regressions/a6513705ec89.json, B=4 H=16/4 Nq=22 Nk=95) gave no result from its forward call
+    within minutes. The predicate is that case's code path, head dim and dtype; which of them
+    matter is not established."""
+    return _decoding_with_a_mask(case) and case.head_dim == 80 and case.dtype == "float32"
 
 
 KNOWN_DEFECTS = (

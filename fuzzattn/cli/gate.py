@@ -3,8 +3,9 @@ that supports it, (2) fuzz every implementation within a budget, saving what it 
 --mutants, check that every seeded bug is still caught. Exit 0 only when everything passed.
 
 The budget (--budget, the wall time of (1) and (2)) is spent in order: the replay takes what it
-needs (its files side by side over the --workers processes), then each fuzzing campaign (one implementation and dtype, over --workers processes) gets
-an equal share of what is left, so time a quick campaign leaves unused goes to the later ones.
+needs (its files side by side over the --workers processes), then each fuzzing campaign (one
+implementation and dtype, over the same processes) gets an equal share of what is left, so time
+a quick campaign leaves unused goes to the later ones.
 The gate ends within the budget plus the time to shrink what it found, and the mutant self-test.
 
 A gate that finds no regression file to replay fails: it is almost always run from the wrong
@@ -147,7 +148,7 @@ def run(args) -> int:
         plan = fuzz_order(plan, interpreted, outside)
         unfuzzed = 0
         if plan and deadline - time.perf_counter() > MIN_SHARE * len(plan):
-            pool.start()        # (when one file was replayed) spent before the shares are measured
+            pool.start()        # unless the replay did: start-up is spent before the shares
         print(f"gate: fuzzing {len(plan)} campaign(s) in the {max(0, deadline - time.perf_counter()):.0f} s "
               "left of the budget", flush=True)
         for i, (impl, dtype) in enumerate(plan):

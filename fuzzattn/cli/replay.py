@@ -85,9 +85,8 @@ def replay_all(paths, subjects, *, only_given: bool, progress, isolate: bool = F
 class ReplayTask:
     """One file to replay in a worker process (picklable: names and flags only)."""
     path: str
-    registered: bool                # the registered implementations are subjects too
     given: tuple[str, ...]          # the --impl specs, resolved again in the worker
-    only_given: bool
+    only_given: bool                # else the registered implementations are subjects too
     isolate: bool
     probe_isolated: bool
     timeout: float | None
@@ -95,7 +94,7 @@ class ReplayTask:
     env: dict
 
 
-_subjects: dict = {}        # a worker's resolved subjects, by (registered, given, isolation)
+_subjects: dict = {}        # a worker's resolved subjects, by (only_given, given, isolation)
 _isolated = None            # a worker's isolated judges, kept across its tasks
 
 
@@ -105,10 +104,10 @@ def replay_task(task: ReplayTask) -> list[Outcome]:
     from multiprocessing import util
     from fuzzattn.isolation.pool import DEFAULT_TIMEOUT, WorkerPool
     workers.adopt(task.cwd, task.env)
-    key = (task.registered, task.given, task.probe_isolated, task.timeout)
+    key = (task.only_given, task.given, task.probe_isolated, task.timeout)
     if key not in _subjects:
         given = [common.resolve(spec, task.probe_isolated, task.timeout) for spec in task.given]
-        _subjects[key] = (common.registered() if task.registered else []) + given
+        _subjects[key] = ([] if task.only_given else common.registered()) + given
     if _isolated is None:
         _isolated = WorkerPool(task.timeout or DEFAULT_TIMEOUT)
         # run as the worker exits, before its daemonic children are ended: their logs go too
@@ -147,8 +146,8 @@ def _replay_over(processes, paths, subjects, *, only_given, progress, isolate, t
     import os
     order = _slow_first(paths, subjects)
     paths = [paths[i] for i in order]               # submitted in this order, reported in the files'
-    tasks = [ReplayTask(str(path), not only_given, tuple(given), only_given, isolate, probe_isolated,
-                        timeout, os.getcwd(), dict(os.environ)) for path in paths]
+    tasks = [ReplayTask(str(path), tuple(given), only_given, isolate, probe_isolated, timeout,
+                        os.getcwd(), dict(os.environ)) for path in paths]
     results: list = [None] * len(paths)         # None: not replayed (stopped before it)
     try:
         processes.each(replay_task, tasks, lambda done: f"replay {done}/{len(paths)} "
