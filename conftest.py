@@ -28,32 +28,48 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
 
 
 # Longest first. pytest-xdist hands tests to workers in collection order, and a long test
-# collected late runs alone at the end while the other workers sit idle. First: the compiled or
-# interpreted kernels' campaigns (triton_fa2's interpreted ones ~50 s each on the 2-core CI
-# machine; triton_fa2's and flex's 35-110 s on the H200, compiles included). Then the tests that
-# start processes (CLI commands, isolated workers, in-process pytest runs): 30-130 s each on
-# the H200, `--durations` of `bash benchmarks/gpu_run.sh suite`.
+# collected late runs alone at the end while the other workers sit idle. First the tests measured
+# longest, longest first: `--durations` of `bash benchmarks/gpu_run.sh suite` on the H200 (16
+# workers, 2026-12-03), seconds each. Then the compiled or interpreted kernels' campaigns
+# (triton_fa2's interpreted ones ~50 s each on the 2-core CI machine; triton_fa2's and flex's
+# 35-85 s on the H200, compiles included). Then the tests that start processes (CLI commands,
+# isolated workers, in-process pytest runs): 10-50 s each on the H200.
+_LONGEST = (
+    "test_watched.py::test_keep_going_carries_on_isolated_after_a_crash",                    # 138
+    "test_autotuned_example.py::test_one_fuzz_run",          # 119, in its module fixture's set-up
+    "test_expected_failures.py::test_the_expected_failure_files_replay_here[208e505db4d8",   # 106
+    "test_watched.py::test_a_segfault_is_saved_then_shrunk_isolated",                        # 102
+    "test_expected_failures.py::test_the_expected_failure_files_replay_here[1deaae6cfb4b",   # 86
+    "test_metamorphic.py::test_real_implementation_obeys[triton_fa2-causal_prefix]",         # 85
+    "test_expected_failures.py::test_the_expected_failure_files_replay_here[5cbd349b0bc8",   # 84
+    "test_expected_failures.py::test_the_expected_failure_files_replay_here[e9ea361b7922",   # 83
+    "test_workers.py::test_a_worker_that_dies_is_saved_as_a_segfault_and_shrunk",            # 82
+    "test_grad_metamorphic.py::test_real_backward_obeys[flex-grad_batch_independence]",      # 76
+    "test_differential.py::test_matches_oracle[triton_fa2-float32]",                         # 74
+)
 _CAMPAIGNS = ("test_differential.py::test_matches_oracle", "test_gradients.py::test_gradients_match_oracle",
               "test_metamorphic.py::test_real_", "test_grad_metamorphic.py::test_real_backward_obeys")
 _COMPILED = ("triton_fa2", "flex")
-# The autotuned example's one fuzz run (its module fixture): 100-136 s compiled on the H200, the
-# suite's longest test there.
-_LONGEST = ("test_autotuned_example.py::test_one_fuzz_run",)
 _PROCESSES = ("test_expected_failures.py", "test_watched.py", "test_isolation.py", "test_cli.py",
               "test_install_layout.py", "test_benchmarks.py", "test_public_api.py", "test_fixtures.py",
               "test_tiers.py", "test_palette.py", "test_cli_mutants.py", "test_workers.py")
 
 
-def pytest_collection_modifyitems(items):
-    def rank(item) -> int:
-        if any(part in item.nodeid for part in _LONGEST):
-            return 0
-        if any(part in item.nodeid for part in _CAMPAIGNS) and any(k in item.nodeid for k in _COMPILED):
-            return 0
-        return 1 if item.nodeid.split("::")[0].rpartition("/")[2] in _PROCESSES else 2
+def rank(nodeid: str) -> tuple:
+    """Where a test goes in the suite's order: the measured longest in their order, then the
+    kernels' campaigns, then the tests that start processes, then the rest."""
+    for i, part in enumerate(_LONGEST):
+        if part in nodeid:
+            return (0, i)
+    if any(part in nodeid for part in _CAMPAIGNS) and any(k in nodeid for k in _COMPILED):
+        return (1, 0)
+    return (2, 0) if nodeid.split("::")[0].rpartition("/")[2] in _PROCESSES else (3, 0)
 
-    items.sort(key=rank)          # stable: the rest keep their order
-    items[:] = _dealt(items, [rank(item) < 2 for item in items],
+
+def pytest_collection_modifyitems(items):
+    ranks = {item.nodeid: rank(item.nodeid) for item in items}
+    items.sort(key=lambda item: ranks[item.nodeid])          # stable: the rest keep their order
+    items[:] = _dealt(items, [ranks[item.nodeid] < (3,) for item in items],
                       int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1))
 
 
