@@ -28,25 +28,17 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
 
 
 # Longest first. pytest-xdist hands tests to workers in collection order, and a long test
-# collected late runs alone at the end while the other workers sit idle. First the tests measured
-# longest, longest first: `--durations` of `bash benchmarks/gpu_run.sh suite` on the H200 (16
-# workers, 2026-12-03), seconds each. Then the compiled or interpreted kernels' campaigns
-# (triton_fa2's interpreted ones ~50 s each on the 2-core CI machine; triton_fa2's and flex's
-# 35-85 s on the H200, compiles included). Then the tests that start processes (CLI commands,
-# isolated workers, in-process pytest runs): 10-50 s each on the H200.
-_LONGEST = (
-    "test_watched.py::test_keep_going_carries_on_isolated_after_a_crash",                    # 138
-    "test_autotuned_example.py::test_one_fuzz_run",          # 119, in its module fixture's set-up
-    "test_expected_failures.py::test_the_expected_failure_files_replay_here[208e505db4d8",   # 106
-    "test_watched.py::test_a_segfault_is_saved_then_shrunk_isolated",                        # 102
-    "test_expected_failures.py::test_the_expected_failure_files_replay_here[1deaae6cfb4b",   # 86
-    "test_metamorphic.py::test_real_implementation_obeys[triton_fa2-causal_prefix]",         # 85
-    "test_expected_failures.py::test_the_expected_failure_files_replay_here[5cbd349b0bc8",   # 84
-    "test_expected_failures.py::test_the_expected_failure_files_replay_here[e9ea361b7922",   # 83
-    "test_workers.py::test_a_worker_that_dies_is_saved_as_a_segfault_and_shrunk",            # 82
-    "test_grad_metamorphic.py::test_real_backward_obeys[flex-grad_batch_independence]",      # 76
-    "test_differential.py::test_matches_oracle[triton_fa2-float32]",                         # 74
-)
+# collected late runs alone at the end while the other workers sit idle. First the tests listed
+# as longest, in their order, then the compiled or interpreted kernels' campaigns (triton_fa2's
+# interpreted ones ~50 s each on the 2-core CI machine; triton_fa2's and flex's 35-110 s on the
+# H200, compiles included), then the tests that start processes (CLI commands, isolated workers,
+# in-process pytest runs): 30-140 s each on the H200, `--durations` of
+# `bash benchmarks/gpu_run.sh suite`.
+# Only the autotuned example's one fuzz run (its module fixture, 100-136 s compiled on the H200)
+# is listed. With every test over 60 s there listed in measured order, pytest -n 16 on the H200
+# reported its last test but had not ended at 420 s, its workers waiting at exit on inductor's
+# compile pools (2026-12-03), against 305 s in this order; until that is understood, one entry.
+_LONGEST = ("test_autotuned_example.py::test_one_fuzz_run",)
 _CAMPAIGNS = ("test_differential.py::test_matches_oracle", "test_gradients.py::test_gradients_match_oracle",
               "test_metamorphic.py::test_real_", "test_grad_metamorphic.py::test_real_backward_obeys")
 _COMPILED = ("triton_fa2", "flex")
