@@ -4,7 +4,8 @@
 #     bash benchmarks/gpu_run.sh [suite] [zoo] [campaign] [throughput] [speed] [watched] [flex] [defects]
 #                                [sdpa] [workers] [gate] [explain]
 #                                                                          (default: all but explain)
-#   suite       the test suite on compiled kernels and the CUDA backends, its SUITE_DURATIONS slowest tests
+#   suite       `pytest -n auto` as the README runs it (tests/ and the regressions/ replays) on
+#               compiled kernels and the CUDA backends, its SUITE_DURATIONS slowest tests
 #   zoo         every mutant fuzzed compiled, ZOO processes side by side, ZOO_SECONDS at most each
 #   campaign    PARTS isolated campaign parts spread over the GPUs, CAMPAIGN_SECONDS each
 #   throughput  K = 1 and 16 sdpa fp32 fuzzers side by side on GPU 0, 30 s (MPS=1: under MPS)
@@ -44,7 +45,7 @@ suite)
     started=$(date +%s)
     # SUITE_LIMIT: seconds before pytest is interrupted (it still prints its slowest tests)
     timeout -s INT "${SUITE_LIMIT:-1200}" python3 -m pytest -q -p no:cacheprovider -n auto -rfs \
-        --tb=short --durations="${SUITE_DURATIONS:-40}" tests >"$OUT/suite.txt" 2>&1
+        --tb=short --durations="${SUITE_DURATIONS:-40}" >"$OUT/suite.txt" 2>&1
     echo "pytest exit $? in $(( $(date +%s) - started )) s"
     grep -E "passed|failed" "$OUT/suite.txt" | tail -n 1 ;;
 zoo)
