@@ -327,6 +327,34 @@ def test_the_gate_saves_a_crash_or_a_hang_with_no_flag(tmp_path, spec, check, de
     assert leftovers(str(tmp_path)) == []
 
 
+# Sleeps forever where SEGFAULT_LATER crashes: past the probe, so the hang is met by a worker.
+HANG_LATER = SEGFAULT_LATER.replace("import ctypes\n", "import time\n").replace(
+    "ctypes.string_at(0)", "time.sleep(3600)")
+
+
+@pytest.mark.parametrize("source, check", [(SEGFAULT_LATER, "segfault"), (HANG_LATER, "hang")],
+                         ids=["segfault", "hang"])
+def test_the_gate_carries_on_past_a_crash_in_a_worker_and_saves_it(tmp_path, source, check):
+    """Over --workers, a worker's crash or hang ends that campaign (its pool's other workers are
+    stopped with it) and the gate goes on to the next one: it prints its whole table and exits 1,
+    and the crash is saved after it. A worker stopped with the pool mid-call is no finding: every
+    file saved records a case the kernel really fails on."""
+    (tmp_path / "odd.py").write_text(source)
+    done, _ = fuzzattn("gate", "--impl", "odd.py:ODD_KEYS", "--allow-empty", "--budget", 20,
+                       "--workers", 2, "--timeout", TIMEOUT, "--regressions-dir", "reg", cwd=tmp_path)
+    out = done.stdout + done.stderr
+    assert done.returncode == 1, out
+    assert re.search(r"fuzz\s+odd_keys float32\s+error\s.*a worker process died", out), out
+    assert re.search(r"fuzz\s+torch_tiled float32\s+ok", out), out         # fuzzed after it
+    assert "gate FAILED" in out and out.index("gate FAILED") < out.index("regression file:"), out
+    assert f"odd_keys {check}:" in out, out
+    records = saved(tmp_path / "reg")
+    assert records and all(r["check"] == check for r in records), records
+    for record in records:                  # the kernel fails exactly on these cases
+        assert record["case"]["seq_q"] >= 3 and record["case"]["seq_k"] % 2 == 1, record
+    assert leftovers(str(tmp_path)) == []
+
+
 # -- a device fault surfacing after the call ------------------------------------------------------
 FAULT = "AcceleratorError: CUDA error: misaligned address"
 

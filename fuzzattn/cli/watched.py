@@ -8,6 +8,8 @@ campaign is then shrunk by running that campaign again isolated (each case in a 
 a hang is kept as found, since every try of a shrink would wait out the deadline. With
 --keep-going the whole command then runs again isolated, so that every campaign finishes.
 `mutants` always does so, saving and shrinking nothing: a mutant's crash is its kill.
+`gate` carries on past a crash in one of its worker processes (CARRY_ON): it prints its whole
+table, then each crash is saved and shrunk.
 
 FUZZATTN_SUPERVISE=off runs the command in this process (a crash then ends the run), as
 `fuzzattn.cli.main(argv)` always does.
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import builtins
 import functools
+import json
 import os
 import shutil
 import sys
@@ -23,6 +26,10 @@ import tempfile
 from pathlib import Path
 
 WATCHED = ("fuzz", "gate", "mutants", "replay", "explain")
+# Commands that carry on past a crash in one of their --workers processes: the pool starts new
+# ones, the command prints its whole table, and every crash is saved (and shrunk) after it.
+# A crash of the command's own process still ends it.
+CARRY_ON = ("gate",)
 OFF_ENV = "FUZZATTN_SUPERVISE"
 SHRINK_SECONDS = 120.0      # the most an isolated shrink of a found crash may take
 
@@ -48,7 +55,9 @@ def console_main(argv=None) -> int:
         return exc.code if isinstance(exc.code, int) else 0
     if args.command not in WATCHED:
         return main(argv)
-    ending = watchdog.run_watched(command(argv), timeout=_watch_timeout(args))
+    carry_on = args.command in CARRY_ON
+    ending = watchdog.run_watched(command(argv), timeout=_watch_timeout(args),
+                                  stop_at_first=not carry_on)
     crash = ending.crash
     if crash is None:
         if ending.died:
@@ -57,12 +66,26 @@ def console_main(argv=None) -> int:
         return ending.returncode
     if args.command == "mutants" and "--isolate" not in argv:
         return _mutants_again_isolated(crash, argv, args)
-    written = save_crash(crash, args)
-    if crash.check != "hang" and crash.record.get("context"):
-        shrink(crash, written)
-    if getattr(args, "keep_going", False):
+    for crash in (_distinct(ending.crashes) if carry_on else [crash]):
+        written = save_crash(crash, args)
+        if crash.check != "hang" and crash.record.get("context"):
+            shrink(crash, written)
+    from fuzzattn.platform.flight import DEVICE_FAULT_EXIT
+    ended_itself = ending.returncode >= 0 and ending.returncode != DEVICE_FAULT_EXIT
+    if getattr(args, "keep_going", False) and not (carry_on and ended_itself):
         return max(1, _again_isolated(argv, args, "fuzzattn: carrying on, isolated"))
     return 1
+
+
+def _distinct(crashes: list) -> list:
+    """One crash per implementation and case, in the order seen."""
+    seen, kept = set(), []
+    for crash in crashes:
+        key = (crash.record.get("impl"), json.dumps(crash.record.get("case"), sort_keys=True))
+        if key not in seen:
+            seen.add(key)
+            kept.append(crash)
+    return kept
 
 
 def _again_isolated(argv: list[str], args, why: str) -> int:

@@ -148,6 +148,8 @@ def _start(watched: bool, gpus: list[str], counter, counts, n: int = 1) -> None:
         os.environ["CUDA_VISIBLE_DEVICES"] = gpus[index % len(gpus)]
     # ^C on a terminal reaches the whole process group: the parent stops the workers itself
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if watched:
+        signal.signal(signal.SIGTERM, _stopped)
     settings.choose_backend()
     settings.check_environment()
     threads = settings.threads_per_process(n)
@@ -160,6 +162,17 @@ def _start(watched: bool, gpus: list[str], counter, counts, n: int = 1) -> None:
     import fuzzattn.kernels  # noqa: F401  (spawned: the registry's imports, its GPU's probes)
     _picklable_counterexamples()
     _counts = counts
+
+
+def _stopped(signum, _frame) -> None:
+    """SIGTERM in a watched worker: the pool stops its workers when one of them died (a broken
+    ProcessPoolExecutor terminates the rest). Their calls in flight are not crashes: the record
+    says so before the process ends, or the watchdog would save each as a segfault."""
+    from fuzzattn.platform import flight
+    recorder = flight.recorder()
+    if recorder is not None:
+        recorder.abandon()
+    os._exit(128 + signum)
 
 
 def _ready(counter, n: int, limit: float) -> int:
@@ -345,18 +358,23 @@ class Pool:
         while concurrent.futures.wait(futures, timeout=POLL).not_done:
             tick(None)
         progress.clear()
-        parts, problems = [], []
+        parts, problems, lost = [], [], []
         for share, future in zip(shares, futures):
             try:
                 parts.append(future.result())
             except concurrent.futures.process.BrokenProcessPool:
-                from fuzzattn.platform import flight
-                self.close(now=True)
-                problems.append(f"worker {share.slot} (hypothesis seed {share.hypothesis_seed}) died"
-                                + (": the watchdog saves its case" if flight.watched_here() else
-                                   "; run the fuzzattn command (watched) or --isolate to keep its case"))
+                lost.append(share)
             except Exception as exc:        # e.g. the implementation could not be loaded there
                 problems.append(f"worker {share.slot}: {type(exc).__name__}: {common.one_line(exc)}")
+        if lost:
+            # One death breaks the whole executor: every unfinished share is lost with it.
+            from fuzzattn.platform import flight
+            self.close(now=True)
+            problems.insert(0, f"a worker process died, and {len(lost)} of {n} shares with it "
+                               f"(hypothesis seeds {', '.join(str(s.hypothesis_seed) for s in lost)})"
+                               + (": the watchdog saves the case it was judging" if flight.watched_here()
+                                  else "; run the fuzzattn command (watched) or --isolate to keep "
+                                       "its case"))
         return merged.merge(stage, label, parts, problems, time.perf_counter() - start,
                      max_examples=max_examples, seconds=seconds)
 

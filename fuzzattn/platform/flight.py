@@ -125,6 +125,11 @@ class Recorder:
         struct.pack_into("<d", self._map, _DEADLINE_AT, 0.0)
         self.speeds.note(impl.name, case, time.monotonic() - self._started)
 
+    def abandon(self) -> None:
+        """The call in flight, if any, is no longer this process's to finish (it is being
+        stopped): its ending is not a finding."""
+        struct.pack_into("<d", self._map, _DEADLINE_AT, 0.0)
+
     def device_fault(self, impl, case, stage: str, summary: str) -> None:
         """Record that this call faulted the GPU, and end the process: its CUDA context is lost,
         and the supervisor saves the case and carries on in a fresh one."""
