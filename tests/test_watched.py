@@ -338,10 +338,12 @@ def test_the_gate_carries_on_past_a_crash_in_a_worker_and_saves_it(tmp_path, sou
     """Over --workers, a worker's crash or hang ends that campaign (its pool's other workers are
     stopped with it) and the gate goes on to the next one: it prints its whole table and exits 1,
     and the crash is saved after it. A worker stopped with the pool mid-call is no finding: every
-    file saved records a case the kernel really fails on."""
+    file saved records a case the kernel really fails on. On the CPU wherever it runs, as
+    test_keep_going_carries_on_isolated_after_a_crash (a worker's death on CUDA: test_workers.py)."""
     (tmp_path / "odd.py").write_text(source)
     done, _ = fuzzattn("gate", "--impl", "odd.py:ODD_KEYS", "--allow-empty", "--budget", 20,
-                       "--workers", 2, "--timeout", TIMEOUT, "--regressions-dir", "reg", cwd=tmp_path)
+                       "--workers", 2, "--timeout", TIMEOUT, "--regressions-dir", "reg", cwd=tmp_path,
+                       env={"CUDA_VISIBLE_DEVICES": ""})
     out = done.stdout + done.stderr
     assert done.returncode == 1, out
     assert re.search(r"fuzz\s+odd_keys float32\s+error\s.*a worker process died", out), out

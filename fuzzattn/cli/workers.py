@@ -148,8 +148,8 @@ def _start(watched: bool, gpus: list[str], counter, counts, n: int = 1) -> None:
         os.environ["CUDA_VISIBLE_DEVICES"] = gpus[index % len(gpus)]
     # ^C on a terminal reaches the whole process group: the parent stops the workers itself
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    if watched:
-        signal.signal(signal.SIGTERM, _stopped)
+    if watched:     # a broken pool terminates its other workers: their calls are no findings
+        flight.abandon_on_sigterm()
     settings.choose_backend()
     settings.check_environment()
     threads = settings.threads_per_process(n)
@@ -162,17 +162,6 @@ def _start(watched: bool, gpus: list[str], counter, counts, n: int = 1) -> None:
     import fuzzattn.kernels  # noqa: F401  (spawned: the registry's imports, its GPU's probes)
     _picklable_counterexamples()
     _counts = counts
-
-
-def _stopped(signum, _frame) -> None:
-    """SIGTERM in a watched worker: the pool stops its workers when one of them died (a broken
-    ProcessPoolExecutor terminates the rest). Their calls in flight are not crashes: the record
-    says so before the process ends, or the watchdog would save each as a segfault."""
-    from fuzzattn.platform import flight
-    recorder = flight.recorder()
-    if recorder is not None:
-        recorder.abandon()
-    os._exit(128 + signum)
 
 
 def _ready(counter, n: int, limit: float) -> int:

@@ -199,6 +199,20 @@ def recorder() -> Recorder | None:
     return _recorder
 
 
+def abandon_on_sigterm() -> None:
+    """In a worker of a watched process's pool: SIGTERM marks the call in flight abandoned, then
+    ends the process. A ProcessPoolExecutor whose worker died terminates all the others; their
+    calls are not crashes, and the watchdog would otherwise save each as a segfault."""
+    import signal
+
+    def stopped(signum, _frame):
+        rec = recorder()
+        if rec is not None:
+            rec.abandon()
+        os._exit(128 + signum)
+    signal.signal(signal.SIGTERM, stopped)
+
+
 def set_context(**context) -> None:
     """Name the campaign in progress in every later record (how the supervisor shrinks a case)."""
     rec = recorder()
