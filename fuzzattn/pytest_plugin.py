@@ -160,6 +160,8 @@ def pytest_configure(config):
     except (settings.BackendError, ValueError) as exc:
         raise pytest.UsageError(str(exc)) from None
     _pin_worker_gpu()
+    from fuzzattn.platform import compile_pools
+    compile_pools.release_at_exit()
     threads = settings.threads_per_process(int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1))
     if os.environ.get("PYTEST_XDIST_WORKER") and threads:
         import torch

@@ -38,8 +38,9 @@ def console_main(argv=None) -> int:
     from fuzzattn.cli import build_parser, main
     from fuzzattn.cli.common import CLIError, one_line
     from fuzzattn.isolation import watchdog
-    from fuzzattn.platform import flight
+    from fuzzattn.platform import compile_pools, flight
 
+    compile_pools.release_at_exit()
     argv = list(sys.argv[1:] if argv is None else argv)
     if flight.watched_here():
         watchdog.install_fault_log()

@@ -136,7 +136,7 @@ def _start(watched: bool, gpus: list[str], counter, counts, n: int = 1) -> None:
     fuzzattn.cli.main (Triton backend, warning filters), and its share of the CPU's threads."""
     global _counts
     from fuzzattn import settings
-    from fuzzattn.platform import flight
+    from fuzzattn.platform import compile_pools, flight
     if watched:
         from fuzzattn.isolation import watchdog
         flight.adopt()
@@ -150,6 +150,7 @@ def _start(watched: bool, gpus: list[str], counter, counts, n: int = 1) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if watched:     # a broken pool terminates its other workers: their calls are no findings
         flight.abandon_on_sigterm()
+    compile_pools.release_at_exit()
     settings.choose_backend()
     settings.check_environment()
     threads = settings.threads_per_process(n)
