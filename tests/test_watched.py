@@ -156,6 +156,7 @@ def test_a_segfault_is_saved_then_shrunk_isolated(tmp_path):
     assert done.returncode == 1, out
     assert "segfault: the process died with SIGSEGV at odd.py:8 in attention" in out, out
     assert "shrinking the segfault isolated" in out and "shrunk to" in out, out
+    assert "--database off" in out.split("shrinking the segfault isolated")[1].splitlines()[0], out
     [record] = saved(tmp_path / "reg")                  # the shrunk case replaced the found one
     assert record["check"] == "segfault"
     case = record["case"]
