@@ -78,13 +78,7 @@ def _kill_tree(pid: int) -> None:
 
 
 def _children(pid: int) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
-        if entry.isdigit():
-            try:
-                stat = open(f"/proc/{entry}/stat").read()
-            except OSError:
-                continue
-            if int(stat.rsplit(") ", 1)[1].split()[1]) == pid:
-                found.append(int(entry))
-    return found
+    from fuzzattn.platform.flight import parent_of
+    if not os.path.isdir("/proc"):
+        return []
+    return [int(entry) for entry in os.listdir("/proc") if entry.isdigit() and parent_of(int(entry)) == pid]

@@ -154,7 +154,8 @@ _checked_pid: int | None = None
 _adopted: int | None = None      # this process's pid once a watched parent vouched for it
 
 
-def _parent_of(pid: int) -> int | None:
+def parent_of(pid: int) -> int | None:
+    """The parent process of `pid` (Linux /proc), or None."""
     try:
         return int(open(f"/proc/{pid}/stat").read().rsplit(") ", 1)[1].split()[1])
     except (OSError, ValueError, IndexError):
@@ -183,7 +184,7 @@ def watched_here() -> bool:
     parent = os.getppid()
     if parent == watcher:
         return True
-    return bool(os.environ.get("PYTEST_XDIST_WORKER")) and _parent_of(parent) == watcher
+    return bool(os.environ.get("PYTEST_XDIST_WORKER")) and parent_of(parent) == watcher
 
 
 def recorder() -> Recorder | None:
