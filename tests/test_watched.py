@@ -169,6 +169,9 @@ def test_a_segfault_is_saved_then_shrunk_isolated(tmp_path):
 
 
 def test_keep_going_carries_on_isolated_after_a_crash(tmp_path):
+    """The crash is shrunk once, by the isolated run that carries on (each try that crashes
+    restarts a worker), and its shrunk file is the one file kept: the case as found, saved by
+    the watched run, is removed."""
     (tmp_path / "odd.py").write_text(SEGFAULT_LATER)
     done, _ = fuzzattn("fuzz", "--impl", "odd.py:ODD_KEYS", "--impl", "sdpa", "--dtype", "float32",
                        "--max-examples", 20, "--regressions-dir", "reg", "--keep-going",
@@ -176,9 +179,13 @@ def test_keep_going_carries_on_isolated_after_a_crash(tmp_path):
     out = done.stdout + done.stderr
     assert done.returncode == 1, out
     assert "carrying on, isolated" in done.stderr
+    assert "shrinking the segfault isolated" not in out, out
     table = done.stdout.split("fuzzattn fuzz: profile=")[-1]      # the isolated run's table
     assert table.splitlines()[0].endswith("isolated"), table
     assert re.search(r"odd_keys\s+float32\s+FAIL", table) and re.search(r"sdpa\s+float32\s+ok", table)
+    [record] = saved(tmp_path / "reg")
+    case = record["case"]
+    assert record["check"] == "segfault" and (case["seq_q"], case["seq_k"] % 2) == (3, 1), record
 
 
 @pytest.mark.parametrize("signum, status", [(2, 130), (15, 143)], ids=["SIGINT", "SIGTERM"])

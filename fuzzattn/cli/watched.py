@@ -67,15 +67,46 @@ def console_main(argv=None) -> int:
         return ending.returncode
     if args.command == "mutants" and "--isolate" not in argv:
         return _mutants_again_isolated(crash, argv, args)
-    for crash in (_distinct(ending.crashes) if carry_on else [crash]):
-        written = save_crash(crash, args)
-        if crash.check != "hang" and crash.record.get("context"):
-            shrink(crash, written)
     from fuzzattn.platform.flight import DEVICE_FAULT_EXIT
     ended_itself = ending.returncode >= 0 and ending.returncode != DEVICE_FAULT_EXIT
-    if getattr(args, "keep_going", False) and not (carry_on and ended_itself):
-        return max(1, _again_isolated(argv, args, "fuzzattn: carrying on, isolated"))
+    again = getattr(args, "keep_going", False) and not (carry_on and ended_itself)
+    saved = [(crash, save_crash(crash, args))
+             for crash in (_distinct(ending.crashes) if carry_on else [crash])]
+    if again:
+        # The isolated run reaches the same crash from the same seed and shrinks it there: a
+        # shrink here first would pay every crash's worker restart twice.
+        before = _saved_files(saved)
+        status = _again_isolated(argv, args, "fuzzattn: carrying on, isolated")
+        _drop_superseded(saved, before)
+        return max(1, status)
+    for crash, written in saved:
+        if crash.check != "hang" and crash.record.get("context"):
+            shrink(crash, written)
     return 1
+
+
+def _saved_files(saved: list) -> set:
+    return {path for _, written in saved if written is not None
+            for path in Path(written.path).parent.glob("*.json")}
+
+
+def _drop_superseded(saved: list, before: set) -> None:
+    """Remove a crash's file as found once the isolated run has saved its own (shrunk) file for
+    the same implementation and check: one file per defect."""
+    from fuzzattn.campaigns.regression_file import RegressionFileError, display_path, load
+    for crash, written in saved:
+        if written is None or not written.new:
+            continue
+        for path in sorted(set(Path(written.path).parent.glob("*.json")) - before):
+            try:
+                record = load(path)
+            except RegressionFileError:
+                continue
+            if record.impl == crash.record.get("impl") and record.check == crash.check:
+                Path(written.path).unlink(missing_ok=True)
+                print(f"fuzzattn: the isolated run saved the {crash.check} shrunk, "
+                      f"{display_path(path)}, in place of {display_path(written.path)}", flush=True)
+                break
 
 
 def _distinct(crashes: list) -> list:
