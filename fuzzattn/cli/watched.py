@@ -6,10 +6,11 @@ is written as a regression file with the verdict segfault / device_fault / hang,
 the replay command are printed, and the exit status is 1. A segfault or device fault found by a
 campaign is then shrunk by running that campaign again isolated (each case in a worker process);
 a hang is kept as found, since every try of a shrink would wait out the deadline. With
---keep-going the whole command then runs again isolated, so that every campaign finishes.
+--keep-going the whole command runs again isolated instead, so that every campaign finishes; that
+run shrinks the crash, and its shrunk file replaces the case as found.
 `mutants` always does so, saving and shrinking nothing: a mutant's crash is its kill.
-`gate` carries on past a crash in one of its worker processes (CARRY_ON): it prints its whole
-table, then each crash is saved and shrunk.
+`fuzz` and `gate` carry on past a crash in one of their worker processes (CARRY_ON): each prints
+its whole table, then every distinct crash is saved and shrunk.
 
 FUZZATTN_SUPERVISE=off runs the command in this process (a crash then ends the run), as
 `fuzzattn.cli.main(argv)` always does.
@@ -29,7 +30,7 @@ WATCHED = ("fuzz", "gate", "mutants", "replay", "explain")
 # Commands that carry on past a crash in one of their --workers processes: the pool starts new
 # ones, the command prints its whole table, and every crash is saved (and shrunk) after it.
 # A crash of the command's own process still ends it.
-CARRY_ON = ("gate",)
+CARRY_ON = ("fuzz", "gate")
 OFF_ENV = "FUZZATTN_SUPERVISE"
 SHRINK_SECONDS = 120.0      # the most an isolated shrink of a found crash may take
 
