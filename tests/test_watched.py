@@ -332,6 +332,9 @@ def test_the_gate_saves_a_crash_or_a_hang_with_no_flag(tmp_path, spec, check, de
     assert leftovers(str(tmp_path)) == []
 
 
+_FAILS_ON = "q.shape[2] >= 3 and k.shape[2] % 2 == 1"      # where SEGFAULT_LATER crashes
+assert _FAILS_ON in SEGFAULT_LATER
+
 # Sleeps forever where SEGFAULT_LATER crashes: past the probe, so the hang is met by a worker.
 HANG_LATER = SEGFAULT_LATER.replace("import ctypes\n", "import time\n").replace(
     "ctypes.string_at(0)", "time.sleep(3600)")
@@ -347,8 +350,9 @@ def test_the_gate_carries_on_past_a_crash_in_a_worker_and_saves_it(tmp_path, sou
     """Over --workers, a worker's crash or hang ends that campaign (its pool's other workers are
     stopped with it) and the gate goes on to the next one: it prints its whole table and exits 1,
     and the crash is saved after it. A worker stopped with the pool mid-call is no finding: every
-    file saved records a case the kernel really fails on."""
-    (tmp_path / "odd.py").write_text(source)
+    file saved records a case the kernel really fails on. The kernel fails on every case but the
+    probe's: a GPU host under load judged one case of its ~2 s share, passing."""
+    (tmp_path / "odd.py").write_text(source.replace(_FAILS_ON, "(q.shape[2], k.shape[2]) != (16, 16)"))
     deadline = ["--timeout", TIMEOUT] if check == "hang" else []
     done, _ = fuzzattn("gate", "--impl", "odd.py:ODD_KEYS", "--allow-empty", "--budget", 40,
                        "--workers", 2, *deadline, "--regressions-dir", "reg", cwd=tmp_path)
@@ -361,7 +365,7 @@ def test_the_gate_carries_on_past_a_crash_in_a_worker_and_saves_it(tmp_path, sou
     records = saved(tmp_path / "reg")
     assert records and all(r["check"] == check and r["impl"] == "odd_keys" for r in records), records
     for record in records:                  # the kernel fails exactly on these cases
-        assert record["case"]["seq_q"] >= 3 and record["case"]["seq_k"] % 2 == 1, record
+        assert (record["case"]["seq_q"], record["case"]["seq_k"]) != (16, 16), record
     assert leftovers(str(tmp_path)) == []
 
 
