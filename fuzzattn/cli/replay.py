@@ -94,7 +94,6 @@ class ReplayTask:
     env: dict
 
 
-_subjects: dict = {}        # a worker's resolved subjects, by (only_given, given, isolation)
 _isolated = None            # a worker's isolated judges, kept across its tasks
 
 
@@ -104,15 +103,13 @@ def replay_task(task: ReplayTask) -> list[Outcome]:
     from multiprocessing import util
     from fuzzattn.isolation.pool import DEFAULT_TIMEOUT, WorkerPool
     workers.adopt(task.cwd, task.env)
-    key = (task.only_given, task.given, task.probe_isolated, task.timeout)
-    if key not in _subjects:
-        given = [common.resolve(spec, task.probe_isolated, task.timeout) for spec in task.given]
-        _subjects[key] = ([] if task.only_given else common.registered()) + given
+    given = [workers.resolved(spec, task.probe_isolated, task.timeout) for spec in task.given]
+    subjects = ([] if task.only_given else common.registered()) + given
     if _isolated is None:
         _isolated = WorkerPool(task.timeout or DEFAULT_TIMEOUT)
         # run as the worker exits, before its daemonic children are ended: their logs go too
         util.Finalize(None, _isolated.close, exitpriority=10)
-    return _replay_all([Path(task.path)], _subjects[key], only_given=task.only_given,
+    return _replay_all([Path(task.path)], subjects, only_given=task.only_given,
                        progress=_Silent(), pool=_isolated, isolate=task.isolate, outcomes=[])
 
 

@@ -24,6 +24,7 @@ import argparse
 import concurrent.futures
 import contextlib
 import dataclasses
+import functools
 import multiprocessing
 import os
 import signal
@@ -207,7 +208,8 @@ def adopt(cwd: str, env: dict) -> None:
         os.environ["CUDA_VISIBLE_DEVICES"] = gpu
 
 
-_loaded: dict = {}      # this worker's implementations, by (spec, isolate, timeout)
+# A worker's implementations, each loaded (imported, probed) once for all of its tasks.
+resolved = functools.cache(common.resolve)
 
 
 def _run_share(share: Share) -> Outcome:
@@ -215,11 +217,9 @@ def _run_share(share: Share) -> Outcome:
     picked_up = time.monotonic()
     adopt(share.cwd, share.env)
     profile = common.load_profile(share.profile)
-    # Loading is start-up, as the pool's is: the share runs for what was left of it when it was
-    # picked up, from when the implementation is ready (a GPU host under load once took 10 s to
-    # import and probe an outside kernel, past its 2 s gate share, which then judged nothing).
-    key = (share.spec, share.isolate, share.timeout)
-    impl = _loaded.get(key) or _loaded.setdefault(key, common.resolve(*key))
+    # Loading is start-up, as the pool's: the share runs from when the implementation is ready (a
+    # loaded GPU host took 10 s to load an outside kernel, past its 2 s gate share: no case judged).
+    impl = resolved(share.spec, share.isolate, share.timeout)
     seconds = None if share.deadline is None else max(share.deadline - picked_up, 0.01)
     database = example_db.open_database(share.database) if share.database else None
     outcome = common.run_campaign(
