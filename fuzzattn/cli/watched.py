@@ -87,27 +87,31 @@ def console_main(argv=None) -> int:
 
 
 def _saved_files(saved: list) -> set:
+    from fuzzattn.campaigns.regression_file import discover
     return {path for _, written in saved if written is not None
-            for path in Path(written.path).parent.glob("*.json")}
+            for path in discover(Path(written.path).parent)}
 
 
 def _drop_superseded(saved: list, before: set) -> None:
     """Remove a crash's file as found once the isolated run has saved its own (shrunk) file for
     the same implementation and check: one file per defect."""
-    from fuzzattn.campaigns.regression_file import RegressionFileError, display_path, load
+    from fuzzattn.campaigns.regression_file import display_path
     for crash, written in saved:
         if written is None or not written.new:
             continue
-        for path in sorted(set(Path(written.path).parent.glob("*.json")) - before):
-            try:
-                record = load(path)
-            except RegressionFileError:
-                continue
-            if record.impl == crash.record.get("impl") and record.check == crash.check:
-                Path(written.path).unlink(missing_ok=True)
-                print(f"fuzzattn: the isolated run saved the {crash.check} shrunk, "
-                      f"{display_path(path)}, in place of {display_path(written.path)}", flush=True)
-                break
+        shrunk = [path for path, _ in _same_defect(Path(written.path).parent, crash) if path not in before]
+        if shrunk:
+            Path(written.path).unlink(missing_ok=True)
+            print(f"fuzzattn: the isolated run saved the {crash.check} shrunk, "
+                  f"{display_path(shrunk[0])}, in place of {display_path(written.path)}", flush=True)
+
+
+def _same_defect(directory, crash) -> list:
+    """(path, record) of each readable regression file of `directory` that records `crash`'s
+    implementation and check."""
+    from fuzzattn.campaigns.regression_file import loadable
+    return [(path, record) for path, record in loadable(directory)
+            if record.impl == crash.record.get("impl") and record.check == crash.check]
 
 
 def _distinct(crashes: list) -> list:
@@ -195,7 +199,7 @@ def shrink(crash, written) -> None:
     just written when it records the same check. With no example database: the default one
     beside the scratch directory is /tmp's, shared by every shrink on the machine, and its
     saved cases, replayed first, left a shrink at Nq=17 where the seed alone reaches Nq=3."""
-    from fuzzattn.campaigns.regression_file import RegressionFileError, display_path, load
+    from fuzzattn.campaigns.regression_file import display_path
     from fuzzattn.isolation import watchdog
     context = crash.record["context"]
     scratch = tempfile.mkdtemp(prefix="fuzzattn-shrink-")
@@ -211,13 +215,7 @@ def shrink(crash, written) -> None:
         print(f"fuzzattn: shrinking the {crash.check} isolated: fuzzattn {' '.join(argv)}",
               flush=True)
         done = watchdog.run_watched(command(argv), limit=SHRINK_SECONDS, quiet=True)
-        found = []
-        for path in Path(scratch).glob("*.json"):
-            try:
-                found.append((path, load(path)))
-            except RegressionFileError:
-                pass
-        same = [(p, r) for p, r in found if r.check == crash.check]
+        same = _same_defect(scratch, crash)
         if done.limit or not same or written is None:
             print(f"fuzzattn: the {crash.check} was not shrunk; the case as found is kept", flush=True)
             return
