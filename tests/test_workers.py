@@ -170,6 +170,18 @@ def attention(q, k, v, *, causal, scale):
 """
 
 
+@pytest.mark.parametrize("gpus", [[], ["0"]], ids=["fork-server", "spawned-as-on-a-cuda-host"])
+def test_every_worker_is_up_before_a_campaigns_clock_starts(monkeypatch, gpus):
+    """Each worker runs one start-up task and waits at the pool's barrier: a campaign's deadline
+    is set only once every process has set itself up. (Spawned workers on a CUDA host take ~10 s
+    to start; a share's deadline that passed during it judged no case.)"""
+    monkeypatch.setattr(workers, "visible_gpus", lambda: gpus)
+    with workers.Pool(2) as pool:
+        pool.start()
+        processes = set(pool._executor._processes)
+        assert sorted(pool.ready_pids) == sorted(processes) and len(processes) == 2, pool.ready_pids
+
+
 def test_a_workers_time_to_load_an_outside_kernel_is_not_its_share(capsys, tmp_path):
     """A share's clock starts once its worker has the implementation: a campaign of 4 s over
     workers that each import the kernel for 6 s still judges cases (it judged none when the

@@ -10,13 +10,12 @@ progress line, merges the parts into one Outcome, and lists each distinct failur
 workers that shrink to the same case share its regression file). The "found by" command of a
 failure reruns the one worker that found it, in one process.
 
-The processes come from concurrent.futures.ProcessPoolExecutor, started once per command and
-reused by every campaign: by a fork server that has imported fuzzattn on a machine without CUDA
-(a worker starts in a fraction of a second), by spawn where CUDA is visible (a process that has
-touched CUDA cannot fork). Each worker on a CUDA host sees one GPU (CUDA_VISIBLE_DEVICES, round
-robin over the visible ones). Under the watchdog (fuzzattn/cli/watched.py) each worker keeps its
-own flight record (flight.adopt), so a worker that dies or hangs is a segfault / hang verdict with
-its case saved and shrunk, as in one process.
+The processes come from concurrent.futures.ProcessPoolExecutor, started once per command (every
+worker up before the first campaign's clock) and reused by every campaign: by a fork server that
+has imported fuzzattn on a machine without CUDA, by spawn where CUDA is visible (a process that
+has touched CUDA cannot fork; ~10 s a start on the H200). Each worker on a CUDA host sees one GPU,
+round robin. Under the watchdog (fuzzattn/cli/watched.py) each worker keeps its own flight record
+(flight.adopt): a worker that dies or hangs is a segfault / hang verdict, its case saved and shrunk.
 """
 from __future__ import annotations
 
@@ -28,21 +27,20 @@ import functools
 import multiprocessing
 import os
 import signal
+import threading
 import time
 import warnings
+from concurrent.futures.process import BrokenProcessPool as _Broken
 
 from fuzzattn.campaigns.outcome import Outcome
 from fuzzattn.cli import common, merged
 
-# --workers auto on a CUDA host: worker processes per visible GPU, at most one per core. One
-# process leaves the GPU idle while it draws, materialises and judges on the host; several overlap
-# those host phases with each other's kernels. `python benchmarks/throughput.py --cli-workers 4,16`
-# (sdpa fp32, gpu profile, 30 s each) on one H200 with 16 cores, 2026-12-02: 1 worker 52.2
-# cases/s, 4 workers 126.9, 16 workers 282.5 (benchmarks/REPORT.md).
+# --workers auto on a CUDA host: processes per visible GPU (at most one per core); several overlap
+# their host phases with each other's kernels. benchmarks/throughput.py --cli-workers 4,16 (sdpa
+# fp32, 30 s) on one H200, 2026-12-02: 1 worker 52.2 cases/s, 4 workers 126.9, 16 workers 282.5.
 PER_GPU = 16
-# --workers auto on a machine without CUDA: one process per core, at most this many (judging is
-# single-threaded per process; past a handful of cores the fork server's start-up and the
-# per-worker shrink of a shared failure cost more than they return).
+# --workers auto without CUDA: one process per core up to this (past a handful, the fork server's
+# start-up and each worker's shrink of a shared failure cost more than they return).
 CPU_CAP = 8
 POLL = 0.1              # seconds between looks at the workers (and progress redraws)
 START_LIMIT = 300.0     # seconds a worker waits for the others to start (CUDA, imports)
@@ -130,12 +128,13 @@ class Share:
 
 # -- the worker side ----------------------------------------------------------------------------
 _counts = None          # the pool's shared counters: judged and refused per slot
+_all_up = None          # the pool's barrier: every worker's start-up task waits at it
 
 
-def _start(watched: bool, gpus: list[str], counter, counts, n: int = 1) -> None:
+def _start(watched: bool, gpus: list[str], counter, counts, all_up, n: int = 1) -> None:
     """Each worker's set-up: the watchdog's flight record, its GPU, the judging settings of
     fuzzattn.cli.main (Triton backend, warning filters), and its share of the CPU's threads."""
-    global _counts
+    global _counts, _all_up
     from fuzzattn import settings
     from fuzzattn.platform import compile_pools, flight
     if watched:
@@ -163,15 +162,14 @@ def _start(watched: bool, gpus: list[str], counter, counts, n: int = 1) -> None:
                             category=DeprecationWarning)
     import fuzzattn.kernels  # noqa: F401  (spawned: the registry's imports, its GPU's probes)
     _picklable_counterexamples()
-    _counts = counts
+    _counts, _all_up = counts, all_up
 
 
-def _ready(counter, n: int, limit: float) -> int:
-    """Hold this worker until all n have started (so each of the n start-up tasks has its own
-    process, and every process is up before a campaign's clock starts)."""
-    give_up = time.monotonic() + limit
-    while counter.value < n and time.monotonic() < give_up:
-        time.sleep(0.01)
+def _ready(limit: float) -> int:
+    """Hold this worker until every worker has set itself up (each of the n start-up tasks has
+    its own process); its pid. The barrier comes through the initializer, not in a task."""
+    with contextlib.suppress(threading.BrokenBarrierError):    # one did not start: its death
+        _all_up.wait(limit)                                      # is the campaign's to report
     # one case judged before any campaign's clock: a forked worker's first judgement pays for
     # the pages it shares with the fork server, a spawned one's for torch's lazy set-up
     from fuzzattn.isolation import preload
@@ -217,8 +215,7 @@ def _run_share(share: Share) -> Outcome:
     picked_up = time.monotonic()
     adopt(share.cwd, share.env)
     profile = common.load_profile(share.profile)
-    # Loading is start-up, as the pool's: the share runs from when the implementation is ready (a
-    # loaded GPU host took 10 s to load an outside kernel, past its 2 s gate share: no case judged).
+    # Loading is start-up, as the pool's: the share's clock starts once the implementation is ready.
     impl = resolved(share.spec, share.isolate, share.timeout)
     seconds = None if share.deadline is None else max(share.deadline - picked_up, 0.01)
     database = example_db.open_database(share.database) if share.database else None
@@ -258,6 +255,7 @@ class Pool:
         self.n = n
         self.progress = progress
         self.startup_seconds = 0.0
+        self.ready_pids: list[int] = []     # the workers that finished start-up, one task each
         self._executor = None
         self._gpus: list[str] = []
 
@@ -276,16 +274,18 @@ class Pool:
             self._counter = context.Value("i", 0)
             self._executor = concurrent.futures.ProcessPoolExecutor(
                 self.n, mp_context=context, initializer=_start,
-                initargs=(flight.watched_here(), self._gpus, self._counter, self._counts, self.n))
+                initargs=(flight.watched_here(), self._gpus, self._counter, self._counts,
+                          context.Barrier(self.n), self.n))
             if self.progress is not None:
                 self.progress.status(f"starting {self.n} worker processes")
             from fuzzattn.isolation.starting import main_module_hidden
             started = time.perf_counter()
             with main_module_hidden():     # spawn: a script's __main__ is not run again
-                up = [self._executor.submit(_ready, self._counter, self.n, START_LIMIT)
-                      for _ in range(self.n)]
+                up = [self._executor.submit(_ready, START_LIMIT) for _ in range(self.n)]
             concurrent.futures.wait(up)
             self.startup_seconds = time.perf_counter() - started
+            # a worker that died starting is the first campaign's to report; anything else is ours
+            self.ready_pids = [f.result() for f in up if not isinstance(f.exception(), _Broken)]
         return self._executor
 
     def start(self) -> None:
@@ -321,7 +321,7 @@ class Pool:
             for future in done:
                 try:
                     results[futures[future]] = future.result()
-                except concurrent.futures.process.BrokenProcessPool:
+                except _Broken:
                     results[futures[future]], broken = DIED, True
                 except Exception as exc:
                     results[futures[future]] = exc
@@ -360,7 +360,7 @@ class Pool:
         for share, future in zip(shares, futures):
             try:
                 parts.append(future.result())
-            except concurrent.futures.process.BrokenProcessPool:
+            except _Broken:
                 lost.append(share)
             except Exception as exc:        # e.g. the implementation could not be loaded there
                 problems.append(f"worker {share.slot}: {type(exc).__name__}: {common.one_line(exc)}")
