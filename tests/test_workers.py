@@ -163,9 +163,12 @@ def test_two_workers_judge_one_campaign_in_one_row(capsys, tmp_path):
 
 SLOW_TO_LOAD = """
 import time
+import torch
 import torch.nn.functional as F
 time.sleep(6)                       # an outside kernel's import (a JIT build, say): in each worker
 def attention(q, k, v, *, causal, scale):
+    # fresh aligned copies: CUDA SDPA's backward faults on misaligned rows (kernels/sdpa_defects.py)
+    q, k, v = (t.clone(memory_format=torch.contiguous_format) for t in (q, k, v))
     return F.scaled_dot_product_attention(q, k, v, is_causal=bool(causal), scale=scale)
 """
 
