@@ -254,7 +254,6 @@ class Pool:
     def __init__(self, n: int, progress=None):
         self.n = n
         self.progress = progress
-        self.startup_seconds = 0.0
         self.ready_pids: list[int] = []     # the workers that finished start-up, one task each
         self._executor = None
         self._gpus: list[str] = []
@@ -279,11 +278,9 @@ class Pool:
             if self.progress is not None:
                 self.progress.status(f"starting {self.n} worker processes")
             from fuzzattn.isolation.starting import main_module_hidden
-            started = time.perf_counter()
             with main_module_hidden():     # spawn: a script's __main__ is not run again
                 up = [self._executor.submit(_ready, START_LIMIT) for _ in range(self.n)]
             concurrent.futures.wait(up)
-            self.startup_seconds = time.perf_counter() - started
             # a worker that died starting is the first campaign's to report; anything else is ours
             self.ready_pids = [f.result() for f in up if not isinstance(f.exception(), _Broken)]
         return self._executor
