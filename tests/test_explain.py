@@ -85,6 +85,14 @@ def test_a_file_that_kills_its_judge_is_explained_one_worker_per_variant(tmp_pat
     assert table["values=normal"][1] == "pass"
     assert table["causal=none"][1:3] == ["FAIL", "segfault"]      # the worker after a crash too
     assert done.stdout.strip().splitlines()[-1].startswith("passes when: values=normal")
+    # each variant was announced on stderr as it was judged, with the table's verdict
+    progress = [line for line in done.stderr.splitlines() if line.startswith("explain ")]
+    assert len(progress) == len(table), done.stderr
+    for number, line in enumerate(progress, 1):
+        head, changed_to, verdict = line.split("  ")[:3]
+        assert head == f"explain {number}/{len(table)}"
+        key = "-" if changed_to == "as recorded" else changed_to
+        assert verdict.split(" ")[0] == table[key][1], line
 
 
 def test_a_configuration_bug_is_explained_by_its_axis(capsys, tmp_path):
