@@ -38,7 +38,7 @@ from fuzzattn.cli import common, merged
 # --workers auto on a CUDA host: processes per visible GPU (at most one per core); several overlap
 # their host phases with each other's kernels. benchmarks/throughput.py --cli-workers (sdpa fp32,
 # 30 s) on one H200 with 16 cores, 2026-12-03: 1 worker 57-66 cases/s, 16 workers 564, 24 435,
-# 32 415: past one per core the workers' host work (every case judged with gradients) contends.
+# 32 415: past one worker a core the total falls.
 PER_GPU = 16
 # --workers auto without CUDA: one process per core up to this (past a handful, the fork server's
 # start-up and each worker's shrink of a shared failure cost more than they return).
