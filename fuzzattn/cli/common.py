@@ -304,13 +304,15 @@ def stopped_status(exc: BaseException) -> tuple[str, int]:
     return ("SIGTERM", 143) if isinstance(exc, Terminated) else ("SIGINT", 130)
 
 
+def print_after_table(outcomes) -> None:
+    """What follows every command's table: the notes on its campaigns, then each failure's details."""
+    for text in (tables.after_campaigns(outcomes), tables.failure_details(outcomes)):
+        if text:
+            print("\n" + text)
+
+
 def finish(outcomes, last_line: str) -> int:
     """The common ending of fuzz, replay and mutants: failure details, a total, the exit status."""
-    after = tables.after_campaigns(outcomes)
-    if after:
-        print("\n" + after)
-    details = tables.failure_details(outcomes)
-    if details:
-        print("\n" + details)
+    print_after_table(outcomes)
     print(f"\n{last_line}")
     return 0 if all(o.passed for o in outcomes) else 1

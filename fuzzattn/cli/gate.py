@@ -186,12 +186,7 @@ def run(args) -> int:
     for note in notes:
         print(note)
     print(tables.summary_table(outcomes))
-    after = tables.after_campaigns(outcomes)
-    if after:
-        print("\n" + after)
-    details = tables.failure_details(outcomes)
-    if details:
-        print("\n" + details)
+    common.print_after_table(outcomes)
     passed = all(o.passed for o in outcomes)
     print(f"\ngate {'passed' if passed else 'FAILED'}: {tables.totals(outcomes)} in {wall:.0f} s")
     if args.junit_xml:
