@@ -465,6 +465,27 @@ def test_a_replay_worker_that_dies_loses_no_file(tmp_path):
     assert rows[1][3] == "segfault" and "worker died with SIGSEGV at odd.py:8 in attention" in out, out
 
 
+@pytest.mark.parametrize("n", [1, 2])
+def test_a_watched_replay_gives_a_crash_its_row_and_writes_no_file(tmp_path, n):
+    """As a user runs it (watched): a file that now crashes its kernel is a failing row of the
+    whole table, every other file replayed. Nothing is saved: the crash's case is a file already,
+    and a copy in the default directory would be replayed as another defect. Over one process the
+    crash ends the command's own process, and the replay runs again, every file isolated."""
+    directory = _regressions(tmp_path, PLAIN)
+    before = {p.name: p.read_bytes() for p in directory.iterdir()}
+    (tmp_path / "odd.py").write_text(SEGFAULT_LATER)
+    status, out = command("replay", directory, "--impl", "odd.py:ODD_KEYS", "--workers", n,
+                          cwd=tmp_path, env={"FUZZATTN_REGRESSIONS_DIR": str(tmp_path / "default")})
+    assert status == 1, out
+    rows = _replay_rows(out, first=tuple(f"{name}.json " for name in PLAIN) + ("broken.json ",))
+    assert [cells[:4] for cells in rows] == [
+        ["51041f3c8d79.json", "odd_keys", "ok"], ["5982e80801ec.json", "odd_keys", "FAIL", "segfault"],
+        ["b4510e89ddd8.json", "odd_keys", "ok"], ["broken.json", "-", "FAIL", "malformed"]], out
+    assert ("replaying again, every file isolated" in out) == (n == 1), out
+    assert {p.name: p.read_bytes() for p in directory.iterdir()} == before
+    assert not (tmp_path / "default").exists() and not (tmp_path / "regressions").exists(), out
+
+
 def test_a_replay_over_workers_stopped_reports_the_files_it_finished(capsys, monkeypatch, tmp_path):
     """SIGTERM (a CI step's timeout) while files 2 and 3 of 4 are still out: the two that came
     back are printed, in the files' order."""

@@ -10,7 +10,9 @@ a hang is kept as found, since every try of a shrink would wait out the deadline
 run shrinks the crash, and its shrunk file replaces the case as found.
 `mutants` always does so, saving and shrinking nothing: a mutant's crash is its kill.
 `fuzz` and `gate` carry on past a crash in one of their worker processes (CARRY_ON): each prints
-its whole table, then every distinct crash is saved and shrunk.
+its whole table, then every distinct crash is saved and shrunk. `replay` carries on too, and saves
+nothing: the case that crashed is a file already, and the crash is its row of the table (a crash
+of the command's own process, which leaves no table, has the replay run again isolated).
 
 FUZZATTN_SUPERVISE=off runs the command in this process (a crash then ends the run), as
 `fuzzattn.cli.main(argv)` always does.
@@ -30,7 +32,7 @@ WATCHED = ("fuzz", "gate", "mutants", "replay", "explain")
 # Commands that carry on past a crash in one of their --workers processes: the pool starts new
 # ones, the command prints its whole table, and every crash is saved (and shrunk) after it.
 # A crash of the command's own process still ends it.
-CARRY_ON = ("fuzz", "gate")
+CARRY_ON = ("fuzz", "gate", "replay")
 OFF_ENV = "FUZZATTN_SUPERVISE"
 SHRINK_SECONDS = 120.0      # the most an isolated shrink of a found crash may take
 
@@ -70,6 +72,8 @@ def console_main(argv=None) -> int:
         return _mutants_again_isolated(crash, argv, args)
     from fuzzattn.platform.flight import DEVICE_FAULT_EXIT
     ended_itself = ending.returncode >= 0 and ending.returncode != DEVICE_FAULT_EXIT
+    if args.command == "replay":
+        return _replay_rows(crash, ended_itself, ending.returncode, argv, args)
     again = getattr(args, "keep_going", False) and not (carry_on and ended_itself)
     saved = [(crash, save_crash(crash, args))
              for crash in (_distinct(ending.crashes) if carry_on else [crash])]
@@ -84,6 +88,19 @@ def console_main(argv=None) -> int:
         if crash.check != "hang" and crash.record.get("context"):
             shrink(crash, written)
     return 1
+
+
+def _replay_rows(crash, ended_itself: bool, returncode: int, argv: list[str], args) -> int:
+    """A replay's crash is a row of its table, never a new file (the file replayed holds the case
+    already, and a copy of it in the default directory would be replayed as a second defect).
+    A crash in one of its --workers processes: the command replayed that worker's files again,
+    each isolated, and printed its table. A crash of its own process (a file judged in it) left
+    no table: the replay runs again, every file isolated, where a crash is a verdict."""
+    if ended_itself:
+        return max(1, returncode)
+    print(f"\nfuzzattn: {crash.record.get('impl', 'an implementation')} ended the replay "
+          f"({crash.check}: {crash.detail})", file=sys.stderr, flush=True)
+    return max(1, _again_isolated(argv, args, "fuzzattn: replaying again, every file isolated"))
 
 
 def _saved_files(saved: list) -> set:
