@@ -128,6 +128,7 @@ def test_an_sdpa_backend_is_compared_with_every_other_backend(capsys):
 
 @pytest.mark.parametrize("argv,expected", [
     (["explain", "missing.json", "--impl", "sdpa"], "no such regression file"),
+    (["explain", "{folder}", "--impl", "sdpa"], "a directory; explain takes one regression file"),
     (["explain", "{bad}", "--impl", "sdpa"], "not valid JSON"),
     (["explain", "{good}", "--impl", "no_such_impl"], "unknown implementation"),
     (["explain", "{good}", "--impl", "{built}:TILED"], "does not declare the file's case"),
@@ -137,7 +138,7 @@ def test_bad_arguments_are_one_line_usage_errors(capsys, tmp_path, argv, expecte
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
     good = _file(tmp_path, AttentionCase(1, 1, 1, 2, 5, 16, causal="bottom_right"))
-    argv = [a.format(bad=bad, good=good, built=BUILT) for a in argv]   # TILED: top-left only
+    argv = [a.format(bad=bad, good=good, built=BUILT, folder=tmp_path) for a in argv]   # TILED: top-left only
     status = cli.main(argv)
     captured = capsys.readouterr()
     assert status == 2

@@ -179,6 +179,8 @@ def reading(rows: list[Variant]) -> str:
 
 def run(args) -> int:
     from fuzzattn.campaigns.regression_file import RegressionFileError, load
+    if args.path.is_dir():
+        raise common.CLIError(f"{args.path}: a directory; explain takes one regression file")
     if not args.path.is_file():
         raise common.CLIError(f"{args.path}: no such regression file")
     try:
