@@ -450,27 +450,14 @@ def test_the_gate_replays_over_its_workers_with_the_rows_of_one_process(capsys, 
     assert ["replay", "broken.json", "FAIL"] == rows[2][2][:3], rows[2]      # in the files' order
 
 
-def test_a_replay_worker_that_dies_loses_no_file(tmp_path):
-    """Unwatched, a file that kills its worker (it records no crash, so it is not judged
-    isolated) is replayed again in an isolated worker of the command itself, in its place."""
-    directory = _regressions(tmp_path, PLAIN)
-    (tmp_path / "odd.py").write_text(SEGFAULT_LATER)
-    status, out = command("replay", directory, "--impl", "odd.py:ODD_KEYS", "--workers", 2,
-                          cwd=tmp_path, env={"FUZZATTN_SUPERVISE": "off"})
-    assert status == 1, out
-    rows = _replay_rows(out, first=tuple(f"{name}.json " for name in PLAIN) + ("broken.json ",))
-    assert [cells[:3] for cells in rows] == [
-        ["51041f3c8d79.json", "odd_keys", "ok"], ["5982e80801ec.json", "odd_keys", "FAIL"],
-        ["b4510e89ddd8.json", "odd_keys", "ok"], ["broken.json", "-", "FAIL"]], out
-    assert rows[1][3] == "segfault" and "worker died with SIGSEGV at odd.py:8 in attention" in out, out
-
-
 @pytest.mark.parametrize("n", [1, 2])
 def test_a_watched_replay_gives_a_crash_its_row_and_writes_no_file(tmp_path, n):
     """As a user runs it (watched): a file that now crashes its kernel is a failing row of the
     whole table, every other file replayed. Nothing is saved: the crash's case is a file already,
-    and a copy in the default directory would be replayed as another defect. Over one process the
-    crash ends the command's own process, and the replay runs again, every file isolated."""
+    and a copy in the default directory would be replayed as another defect. Over two processes
+    the files of the worker that died are replayed again, each in an isolated worker of the
+    command itself; over one, the crash ends the command's own process, and the replay runs
+    again, every file isolated."""
     directory = _regressions(tmp_path, PLAIN)
     before = {p.name: p.read_bytes() for p in directory.iterdir()}
     (tmp_path / "odd.py").write_text(SEGFAULT_LATER)
@@ -481,6 +468,7 @@ def test_a_watched_replay_gives_a_crash_its_row_and_writes_no_file(tmp_path, n):
     assert [cells[:4] for cells in rows] == [
         ["51041f3c8d79.json", "odd_keys", "ok"], ["5982e80801ec.json", "odd_keys", "FAIL", "segfault"],
         ["b4510e89ddd8.json", "odd_keys", "ok"], ["broken.json", "-", "FAIL", "malformed"]], out
+    assert "worker died with SIGSEGV at odd.py:8 in attention" in out, out
     assert ("replaying again, every file isolated" in out) == (n == 1), out
     assert {p.name: p.read_bytes() for p in directory.iterdir()} == before
     assert not (tmp_path / "default").exists() and not (tmp_path / "regressions").exists(), out
