@@ -351,18 +351,31 @@ def test_the_gate_carries_on_past_a_crash_in_a_worker_and_saves_it(tmp_path, sou
     stopped with it) and the gate goes on to the next one: it prints its whole table and exits 1,
     and the crash is saved after it. A worker stopped with the pool mid-call is no finding: every
     file saved records a case the kernel really fails on. The kernel fails on every case but the
-    probe's: a GPU host under load judged one case of its ~2 s share, passing."""
+    probe's: a GPU host under load judged one case of its ~2 s share, passing. The two files it
+    replays first crash it too: each is its failing row, and nothing is saved for them (their
+    cases are files already)."""
     (tmp_path / "odd.py").write_text(source.replace(_FAILS_ON, "(q.shape[2], k.shape[2]) != (16, 16)"))
+    (tmp_path / "reg").mkdir()
+    shipped = {name: (HERE.parent / "regressions" / name).read_bytes()
+               for name in ("5982e80801ec.json", "51041f3c8d79.json")}
+    for name, data in shipped.items():
+        (tmp_path / "reg" / name).write_bytes(data)
     deadline = ["--timeout", TIMEOUT] if check == "hang" else []
-    done, _ = fuzzattn("gate", "--impl", "odd.py:ODD_KEYS", "--allow-empty", "--budget", 40,
+    done, _ = fuzzattn("gate", "--impl", "odd.py:ODD_KEYS", "--budget", 40,
                        "--workers", 2, *deadline, "--regressions-dir", "reg", cwd=tmp_path)
     out = done.stdout + done.stderr
     assert done.returncode == 1, out
+    for name in shipped:
+        assert re.search(rf"replay\s+{name} on odd_keys\s+FAIL\s.*{check}", out), out
     assert re.search(r"fuzz\s+odd_keys float32\s+error\s.*a worker process died", out), out
     assert re.search(r"fuzz\s+(?!odd_keys)\S+ \S+\s+ok\s", out), out       # fuzzed after it
     assert "gate FAILED" in out and out.index("gate FAILED") < out.index("regression file:"), out
     assert f"odd_keys {check}:" in out, out
-    records = saved(tmp_path / "reg")
+    after = out[out.index("gate FAILED"):]
+    assert not any(name in after for name in shipped), after      # the replays' rows say it all
+    assert {name: (tmp_path / "reg" / name).read_bytes() for name in shipped} == shipped
+    records = [json.loads(p.read_text()) for p in sorted((tmp_path / "reg").glob("*.json"))
+               if p.name not in shipped]
     assert records and all(r["check"] == check and r["impl"] == "odd_keys" for r in records), records
     for record in records:                  # the kernel fails exactly on these cases
         assert (record["case"]["seq_q"], record["case"]["seq_k"]) != (16, 16), record

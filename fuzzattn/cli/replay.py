@@ -172,7 +172,9 @@ def _replay_over(processes, paths, subjects, *, only_given, progress, isolate, t
 def _replay_all(paths, subjects, *, only_given, progress, pool, isolate, outcomes) -> list[Outcome]:
     from fuzzattn.campaigns.regression_file import RegressionFileError, load
     from fuzzattn.campaigns.replay import needs_isolation, replay_one
+    from fuzzattn.platform import flight
     from fuzzattn.run.execute import one_line
+    flight.set_context()        # no campaign: a crash here is the file's row, not a case to shrink
     for n, path in enumerate(paths, 1):
         name = path.name
         progress.status(f"replay {n}/{len(paths)} {name}")

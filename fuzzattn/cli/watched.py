@@ -10,9 +10,10 @@ a hang is kept as found, since every try of a shrink would wait out the deadline
 run shrinks the crash, and its shrunk file replaces the case as found.
 `mutants` always does so, saving and shrinking nothing: a mutant's crash is its kill.
 `fuzz` and `gate` carry on past a crash in one of their worker processes (CARRY_ON): each prints
-its whole table, then every distinct crash is saved and shrunk. `replay` carries on too, and saves
-nothing: the case that crashed is a file already, and the crash is its row of the table (a crash
-of the command's own process, which leaves no table, has the replay run again isolated).
+its whole table, then every distinct crash its campaigns met is saved and shrunk. `replay` carries
+on too. A crash met replaying a file (by `replay` or the gate) is that file's row, never saved
+again: its case is a file already (a crash of replay's own process, which leaves no table, has the
+replay run again isolated).
 
 FUZZATTN_SUPERVISE=off runs the command in this process (a crash then ends the run), as
 `fuzzattn.cli.main(argv)` always does.
@@ -75,8 +76,12 @@ def console_main(argv=None) -> int:
     if args.command == "replay":
         return _replay_rows(crash, ended_itself, ending.returncode, argv, args)
     again = getattr(args, "keep_going", False) and not (carry_on and ended_itself)
-    saved = [(crash, save_crash(crash, args))
-             for crash in (_distinct(ending.crashes) if carry_on else [crash])]
+    crashes = _distinct(ending.crashes) if carry_on else [crash]
+    if carry_on and ended_itself:
+        # A crash met replaying a file (no campaign named in its record) is that file's row of
+        # the table printed: its case is a file already, and there is no campaign to shrink.
+        crashes = [c for c in crashes if c.record.get("context")]
+    saved = [(c, save_crash(c, args)) for c in crashes]
     if again:
         # The isolated run reaches the same crash from the same seed and shrinks it there: a
         # shrink here first would pay every crash's worker restart twice.
