@@ -31,8 +31,9 @@ from pathlib import Path
 
 WATCHED = ("fuzz", "gate", "mutants", "replay", "explain")
 # Commands that carry on past a crash in one of their --workers processes: the pool starts new
-# ones, the command prints its whole table, and every crash is saved (and shrunk) after it.
-# A crash of the command's own process still ends it.
+# ones, the command prints its whole table, and every crash its campaigns met is saved (and
+# shrunk) after it; a replay's crash is its file's row. A crash of the command's own process
+# still ends it.
 CARRY_ON = ("fuzz", "gate", "replay")
 OFF_ENV = "FUZZATTN_SUPERVISE"
 SHRINK_SECONDS = 120.0      # the most an isolated shrink of a found crash may take
