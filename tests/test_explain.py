@@ -67,18 +67,23 @@ def test_a_large_values_bug_is_explained_by_values(capsys, tmp_path):
     assert out.strip().splitlines()[-1].startswith("passes when: values=normal; still fails when:")
 
 
-def test_a_file_that_kills_its_judge_is_explained_one_worker_per_variant(tmp_path):
+@pytest.mark.parametrize("recorded", ["segfault", "out"])
+def test_a_file_that_kills_its_judge_is_explained_one_worker_per_variant(tmp_path, recorded):
     """A segfault file: each variant is judged in a worker of its own (in-process the first would
-    end the command), the crash is the baseline's check, and values=normal passes."""
+    end the command), the crash is the baseline's check, and values=normal passes. A file that
+    records a value failure but now crashes its kernel ends the first, in-process try: the
+    explain runs again isolated, to the same table. Neither saves the crash: its case is a file."""
     import json
     import subprocess
     import sys
     case = AttentionCase(1, 1, 1, 4, 6, 32, causal="top_left", scale=1.0, values="large")
     path = _file(tmp_path, case)
-    path.write_text(json.dumps({**json.loads(path.read_text()), "check": "segfault"}))
+    path.write_text(json.dumps({**json.loads(path.read_text()), "check": recorded}))
     done = subprocess.run([sys.executable, "-m", "fuzzattn.cli", "explain", str(path), "--impl",
                            f"{BUILT}:SEGFAULT_ON_LARGE"], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
+    assert ("fuzzattn: explain again, isolated" in done.stderr) == (recorded == "out"), done.stderr
+    assert not (tmp_path / "default-fixtures").exists(), done.stdout
     assert "each variant judged in a worker process of its own" in done.stdout
     table = rows(done.stdout)
     assert table["-"][1:3] == ["FAIL", "segfault"], table

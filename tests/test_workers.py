@@ -469,7 +469,7 @@ def test_a_watched_replay_gives_a_crash_its_row_and_writes_no_file(tmp_path, n):
         ["51041f3c8d79.json", "odd_keys", "ok"], ["5982e80801ec.json", "odd_keys", "FAIL", "segfault"],
         ["b4510e89ddd8.json", "odd_keys", "ok"], ["broken.json", "-", "FAIL", "malformed"]], out
     assert "worker died with SIGSEGV at odd.py:8 in attention" in out, out
-    assert ("replaying again, every file isolated" in out) == (n == 1), out
+    assert ("fuzzattn: replay again, isolated" in out) == (n == 1), out
     assert {p.name: p.read_bytes() for p in directory.iterdir()} == before
     assert not (tmp_path / "default").exists() and not (tmp_path / "regressions").exists(), out
 

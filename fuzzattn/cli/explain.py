@@ -12,7 +12,8 @@ away are the ones the bug depends on.
 A file whose failure ends or corrupts the process judging it (a hang, segfault or device fault,
 or a case the implementation's unsafe known defect covers: campaigns.replay.needs_isolation) has
 each variant judged in a worker process of its own, so one variant's fault cannot pass for the
-next one's failure; it costs a worker's start-up per variant.
+next one's failure; it costs a worker's start-up per variant. So does `--isolate`, and so does a
+watched explain that a variant crashed (cli/watched.py runs it again with `--isolate`).
 
 A variant the implementation does not declare is shown as such and not run; a variant it refuses
 with a declared error (an SDPA backend's "No available kernel") is shown as refused. Neither
@@ -41,6 +42,9 @@ def add_parser(commands) -> None:
     p.add_argument("path", type=Path, metavar="FILE", help="a regression file")
     p.add_argument("--impl", required=True, metavar=common.IMPL_METAVAR,
                    help="the implementation to explain the failure of")
+    p.add_argument("--isolate", action="store_true",
+                   help="judge each variant in a worker process of its own (automatic for a file "
+                        "that records a hang, segfault or device fault, and after a crash)")
     p.set_defaults(run=run)
 
 
@@ -193,7 +197,7 @@ def run(args) -> int:
         raise common.CLIError(f"--impl {args.impl}: {impl.name} does not declare the file's case "
                               f"({why}); nothing to explain")
     from fuzzattn.campaigns.replay import needs_isolation
-    isolated = needs_isolation(record, impl)
+    isolated = args.isolate or needs_isolation(record, impl)
     rows = variants(impl, record.case)
     print(f"fuzzattn explain: {args.path.name} on {impl.name}\n  case: {record.case}"
           + ("\n  each variant judged in a worker process of its own" if isolated else ""), flush=True)

@@ -11,9 +11,9 @@ run shrinks the crash, and its shrunk file replaces the case as found.
 `mutants` always does so, saving and shrinking nothing: a mutant's crash is its kill.
 `fuzz` and `gate` carry on past a crash in one of their worker processes (CARRY_ON): each prints
 its whole table, then every distinct crash its campaigns met is saved and shrunk. `replay` carries
-on too. A crash met replaying a file (by `replay` or the gate) is that file's row, never saved
-again: its case is a file already (a crash of replay's own process, which leaves no table, has the
-replay run again isolated).
+on too. A crash met replaying a file (by `replay`, `explain` or the gate) is that file's row,
+never saved again: its case is a file already. A crash of replay's or explain's own process,
+which leaves no table, has the command run again isolated (FROM_FILES).
 
 FUZZATTN_SUPERVISE=off runs the command in this process (a crash then ends the run), as
 `fuzzattn.cli.main(argv)` always does.
@@ -35,6 +35,8 @@ WATCHED = ("fuzz", "gate", "mutants", "replay", "explain")
 # shrunk) after it; a replay's crash is its file's row. A crash of the command's own process
 # still ends it.
 CARRY_ON = ("fuzz", "gate", "replay")
+# Commands that judge regression files' cases: a crash there is never saved as a new file.
+FROM_FILES = ("replay", "explain")
 OFF_ENV = "FUZZATTN_SUPERVISE"
 SHRINK_SECONDS = 120.0      # the most an isolated shrink of a found crash may take
 
@@ -74,8 +76,8 @@ def console_main(argv=None) -> int:
         return _mutants_again_isolated(crash, argv, args)
     from fuzzattn.platform.flight import DEVICE_FAULT_EXIT
     ended_itself = ending.returncode >= 0 and ending.returncode != DEVICE_FAULT_EXIT
-    if args.command == "replay":
-        return _replay_rows(crash, ended_itself, ending.returncode, argv, args)
+    if args.command in FROM_FILES:
+        return _from_files(crash, ended_itself, ending.returncode, argv, args)
     again = getattr(args, "keep_going", False) and not (carry_on and ended_itself)
     crashes = _distinct(ending.crashes) if carry_on else [crash]
     if carry_on and ended_itself:
@@ -96,17 +98,19 @@ def console_main(argv=None) -> int:
     return 1
 
 
-def _replay_rows(crash, ended_itself: bool, returncode: int, argv: list[str], args) -> int:
-    """A replay's crash is a row of its table, never a new file (the file replayed holds the case
-    already, and a copy of it in the default directory would be replayed as a second defect).
-    A crash in one of its --workers processes: the command replayed that worker's files again,
-    each isolated, and printed its table. A crash of its own process (a file judged in it) left
-    no table: the replay runs again, every file isolated, where a crash is a verdict."""
+def _from_files(crash, ended_itself: bool, returncode: int, argv: list[str], args) -> int:
+    """A crash on a regression file's case is a row of the command's table, never a new file (the
+    file holds the case already, and a copy of it in the default directory would be replayed as
+    a second defect). A crash in one of replay's --workers processes: the command replayed that
+    worker's files again, each isolated, and printed its table. A crash of the command's own
+    process left no table: it runs again isolated (every file, every explain variant), where a
+    crash is a verdict. explain's status stays its own (0 once its table is printed)."""
     if ended_itself:
         return max(1, returncode)
-    print(f"\nfuzzattn: {crash.record.get('impl', 'an implementation')} ended the replay "
+    print(f"\nfuzzattn: {crash.record.get('impl', 'an implementation')} ended the {args.command} "
           f"({crash.check}: {crash.detail})", file=sys.stderr, flush=True)
-    return max(1, _again_isolated(argv, args, "fuzzattn: replaying again, every file isolated"))
+    status = _again_isolated(argv, args, f"fuzzattn: {args.command} again, isolated")
+    return status if args.command == "explain" else max(1, status)
 
 
 def _saved_files(saved: list) -> set:
