@@ -128,7 +128,8 @@ def run(args) -> int:
         print(f"gate: replaying {len(paths)} regression file(s)", flush=True)
         outcomes = replay.replay_all(paths, subjects, only_given=False, progress=progress,
                                      isolate=isolate, timeout=timeout, processes=pool,
-                                     given=tuple(args.impl), probe_isolated=probe_isolated)
+                                     given=tuple(args.impl), probe_isolated=probe_isolated,
+                                     one_file_too=True)
         if not paths and not args.allow_empty:
             outcomes.append(Outcome("replay", display_path(regressions_dir), FAIL, False,
                                     detail="no regression files to replay (wrong directory? "

@@ -60,7 +60,8 @@ def any_needs_isolation(paths) -> bool:
 
 def replay_all(paths, subjects, *, only_given: bool, progress, isolate: bool = False,
                timeout: float | None = None, outcomes: list | None = None,
-               processes=None, given: tuple = (), probe_isolated: bool = False) -> list[Outcome]:
+               processes=None, given: tuple = (), probe_isolated: bool = False,
+               one_file_too: bool = False) -> list[Outcome]:
     """Replay each file on each supporting subject; a file that cannot be read is one failing row.
     With `isolate`, and always for a file recording hang/segfault/device_fault, a file is judged
     in an isolated worker process (one per implementation, reused across files).
@@ -69,10 +70,12 @@ def replay_all(paths, subjects, *, only_given: bool, progress, isolate: bool = F
     a task, the rows in the files' order: on a CUDA host most of a replay is compiling, one
     kernel per shape, which one process does in turn (the gate's 74 files took 94 s there).
     Each worker resolves the subjects again: the registered ones unless `only_given`, and the
-    `given` --impl specs (probed isolated with `probe_isolated`)."""
+    `given` --impl specs (probed isolated with `probe_isolated`). A single file is replayed here,
+    unless `one_file_too` (the gate, whose workers start for its campaigns anyway): in a worker,
+    a crash costs that worker, not the command and the campaigns after it."""
     from fuzzattn.isolation.pool import DEFAULT_TIMEOUT, WorkerPool
     outcomes = [] if outcomes is None else outcomes      # filled as files are replayed
-    if processes is not None and processes.n > 1 and len(paths) > 1:
+    if processes is not None and processes.n > 1 and (len(paths) > 1 or one_file_too and paths):
         return _replay_over(processes, paths, subjects, only_given=only_given, progress=progress,
                             isolate=isolate, timeout=timeout, outcomes=outcomes, given=given,
                             probe_isolated=probe_isolated)
