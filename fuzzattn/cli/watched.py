@@ -105,12 +105,11 @@ def _from_files(crash, ended_itself: bool, returncode: int, argv: list[str], arg
     worker's files again, each isolated, and printed its table. A crash of the command's own
     process left no table: it runs again isolated (every file, every explain variant), where a
     crash is a verdict. explain's status stays its own (0 once its table is printed)."""
-    if ended_itself:
-        return max(1, returncode)
-    print(f"\nfuzzattn: {crash.record.get('impl', 'an implementation')} ended the {args.command} "
-          f"({crash.check}: {crash.detail})", file=sys.stderr, flush=True)
-    status = _again_isolated(argv, args, f"fuzzattn: {args.command} again, isolated")
-    return status if args.command == "explain" else max(1, status)
+    if not ended_itself:
+        print(f"\nfuzzattn: {crash.record.get('impl', 'an implementation')} ended the "
+              f"{args.command} ({crash.check}: {crash.detail})", file=sys.stderr, flush=True)
+        returncode = _again_isolated(argv, args, f"fuzzattn: {args.command} again, isolated")
+    return returncode if args.command == "explain" else max(1, returncode)
 
 
 def _saved_files(saved: list) -> set:
