@@ -185,20 +185,27 @@ def test_tf32_weights_a_unit_apart_are_allowed_and_more_is_not():
     trunc(v) (1 - 2^-11), its weight read by the tensor cores as 1 - 2^-11 (an fp32 value just
     below 1, truncated to TF32), where the reference's weight exp(0) = 1 kept trunc(v). Allowed for TF32 kernels on the max and the rms rule; not
     for IEEE ones, and four TF32 units off (a weight bug) fails either way."""
-    g = torch.Generator().manual_seed(3)
-    v = torch.randn(1, 1, 1, 16, generator=g)
-    truth = v.double()
-    reference = truncate_to_tf32(v)                 # exact weight 1, v read as TF32
-    magnitude = truth.abs()                         # A = |v| on a one-hot row
-    one_unit = reference * (1 - 2.0 ** -11)
-    four_units = reference * (1 - 2.0 ** -9)
-    for rule in (lambda got, mm: out_bound(got, reference, truth, out_magnitude=magnitude,
-                                           fp32_matmul=mm),
-                 lambda got, mm: out_rms_bound(got, reference, truth, out_magnitude=magnitude,
-                                               fp32_matmul=mm)):
-        assert rule(one_unit, "tf32").ok
-        assert not rule(one_unit, "ieee").ok
-        assert not rule(four_units, "tf32").ok
+    def rules(shape):
+        g = torch.Generator().manual_seed(3)
+        v = torch.randn(shape, generator=g)
+        truth = v.double()
+        reference = truncate_to_tf32(v)                 # exact weight 1, v read as TF32
+        magnitude = truth.abs()                         # A = |v| on a one-hot row
+        return reference, (
+            lambda got, mm: out_bound(got, reference, truth, out_magnitude=magnitude,
+                                      fp32_matmul=mm),
+            lambda got, mm: out_rms_bound(got, reference, truth, out_magnitude=magnitude,
+                                          fp32_matmul=mm))
+
+    # One row of 16 for the max rule; 1,024 elements for the rms rule, enough that its sampling
+    # factor (1.16) leaves it an edge over a single row's (3.9).
+    for shape, rule in ((1, 1, 1, 16), 0), ((1, 4, 16, 16), 1):
+        reference, both = rules(shape)
+        one_unit = reference * (1 - 2.0 ** -11)
+        four_units = reference * (1 - 2.0 ** -9)
+        assert both[rule](one_unit, "tf32").ok
+        assert not both[rule](one_unit, "ieee").ok
+        assert not both[rule](four_units, "tf32").ok
 
 
 def test_nan_never_passes_the_tolerance():

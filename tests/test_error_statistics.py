@@ -5,14 +5,15 @@ import math
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import given, settings, strategies as st
 
 from fuzzattn import AttentionCase
 from fuzzattn.contract.dtypes import unit_roundoff
 from fuzzattn.judging.error_statistics import out_rms_bound
 from fuzzattn.judging.judge import judge
 from fuzzattn.run.registry import implementations, mutants
-from fuzzattn.judging.tolerance import EPS_ULPS, K_OUT, K_RMS, RMS_SAMPLING, all_finite, out_bound
+from fuzzattn.judging.tolerance import (EPS_ULPS, K_OUT, K_RMS, all_finite, out_bound,
+                                       out_noise)
 from fuzzattn.judging.verdict import CHECKS
 from fuzzattn.strategies.lengths import MAX_CHUNK, SHAPE_FAMILIES, TILE, seq_shapes
 
@@ -150,20 +151,52 @@ def test_the_middle_tier_never_allows_more_than_the_whole_rule():
             assert tiered.ok == whole.ok and tiered.allowed <= whole.allowed
 
 
-def test_on_one_element_it_is_never_stricter_than_the_max_rule():
-    """The calibration's false positive before this rule (sdpa fp32, Nq = 1, Nk = 43, D = 1,
-    near_constant): a uniform average of values that cancel, where fp32 summation rounds at the
-    size of the terms (A), not of |out|. Rebuilt: |out| = 1/8 (exact), A = 0.8, the reference
-    exact, the kernel 5 ulps off (7.5e-8; the false positive's error was 4.19e-8, and since the
-    normalisation term, 4 u32 |out|, a few ulps of |out| pass on their own)."""
-    oracle = torch.full((1, 1, 1, 1), 0.125, dtype=torch.float64)
-    reference = oracle.to(torch.float32)
-    got = (oracle + 5 * 2.0 ** -26).to(torch.float32)
-    assert not out_rms_bound(got, reference, oracle).ok          # |out| alone as the scale
-    magnitude = torch.full_like(oracle, 0.8)
-    assert out_rms_bound(got, reference, oracle, out_magnitude=magnitude).ok
+@settings(max_examples=300, deadline=None)
+@given(dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float16]),
+       out=st.floats(-4, 4), terms=st.floats(0, 4), score=st.floats(0, 100),
+       ref_ulps=st.floats(0, 64), got_ulps=st.floats(-64, 64))
+def test_on_one_element_it_is_never_stricter_than_the_max_rule(dtype, out, terms, score,
+                                                               ref_ulps, got_ulps):
+    """n = 1: the rms is that element's error, which the max rule judges; whatever it passes,
+    the rms rule passes (its floor), on every tier."""
+    u = unit_roundoff(dtype)
+    oracle = torch.tensor([[[[out]]]], dtype=torch.float64)
+    reference = (oracle + ref_ulps * u * max(abs(out), 1e-3)).to(dtype)
+    got = (oracle + got_ulps * u * max(abs(out), 1e-3)).to(dtype)
+    magnitude = torch.full_like(oracle, abs(out) + terms)
+    if out_bound(got, reference, oracle, score).ok:
+        for margins in (False, True):
+            assert out_rms_bound(got, reference, oracle, score_magnitude=score,
+                                 out_magnitude=magnitude, margins=margins,
+                                 reference_dtype=dtype).ok
+
+
+def test_the_shared_one_element_case_passes():
+    """The false positive that set the floor (CPU FLASH fp16, Nq=1, D=1, near-constant keys:
+    |out| = 0.006 from terms of size ~0.85, the reference's P roundings cancelling by chance to
+    4.9e-6): 3.5e-5 against a 2.4e-5 rms allowance, where the max rule allows ~1e-3."""
+    oracle = torch.tensor([[[[-0.005994013942182693]]]], dtype=torch.float64)
+    reference = torch.tensor([[[[-0.00598907470703125]]]], dtype=torch.float16)
+    got = torch.tensor([[[[-0.00595855712890625]]]], dtype=torch.float16)
+    magnitude = torch.tensor([[[[0.85]]]], dtype=torch.float64)
     assert out_bound(got, reference, oracle).ok
-    assert K_RMS * (1 + RMS_SAMPLING) >= K_OUT
+    b = out_rms_bound(got, reference, oracle, out_magnitude=magnitude, margins=True)
+    assert b.elements == 1 and b.ok and b.allowed >= out_bound(got, reference, oracle).allowed
+
+
+def test_terms_that_cancel_set_the_one_element_scale():
+    """The false positive that set the A scale (sdpa fp32, Nq = 1, Nk = 43, D = 1,
+    near_constant): fp32 summation rounds at the size of the terms (A), not of |out|. Rebuilt
+    over 16 elements, where the max rule's floor (its noise / 4, 1.5 u32) is below the
+    one-element term: |out| = 1/8 everywhere, A = 4, the reference exact, one element 32 ulps of
+    |out| (8 u32) off: rms 2 u32."""
+    oracle = torch.full((1, 1, 4, 4), 0.125, dtype=torch.float64)
+    reference = oracle.to(torch.float32)
+    got = reference.clone()
+    got[0, 0, 1, 2] += 8 * 2.0 ** -24
+    assert not out_rms_bound(got, reference, oracle).ok          # |out| alone as the scale
+    magnitude = torch.full_like(oracle, 4.0)
+    assert out_rms_bound(got, reference, oracle, out_magnitude=magnitude).ok
 
 
 def test_nan_fails_and_is_located():

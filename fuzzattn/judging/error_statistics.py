@@ -24,11 +24,13 @@ and checked by `empty_rows`). Chosen over
 
 Bound (constants and their reasoning in tolerance.py, section "error statistics"):
 
-    allowed = K_RMS * (1 + RMS_SAMPLING / sqrt(n)) * rms|ref - oracle|
+    allowed = K_RMS * c(n) * rms|ref - oracle|
               + EPS_ULPS * rms(u(dtype) |oracle| + u(fp32) A) / sqrt(n)
               + SCORE_ULPS u(fp32) S rms(A + |oracle|) + NORM_ULPS ULP32 rms|oracle|
+    and, on a single element, at least the max rule's allowance
 
-n is the number of elements judged, S the score magnitude of the max rule, A = sum_j p_j |v_j| / l
+n is the number of elements judged, c(n) how far the ratio of two rms over n elements strays by
+chance (sampling.py: the F(n, n) quantile, huge for a few elements, near 1 for thousands), S the score magnitude of the max rule, A = sum_j p_j |v_j| / l
 per element (oracle.Reference.out_magnitude). The second term is one element of typical size a
 rounding or two off where the reference happens to be right, spread over the n elements (the
 rms of an error that sits in one element): it keeps exact or nearly exact references from
@@ -50,8 +52,9 @@ import torch
 
 from fuzzattn.contract.dtypes import TF32_ROUNDOFF, U32, reads_tf32, unit_roundoff
 from fuzzattn.judging import tolerance
-from fuzzattn.judging.tolerance import (EPS_ULPS, K_RMS, K_RMS_TF32, RMS_SAMPLING, SCORE_ULPS,
-                                       ULP32, all_finite)
+from fuzzattn.judging.sampling import rms_sampling
+from fuzzattn.judging.tolerance import (EPS_ULPS, K_RMS, K_RMS_TF32, RMS_FALSE_POSITIVE_RATE,
+                                       SCORE_ULPS, ULP32, all_finite, out_noise)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -167,8 +170,14 @@ def out_rms_bound(got: torch.Tensor, reference, oracle: torch.Tensor,
     rounded = [] if rounding is None else [_dot(rounding)]
     flagged = [] if nonfinite is None else [nonfinite.any().to(torch.float64)]
     counted = [] if drop is None else [drop.logical_not().sum().to(torch.float64)]
+    # One element's floor needs the max rule's noise: max|oracle| and (TF32) the largest A. Only
+    # a head dim of 1 can leave a single element to judge.
+    single = oracle64.shape[-1] == 1 and m.numel() > 0
+    largest = [m.max(), s.max()] if single else []
     # Every scalar in one read-back (a wait per read on a time-sliced GPU: fuzzattn/run/runs.py).
-    sums = torch.stack(dots + referenced + rounded + flagged + counted).tolist()
+    sums = torch.stack(dots + referenced + rounded + flagged + counted + largest).tolist()
+    summed_max = sums.pop() if single else 0.0
+    magnitude_max = sums.pop() if single else 0.0
     n = int(sums.pop()) if counted else oracle64.numel()
     any_nonfinite = bool(sums.pop()) if flagged else False
     round_sq = sums.pop() if rounded else None
@@ -180,8 +189,14 @@ def out_rms_bound(got: torch.Tensor, reference, oracle: torch.Tensor,
     scale_rms = _rms(u * u * mm + 2 * u * U32 * ms + U32 * U32 * ss, n)
     moved_rms = _rms(ss + 2 * ms + mm, n)
 
-    sampling = 1.0 + RMS_SAMPLING / math.sqrt(n) if n else 1.0
+    sampling = rms_sampling(n, RMS_FALSE_POSITIVE_RATE)
     one_element = EPS_ULPS * scale_rms / math.sqrt(n) if n else 0.0
+    # One element: the rms *is* its error, which the max rule judges; the rms rule then allows
+    # at least what the max rule does (tolerance.py, "one element"). The tiers before the
+    # reference use the max rule's noise alone, a part of that.
+    max_noise = (out_noise(got.dtype, score_magnitude, magnitude_max, fp32_matmul, summed_max)
+                 if n == 1 and single else 0.0)
+    floor = max_noise
     # An approximate reciprocal in the final normalisation (tolerance.py, NORM_ULPS) scales every
     # element by (1 + delta), |delta| <= NORM_ULPS ULP32: a per-element bound, so on the rms too
     # (seen on the H200: sdpa_efficient fp32 at 8.6e-8 against 5.3e-8 on 16 elements whose
@@ -193,17 +208,19 @@ def out_rms_bound(got: torch.Tensor, reference, oracle: torch.Tensor,
     if tf32:
         noise += tolerance.TF32_WEIGHT_ULPS * TF32_ROUNDOFF * summed_rms
     statistic = math.inf if any_nonfinite else err_rms
-    if statistic <= noise and not margins:     # decided on the noise (tolerance.py's tiers)
-        return StatBound(statistic, noise, math.nan, n, None)
+    if statistic <= max(noise, floor) and not margins:   # decided on the noise (tolerance.py's
+        return StatBound(statistic, max(noise, floor), math.nan, n, None)            # tiers)
     if round_sq is not None and math.isfinite(round_sq):   # (an oracle past the dtype's range
-        rounded_allowed = k_rms * sampling * _rms(round_sq, n) + noise   # rounds to inf: no tier)
-        if statistic <= rounded_allowed:
+        rounded_allowed = max(k_rms * sampling * _rms(round_sq, n) + noise, floor)   # rounds to
+        if statistic <= rounded_allowed:                                             # inf: no tier)
             return StatBound(statistic, rounded_allowed, math.nan, n, None)
     if ref_err is None:
         ref_err = reference_error(reference())
         ref_sq = float(_dot(ref_err))
     ref_rms = _rms(ref_sq, n)
-    allowed = k_rms * sampling * ref_rms + noise
+    if n == 1:
+        floor = tolerance.K_OUT * ref_rms + max_noise
+    allowed = max(k_rms * sampling * ref_rms + noise, floor)
     if statistic <= allowed:
         return StatBound(statistic, allowed, ref_rms, n, None)
 
@@ -212,7 +229,7 @@ def out_rms_bound(got: torch.Tensor, reference, oracle: torch.Tensor,
     # (A row of D elements is too few to judge on its own; the verdict is the tensor's.)
     row_rms = err.pow(2).mean(dim=-1).sqrt() if err.numel() else err.sum(-1)
     row_ref = ref_err.pow(2).mean(dim=-1).sqrt() if err.numel() else err.sum(-1)
-    row_allowed = k_rms * sampling * row_ref + noise
+    row_allowed = (k_rms * sampling * row_ref + noise).clamp_min(floor)
     row_ratio = torch.where(row_allowed > 0, row_rms / row_allowed.clamp_min(1e-300),
                             (row_rms > 0).to(torch.float64) * math.inf)
     if nonfinite is not None:
