@@ -40,7 +40,7 @@ def test_a_failure_belongs_to_the_most_specific_defect_whose_factors_it_has():
     caps = pk.TWO_BUGS.caps
     book = DefectBook(caps)
     general = failed(plain(), "out")
-    bottom_right = failed(plain(causal="bottom_right", seq_q=5, seq_k=3), "out")
+    bottom_right = failed(plain(causal="bottom_right", seq_q=5, seq_k=4), "out")
     # each factor made plain still fails the same way: nothing is needed
     book.add(Counterexample(general, None), lambda c, gradients: general)
     # the bottom-right case passes once made plain in either factor: both are needed
@@ -138,7 +138,7 @@ def test_fuzz_command_lists_each_defect_with_its_hits(capsys, tmp_path):
                        "--seconds", "240", "--regressions-dir", str(tmp_path)])
     out = capsys.readouterr().out
     assert status == 1, out
-    table = out.split("defects (each once")[1].split("\n\n")[0]
+    table = out.split("defects by cause")[1].split("\n\n")[0]
     rows = [line for line in table.splitlines()[3:] if line.strip()]
     assert len(rows) >= 2, out
     assert out.count("cases hit:") == len(rows)

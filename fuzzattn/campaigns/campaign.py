@@ -43,7 +43,7 @@ from hypothesis.errors import FlakyFailure, HypothesisException
 from fuzzattn.campaigns.defects import DefectBook, check_key, failure_keys, same_symptom
 from fuzzattn.campaigns.flaky import flaky_or_consistent
 from fuzzattn.campaigns.found import (Campaign, Counterexample, Refused,  # noqa: F401 (public)
-                                      report_stashed, save)
+                                      fold_mixtures, record, report_stashed, save)
 from fuzzattn.campaigns.pruned import Pruned as _Pruned
 from fuzzattn.contract.case import AttentionCase
 from fuzzattn.contract.implementation import Implementation
@@ -249,7 +249,10 @@ def _fuzz(impl, strategy, *, max_examples, seconds, hypothesis_seed_value, save_
     with_gradients: dict[str, bool] = {}
     refused: collections.Counter[str] = collections.Counter()
     forward_only: collections.Counter[str] = collections.Counter()
-    book = DefectBook(impl.caps)
+    def variant_judge(variant, gradients):    # a defect's trigger and cure tests (defects.py)
+        return judge_once(impl, variant, device=device, judge_fn=judge_fn, gradients=gradients)
+
+    book = DefectBook(impl.caps, variant_judge)
     pruned = _Pruned()
     tallied: set[str] = set()           # case keys already counted as a known defect's hit
     stash: dict[str, JudgedCase] = {}   # new failures met while shrinking another (by check key)
@@ -297,11 +300,13 @@ def _fuzz(impl, strategy, *, max_examples, seconds, hypothesis_seed_value, save_
         if state["target"] is None:
             state["drawn"] += 1
         if judged.failures and judged.skipped is None and not final:
-            owner = book.owner(judged)
+            owner, alone = book.assign(judged)
             if owner is not None:        # a defect found already: tallied, not shrunk again
                 if state["target"] is None and key not in tallied:
                     tallied.add(key)
                     owner.hits += 1
+                    if alone:
+                        owner.showed(judged)
                 return
             if state["target"] is None:
                 state["target"] = (check_key(judged), failure_keys(judged))
@@ -329,12 +334,10 @@ def _fuzz(impl, strategy, *, max_examples, seconds, hypothesis_seed_value, save_
             campaign._hypothesis_internal_use_settings, database=database)
     result = dict(impl=impl.name)
 
-    def variant_judge(variant, gradients):    # a defect's factors (defects.needed_factors)
-        return judge_once(impl, variant, device=device, judge_fn=judge_fn, gradients=gradients)
-
     def finished(**kw) -> Campaign:
         report_stashed(book, stash, variant_judge, save_to_file, regressions_dir,
                        state["judged"])
+        fold_mixtures(book)
         kw.setdefault("budget_hit", state["over"])
         return Campaign(cases=state["judged"], seconds=time.perf_counter() - start,
                         refused=dict(refused), forward_only=dict(forward_only), **result, **kw,
@@ -353,7 +356,7 @@ def _fuzz(impl, strategy, *, max_examples, seconds, hypothesis_seed_value, save_
             state["judged"] += 1
             if book.owner(found.judged) is None:
                 state["first"] = state["first"] or state["judged"]
-                book.add(found, variant_judge, shrunk=False, found_at=state["judged"])
+                record(book, found, variant_judge, shrunk=False, found_at=state["judged"])
         else:
             state["judged"] += 1
         state["drawn"] += 1
@@ -378,7 +381,7 @@ def _fuzz(impl, strategy, *, max_examples, seconds, hypothesis_seed_value, save_
         except _TimeIsUp:
             return finished(budget_hit=True)
         except Counterexample as found:
-            book.add(found, variant_judge, found_at=state["judged"])
+            record(book, found, variant_judge, found_at=state["judged"])
         except FlakyFailure as exc:
             # judge_once makes every case's verdict stable, so this means the strategy or the
             # harness changed between Hypothesis's runs: report it, never as an internal error.

@@ -1,45 +1,48 @@
-"""The distinct defects one campaign found, and which defect a failing case belongs to.
+"""The distinct defects one campaign found, by root cause, and which defect a failing case
+belongs to.
 
-A campaign that keeps going after its first counterexample meets the same bug again through
-many cases; each must be tallied to the defect already found, not shrunk and saved again, while
-a second bug must stay a second defect. A defect is known by its *signature*:
+A campaign that keeps going after its first counterexample meets the same bug again through many
+cases, and through several checks: a kernel reading V through K's strides crashes on one layout,
+reads out of bounds on another and gives wrong values on a third. Each such case must be tallied
+to the defect already found, while a second bug must stay a second defect. A defect is known by
+its *cause*, the way crash triagers tell bugs apart by where they strike, not by what they print:
 
-    check key   the first failing check, with the exception type for a crash ("crash:
-                IndexError", "crash: compile error: CompilationError"), and the keys of every
-                check its case failed: two failures are the same symptom when either's first
-                key is among the other's (a wrong diagonal that fails out and lse, met again on
-                a case where only lse shows, near-constant values, stays one defect)
-    factors     the categorical factors of its (shrunk) case that the failure needs, found as
-                `fuzzattn explain` finds them: each factor the case has off its plain choice
-                (causal alignment, layouts, value profile, a custom scale, GQA, unequal lengths,
-                a dtype other than the simplest declared, each configuration axis off its first
-                choice) is set to the plain choice alone and the case judged again; a factor
-                whose change makes the failure go away (or fail another way) is needed. The
-                shrunk case alone cannot say it: the strategy's simplest draw is not plain in
-                every factor, so a factor the shrinker could not move is not thereby needed.
+    trigger     the one-change predicates its shrunk case needs, found as `fuzzattn explain`
+                finds them: each predicate the case satisfies (a causal alignment, a layout off
+                contiguous, two tensors laid out differently, a value profile, a custom scale,
+                GQA, unequal lengths, an odd Nk, a dtype other than the simplest declared, each
+                configuration axis off its first choice) is undone alone and the case judged
+                again; a predicate whose undoing makes the failure go away is needed. Two
+                tensors laid out differently, when needed, stands for the per-tensor layouts it
+                implies (a layout[v]!=layout[k] bug needs layout[k] off contiguous on one case
+                and layout[v] on another: one cause).
+    symptom     the first failing check (with the exception type for a crash) and the keys of
+                every check its case failed: what tells causes apart when the trigger is empty
+                (the plainest case fails), and what a round's shrink holds to.
 
-A failing case belongs to a defect when it shows the same symptom and has every one of the
-defect's factors (the most specific such defect, when several match); otherwise it is new.
-So one bug reached through many cases (a kernel wrong for every bottom-right case, whatever the
-values or layout) stays one defect, tallied; two bugs with different symptoms, or needing
-different factors, stay two. A bug with two symptoms (a wrong diagonal offset that gives wrong
-values where Nq < Nk and keys for empty rows where Nq > Nk) is two defects, one per check;
-factor values are matched by class (`match_class`): a configuration axis by being off its first
-choice at all, since a bug needing BLOCK_M > BLOCK_N needs it at 32 and at 64 alike; the value
-profiles that put scores past a finite sentinel as one class, since they reach the same bug at
-different magnitudes; every other factor by its value, so a bug of each causal alignment stays
-its own. A failure that needs a causal mask is judged once more with the other alignment: when
-that fails the same way, the defect needs causal=either (chunks aligned to the wrong end of the
-keys fail top-left and bottom-right alike: one defect, met through both). A bug needing a
-relation between two configuration axes may still be reported once per axis it was found
-needing: over-reported, never hidden.
+Two failures with the same non-empty trigger are one cause, whatever checks fired: a crash and a
+wrong value cured by the same change are one bug. A failing case belongs to a known defect when
+it has every predicate of the defect's trigger and undoing them cures it (judged: the cure
+test); a case that still fails once cured holds another cause too, and is new. A defect with an
+empty trigger owns the cases that show its symptom. Predicate values are matched by class
+(`match_class`): a configuration axis by being off its first choice at all, since a bug needing
+BLOCK_M > BLOCK_N needs it at 32 and at 64 alike; the value profiles that put scores past a
+finite sentinel as one class; every other predicate by its value, so a bug of each causal
+alignment stays its own, unless it fails the other alignment the same way (causal=either).
+
+Known limits: a cause is named by the predicates in this vocabulary, so two bugs needing the same
+predicates (two different causal-mask bugs that both need causal=bottom_right and nothing else)
+are one row, each case of them owned by whichever was found first only when its cure test
+passes; a bug needing a relation between two configuration axes may be reported once per axis it
+was found needing; workers each find their causes, and their rows merge when the triggers agree.
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 from fuzzattn.contract.capabilities import Capabilities
-from fuzzattn.contract.case import AttentionCase
+from fuzzattn.contract.case import AttentionCase, CaseError
 from fuzzattn.contract.dtypes import DTYPES
 
 _CRASHES = ("crash", "grad_crash")
@@ -93,15 +96,27 @@ def _key(first) -> str:
     return f"{first.check}: {detail.split(':', 1)[0].strip()}"
 
 
+# Predicates are factors with no value: the table names them alone ("Nk odd").
+PREDICATE = ""
+# Tensors a kernel may address alike, the likeliest first: when undoing two of these relations
+# makes the same case (v laid out apart from q and k, which agree), the first names the cause.
+_RELATED = (("k", "v"), ("q", "k"), ("q", "v"))
+
+
+def different_layouts(a: str, b: str) -> str:
+    return f"layout[{a}]≠layout[{b}]"
+
+
 def factors(case: AttentionCase, caps: Capabilities) -> dict[str, str]:
     """The case's categorical factors that are off their plain choice (module docstring)."""
     return {name: value for name, (value, _) in _off_plain(case, caps).items()}
 
 
 def _off_plain(case: AttentionCase, caps: Capabilities) -> dict[str, tuple[str, list]]:
-    """Each factor off its plain choice -> (its value, the cases with that factor made plain:
-    one, or for unequal lengths two, Nk set to Nq and Nq to Nk, so that a bug needing more
-    than one key, or more than one query, is not mistaken for one needing unequal lengths)."""
+    """Each predicate the case satisfies -> (its value, the cases with it undone: one, or for
+    unequal lengths two, Nk set to Nq and Nq to Nk, so that a bug needing more than one key, or
+    more than one query, is not mistaken for one needing unequal lengths; for two tensors laid
+    out differently, each given the other's layout)."""
     found: dict[str, tuple[str, list]] = {}
     simplest_dtype = next((d for d in DTYPES if d in caps.dtypes), None)
     if case.dtype != simplest_dtype:
@@ -110,10 +125,22 @@ def _off_plain(case: AttentionCase, caps: Capabilities) -> dict[str, tuple[str, 
         found["causal"] = (case.causal, [case.replace(causal="none")])
     if case.values != "normal":
         found["values"] = (case.values, [case.replace(values="normal")])
-    for i, (tensor, layout) in enumerate(zip("qkv", case.layout)):
+    tensors = dict(zip("qkv", case.layout))
+
+    def laid_out(**changes) -> AttentionCase | None:
+        try:
+            return case.replace(layout=tuple({**tensors, **changes}[t] for t in "qkv"))
+        except CaseError:              # a layout only k and v can take, given to q
+            return None
+
+    for tensor, layout in tensors.items():
         if layout != "contiguous":
-            plain = tuple("contiguous" if j == i else kind for j, kind in enumerate(case.layout))
-            found[f"layout[{tensor}]"] = (layout, [case.replace(layout=plain)])
+            found[f"layout[{tensor}]"] = (layout, [laid_out(**{tensor: "contiguous"})])
+    for a, b in _RELATED:
+        variants = [v for v in (laid_out(**{a: tensors[b]}), laid_out(**{b: tensors[a]}))
+                    if v is not None]
+        if tensors[a] != tensors[b] and variants:
+            found[different_layouts(a, b)] = (PREDICATE, variants)
     if case.scale is not None:
         found["scale"] = ("custom", [case.replace(scale=None)])
     if case.kv_heads != case.heads:
@@ -121,6 +148,14 @@ def _off_plain(case: AttentionCase, caps: Capabilities) -> dict[str, tuple[str, 
     if case.seq_q != case.seq_k:
         found["lengths"] = ("Nq<Nk" if case.seq_q < case.seq_k else "Nq>Nk",
                             [case.replace(seq_k=case.seq_q), case.replace(seq_q=case.seq_k)])
+    if case.seq_k % 2:
+        # Nk + 1, keeping how Nq compares with Nk (which rows see no key, which mask applies);
+        # where it cannot, Nq + 1 too.
+        longer = case.replace(seq_k=case.seq_k + 1)
+        if (longer.seq_q > longer.seq_k) != (case.seq_q > case.seq_k) or \
+                (longer.seq_q == longer.seq_k) != (case.seq_q == case.seq_k):
+            longer = case.replace(seq_q=case.seq_q + 1, seq_k=case.seq_k + 1)
+        found["Nk odd"] = (PREDICATE, [longer])
     first = {name: choices[0] for name, choices in caps.configs}
     config = dict(case.config)
     for name, value in case.config:
@@ -130,93 +165,222 @@ def _off_plain(case: AttentionCase, caps: Capabilities) -> dict[str, tuple[str, 
     return found
 
 
-def needed_factors(judged, caps: Capabilities, judge) -> dict[str, str]:
-    """The factors of a failing judgement's case that its failure needs: each factor made plain
-    alone, the case judged again (`judge(case, gradients=...) -> JudgedCase`); kept when the variant does not
-    fail with the same check key, or cannot be judged (outside the declaration, refused,
-    pruned: then it cannot be told apart, and is kept)."""
+def _judgeable(variants: list, caps: Capabilities) -> list:
+    return [v for v in variants if caps.why_not(v) is None]
+
+
+def needed_factors(judged, caps: Capabilities, judge, owned=None) -> dict[str, str]:
+    """The trigger of a failing judgement's case: each predicate undone alone, the case judged
+    again (`judge(case, gradients=...) -> JudgedCase`); kept when no variant fails with the same
+    symptom. A factor whose variants cannot be judged (outside the declaration, refused, pruned)
+    cannot be told apart, and is kept; two tensors laid out differently is kept only when some
+    variant could be judged, and then stands for the per-tensor layouts it implies.
+    `owned(judged) -> bool`: whether a failure belongs to a cause already known; a variant that
+    still fails only through one (a case holding two bugs, one of them known) does not count as
+    failing the same way, so the new cause's predicates are found in such a case too."""
     key, keys = check_key(judged), failure_keys(judged)
+    reproduces = functools.partial(_reproduces, owned=owned)
     needed = {}
+    undone = []                        # the variants of the relations found needed so far
     for name, (value, variants) in _off_plain(judged.case, caps).items():
-        if not any(_reproduces(variant, caps, judge, key, keys) for variant in variants):
+        if value == PREDICATE and name.startswith("layout["):
+            variants = _judgeable(variants, caps)
+            if not variants or all(v in undone for v in variants):
+                continue               # nothing to judge, or the same cure as a relation kept
+        if not any(reproduces(variant, caps, judge, key, keys) for variant in variants):
             needed[name] = value
+            if value == PREDICATE and name.startswith("layout["):
+                undone += variants
+    for a, b in _RELATED:
+        if different_layouts(a, b) in needed:
+            needed.pop(f"layout[{a}]", None)
+            needed.pop(f"layout[{b}]", None)
     if "causal" in needed:
         # Needing a mask is not needing this alignment: a bug that fails the other one the same
         # way (chunks aligned to the wrong end fail both) is one defect, met through either.
         other = [a for a in caps.causal if a != judged.case.causal]
-        if any(_reproduces(judged.case.replace(causal=a), caps, judge, key, keys) for a in other):
+        if any(reproduces(judged.case.replace(causal=a), caps, judge, key, keys) for a in other):
             needed["causal"] = EITHER_ALIGNMENT
     return needed
 
 
-def _reproduces(variant: AttentionCase, caps: Capabilities, judge, key: str, keys) -> bool:
+def cured(case: AttentionCase, trigger: dict[str, str], caps: Capabilities) -> AttentionCase | None:
+    """The case with every predicate of `trigger` undone together (each one's first variant), or
+    None when it does not have them all or the result cannot be judged."""
+    options = _off_plain(case, caps)
+    if any(name not in options for name in trigger):
+        return None
+    changes = {}
+    fields = [f.name for f in dataclasses.fields(case)]
+    for name in trigger:
+        variant = options[name][1][0]
+        changes.update({f: getattr(variant, f) for f in fields
+                        if getattr(variant, f) != getattr(case, f)})
+    result = case.replace(**changes)
+    return result if caps.why_not(result) is None else None
+
+
+def _reproduces(variant: AttentionCase, caps: Capabilities, judge, key: str, keys,
+                owned=None) -> bool:
     if caps.why_not(variant) is not None:
         return False
     try:
         again = judge(variant, gradients=key.startswith("grad_"))
     except Exception:                  # a variant the harness cannot judge here
         return False
-    return again.refused is None and again.skipped is None and same_symptom(again, key, keys)
+    return (again.refused is None and again.skipped is None and same_symptom(again, key, keys)
+            and not (owned is not None and owned(again)))
+
+
+def _passes(case: AttentionCase, judge, gradients: bool) -> bool:
+    try:
+        again = judge(case, gradients=gradients)
+    except Exception:                  # a variant the harness cannot judge here
+        return False
+    return again.refused is None and again.skipped is None and again.passed
 
 
 @dataclasses.dataclass
 class Defect:
-    """One distinct defect: its shrunk counterexample and how many drawn cases hit it."""
+    """One distinct defect (a cause): its shrunk counterexample and how many drawn cases hit it."""
     counterexample: object              # campaign.Counterexample (its judged case, its file)
     check_key: str
     keys: frozenset[str]                # of every check its case failed
-    factors: dict[str, str]
+    factors: dict[str, str]             # its trigger
     hits: int = 1                       # drawn cases that failed this way (shrinking not counted)
     shrunk: bool = True                 # False: reported as drawn (the budget ended first)
     found_at: int | None = None         # cases judged by the campaign when it was found
+    # the first failing check of every case tallied to it (the symptoms this cause showed)
+    checks: list[str] = dataclasses.field(default_factory=list)
+    shrink_note: str = ""               # how far its own shrink got, when cut short
+    signature: str = ""                 # its cause as one line (cause_of), set by DefectBook.add
+
+    def __post_init__(self):
+        if not self.checks and self.check_key:
+            self.checks = [self.check_key]
 
     @property
     def judged(self):
         return self.counterexample.judged
 
     def needs(self) -> str:
-        """'causal=bottom_right layout[q]=sliced', or 'nothing special' for a case the shrinker
-        made simplest everywhere."""
-        return " ".join(f"{k}={v}" for k, v in self.factors.items()) or "nothing special"
+        """'causal=bottom_right layout[k]≠layout[v]', or 'nothing special' for a case the
+        shrinker made simplest everywhere."""
+        return " ".join(k if v == PREDICATE else f"{k}={v}"
+                        for k, v in self.factors.items()) or "nothing special"
 
-    def covers(self, judged, case_factors: dict[str, str], caps: Capabilities) -> bool:
-        """Same symptom, and the case has each needed factor in the defect's class of it."""
-        if not same_symptom(judged, self.check_key, self.keys):
-            return False
+    def showed(self, judged) -> None:
+        """Count the symptom of a case tallied to this cause."""
+        key = check_key(judged)
+        if key and key not in self.checks:
+            self.checks.append(key)
+
+    def has_trigger(self, case_factors: dict[str, str], caps: Capabilities) -> bool:
         have = _classes(case_factors, caps)
         return all(have.get(k) == v or (v == EITHER_ALIGNMENT and k == "causal" and k in have)
                    for k, v in _classes(self.factors, caps).items())
 
+    def covers(self, judged, case_factors: dict[str, str], caps: Capabilities) -> bool:
+        """Same symptom, and the case has each needed factor in the defect's class of it (the
+        symptom test; DefectBook.owner adds the cure test)."""
+        return (same_symptom(judged, self.check_key, self.keys)
+                and self.has_trigger(case_factors, caps))
+
+
+def cause_of(trigger: dict[str, str], check: str, caps: Capabilities) -> str:
+    """'needs layout[k]≠layout[v]' or, with nothing needed, 'fails plainly: nonfinite'."""
+    if not trigger:
+        return f"fails plainly: {check}"
+    classes = _classes(trigger, caps)
+    return "needs " + " ".join(k if v == PREDICATE else f"{k}={v}"
+                               for k, v in sorted(classes.items()))
+
 
 class DefectBook:
-    """The defects one campaign found, in the order found."""
+    """The defects one campaign found, in the order found. `judge(case, gradients=...)` judges
+    the cure tests (module docstring); without it ownership is by symptom and trigger alone."""
 
-    def __init__(self, caps: Capabilities):
+    def __init__(self, caps: Capabilities, judge=None):
         self.caps = caps
+        self.judge = judge
         self.defects: list[Defect] = []
 
     def __len__(self) -> int:
         return len(self.defects)
 
     def owner(self, judged) -> Defect | None:
-        """The most specific known defect this failing judgement belongs to, or None (new)."""
+        """The known defect this failing judgement belongs to, or None (new)."""
+        return self.assign(judged)[0]
+
+    def assign(self, judged) -> tuple[Defect | None, bool]:
+        """(owner, alone): the known defect this failing judgement belongs to, or None (new): by
+        the cure test where a trigger can be undone and judged, else by symptom; a case that
+        only all the matching causes together cure is theirs too, tallied to the first, with
+        alone False (its symptom is the mixture's, not that cause's)."""
         have = factors(judged.case, self.caps)
-        matching = [d for d in self.defects if d.covers(judged, have, self.caps)]
-        return max(matching, key=lambda d: len(d.factors), default=None)
+        by_symptom = [d for d in self.defects if d.covers(judged, have, self.caps)]
+        triggered = [d for d in self.defects if d.factors and d.has_trigger(have, self.caps)]
+        gradients = check_key(judged).startswith("grad_")
+        if self.judge is not None and triggered:
+            for defect in sorted(triggered, key=lambda d: -len(d.factors)):
+                cure = cured(judged.case, defect.factors, self.caps)
+                if cure is not None and _passes(cure, self.judge, gradients):
+                    return defect, True
+            together = {}
+            for defect in triggered:
+                together.update(defect.factors)
+            cure = cured(judged.case, together, self.caps)
+            if len(triggered) > 1 and cure is not None and _passes(cure, self.judge, gradients):
+                return triggered[0], False
+        plain = [d for d in by_symptom if not d.factors or self.judge is None
+                 or cured(judged.case, d.factors, self.caps) is None]
+        return max(plain, key=lambda d: len(d.factors), default=None), True
+
+    def fold_mixtures(self) -> list[Defect]:
+        """Fold into the causes found later each defect whose case only held them together (a
+        case with two bugs, shrunk before either was known, whose trigger is the union of
+        theirs): undoing their triggers together cures it. Returns the defects folded away."""
+        folded = []
+        for defect in list(self.defects):
+            have = factors(defect.judged.case, self.caps)
+            others = [d for d in self.defects if d is not defect and d not in folded and d.factors
+                      and d.has_trigger(have, self.caps)]
+            if len(others) < 2 or self.judge is None:
+                continue
+            together = {}
+            for other in others:
+                together.update(other.factors)
+            cure = cured(defect.judged.case, together, self.caps)
+            if cure is not None and _passes(cure, self.judge,
+                                            defect.check_key.startswith("grad_")):
+                others[0].hits += defect.hits
+                folded.append(defect)
+        self.defects = [d for d in self.defects if d not in folded]
+        return folded
 
     def add(self, counterexample, judge, *, shrunk: bool = True,
             found_at: int | None = None) -> Defect:
-        """Record a counterexample as a defect, its factors found by judging variants of its
-        case with `judge` (`needed_factors`); one whose signature is already recorded (a second
-        shrink that ended where an earlier one did) is tallied to it instead."""
+        """Record a counterexample as a defect, its trigger found by judging variants of its
+        case with `judge` (`needed_factors`); one whose cause is already recorded (a second
+        shrink that ended where an earlier one did, or the same trigger through another check)
+        is tallied to it instead."""
         judged = counterexample.judged
-        key, have = check_key(judged), needed_factors(judged, self.caps, judge)
+        known = lambda failed: self.owner(failed) is not None   # noqa: E731
+        key, have = check_key(judged), needed_factors(judged, self.caps, judge, known)
+        if not have:
+            # Nothing undone alone cures it: a case holding two known causes at once (each
+            # undo leaves the other) is theirs when undoing them together cures it.
+            owner, _ = self.assign(judged)
+            if owner is not None and owner.factors:
+                owner.hits += 1
+                return owner
+        cause = cause_of(have, key, self.caps)
         for known in self.defects:
-            if known.check_key == key and (_classes(known.factors, self.caps)
-                                           == _classes(have, self.caps)):
+            if known.signature == cause:
                 known.hits += 1
+                known.showed(judged)
                 return known
         defect = Defect(counterexample, key, failure_keys(judged), have, shrunk=shrunk,
-                        found_at=found_at)
+                        found_at=found_at, signature=cause)
         self.defects.append(defect)
         return defect

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from fuzzattn.campaigns import regression_file
+from fuzzattn.campaigns import cause_files, regression_file
 from fuzzattn.campaigns.defects import DefectBook
 from fuzzattn.contract.known_defects import HIT, PASSED_OVER, REFUSED, kind
 from fuzzattn.judging.judge import JudgedCase
@@ -88,6 +88,22 @@ class Campaign:
         return self.refused_total - hits > self.cases
 
 
+def record(book: DefectBook, counterexample: Counterexample, judge, **kw):
+    """Add a counterexample to the campaign's defects (DefectBook.add) and settle its file: one
+    file per cause (campaigns/cause_files.py)."""
+    defect = book.add(counterexample, judge, **kw)
+    duplicate = defect.counterexample is not counterexample
+    cause_files.settle(counterexample, defect.signature,
+                       duplicate_of=defect.counterexample if duplicate else None)
+    return defect
+
+
+def fold_mixtures(book: DefectBook) -> None:
+    """DefectBook.fold_mixtures, and the files of the defects folded away removed."""
+    for defect in book.fold_mixtures():
+        cause_files.discard(defect.counterexample)
+
+
 def report_stashed(book: DefectBook, stash: dict, judge, save_to_file: bool, regressions_dir,
                    judged_so_far: int) -> None:
     """New failures met while another was shrinking and never found again by a later round (the
@@ -96,6 +112,6 @@ def report_stashed(book: DefectBook, stash: dict, judge, save_to_file: bool, reg
     for judged in list(stash.values()):
         if book.owner(judged) is None:
             written = save(judged, regressions_dir) if save_to_file else None
-            book.add(Counterexample(judged, written), judge, shrunk=False,
-                     found_at=judged_so_far)
+            record(book, Counterexample(judged, written), judge, shrunk=False,
+                   found_at=judged_so_far)
     stash.clear()

@@ -14,6 +14,9 @@ Format (schema 2), one object per file, named `<case key>.json` (the case's shor
     inputs_sha256      sha256 of the materialised q, k, v bits: replay refuses to run on drifted inputs
     versions           torch, triton, hypothesis, fuzzattn at the time of finding
     found              the date (YYYY-MM-DD)
+    cause              the defect's cause as one line (campaigns/defects.py: its trigger, or with
+                       none its symptom): a later run, or another worker, that finds the same
+                       cause of the same implementation keeps this file and writes none
     expected_failures  {impl name: {"reason": ..., "upstream": ..., "device": ...}}: implementations
                        known to fail this case (an upstream defect, say). Replays report them as
                        expected failures, strictly: one that starts passing fails the run, so the
@@ -55,7 +58,7 @@ _FIELDS: dict[str, tuple[type, ...]] = {
     "schema": (int,), "covers": (str,), "case": (dict,), "impl": (str,), "impl_spec": (str,),
     "check": (str,), "observed_error": (int, float, type(None)),
     "allowed_error": (int, float, type(None)), "where": (str,), "inputs_sha256": (str,),
-    "versions": (dict,), "found": (str,), "expected_failures": (dict,),
+    "versions": (dict,), "found": (str,), "expected_failures": (dict,), "cause": (str,),
 }
 _REQUIRED = ("schema", "case")
 
@@ -131,6 +134,7 @@ class RegressionFile:
     versions: dict | None = None
     found: str | None = None
     expected_failures: dict[str, ExpectedFailure] = dataclasses.field(default_factory=dict)
+    cause: str | None = None
     path: Path | None = None
 
     def expected_failure(self, impl: str, device_type: str) -> ExpectedFailure | None:
@@ -143,7 +147,7 @@ class RegressionFile:
                 "impl": self.impl, "impl_spec": self.impl_spec, "check": self.check,
                 "observed_error": self.observed_error, "allowed_error": self.allowed_error,
                 "where": self.where, "inputs_sha256": self.inputs_sha256,
-                "versions": self.versions, "found": self.found,
+                "versions": self.versions, "found": self.found, "cause": self.cause,
                 "expected_failures": {name: x.to_dict() for name, x in
                                       self.expected_failures.items()} or None}
         return json.dumps({k: v for k, v in data.items() if v is not None}, indent=2) + "\n"

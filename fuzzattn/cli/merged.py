@@ -1,8 +1,8 @@
 """One Outcome for a campaign that --workers spread over several processes (fuzzattn/cli/workers.py):
 the workers' cases, refusals and budgets summed, and each distinct failure listed once.
 
-With defect signatures (campaigns/defects.py: the first failing check and the factors its
-shrunk case needs), defects found by several workers are one, their hits summed, and the
+With defect causes (campaigns/defects.py: the trigger its shrunk case needs, or with none its
+symptom), defects found by several workers are one, their hits summed, and the
 regression files their later shrinks wrote in this run removed: one file per defect. Without
 them, two failures are one when they are the same shrunk case (the same regression file).
 """
@@ -17,9 +17,9 @@ from fuzzattn.campaigns.outcome import ERROR, FAIL, OK, SKIP, Outcome
 from fuzzattn.cli import common
 
 
-def _signature(defect) -> tuple:
-    """Two workers' defects are one when their signatures (check, factors) are (campaigns/defects.py)."""
-    return defect.check_key, tuple(sorted(defect.factors.items()))
+def _signature(defect) -> str:
+    """Two workers' defects are one when their causes are (campaigns/defects.py)."""
+    return defect.signature
 
 
 def _found_key(found) -> tuple:
@@ -54,6 +54,7 @@ def _distinct(failed: list) -> list[tuple]:
                 merged[_signature(defect)] = [defect.counterexample, dataclasses.replace(defect), rerun]
                 continue
             kept[1].hits += defect.hits
+            kept[1].checks += [c for c in defect.checks if c not in kept[1].checks]
             extra = defect.counterexample.written
             if extra is not None and extra.new and extra.path != getattr(kept[0].written, "path", None):
                 with contextlib.suppress(OSError):

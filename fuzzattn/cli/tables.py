@@ -80,13 +80,15 @@ def defects_table(outcomes: Sequence[Outcome]) -> str:
     for o in outcomes:
         for i, d in enumerate(getattr(o.campaign, "defects", None) or [], 1):
             written = d.counterexample.written
-            rows.append([o.subject, i, d.check_key, d.hits, d.needs(),
+            rows.append([o.subject, i, ", ".join(d.checks) or d.check_key, d.hits, d.needs(),
                          str(d.judged.case) + ("" if d.shrunk else " (not shrunk)"),
                          written.path.name if written is not None else ""])
     if not rows:
         return ""
-    return "defects (each once; cases hit = drawn cases that failed this way):\n" + table(
-        ("campaign", "#", "check", "cases hit", "needs", "case", "file"), rows, max_width=60)
+    return ("defects by cause (each once; checks = what its cases failed first; cases hit = drawn "
+            "cases it explains):\n" + table(
+                ("campaign", "#", "checks", "cases hit", "needs", "case", "file"), rows,
+                max_width=60))
 
 
 def pruned_notes(outcomes: Sequence[Outcome]) -> list[str]:
