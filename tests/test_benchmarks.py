@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "benchmarks"
 BUILT = ROOT / "tests" / "purpose_built.py"
 PYTHON_SCRIPTS = ("calibrate_error_stats", "compile_variants", "gpu_campaign", "gpu_triage",
-                  "speed", "throughput", "verdict_digest")
+                  "scan_small_outputs", "speed", "throughput", "verdict_digest")
 _loaded: dict = {}
 
 
