@@ -38,8 +38,8 @@ GATE_BUDGET_CUDA = 240.0
 GATE_BUDGET_CPU = 120.0
 MIN_SHARE = 0.5         # seconds: a campaign offered less is not started (reported as not fuzzed)
 # A registered implementation that compiles per shape is not started on a share shorter than its
-# first compiles: a share is checked between cases, so it would end that much past the budget.
-# flex on the H200, 16 workers: the first 16 cases took 40 s (2026-12-03); a 4 s share took 60 s.
+# first compiles: a share is checked between cases, so it would end that much past the budget
+# (flex's first compiles: benchmarks/REPORT.md, its FlexAttention rows).
 FIRST_COMPILES = 40.0
 
 

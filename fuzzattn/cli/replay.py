@@ -127,8 +127,7 @@ class _Silent:
 def _slow_first(paths, subjects) -> list[int]:
     """The files' indices, those judged in an isolated worker on some subject first: each starts
     a fork server and a worker of its own (a CUDA context, a compile), and submitted late it can
-    only end late (the gate's replay on the H200 had 69 of its 75 files back after 30 s and took
-    84 s; which files made that tail was not recorded)."""
+    only end late: such files made the tail of a GPU gate's replay."""
     from fuzzattn.campaigns.regression_file import RegressionFileError, load
     from fuzzattn.campaigns.replay import needs_isolation
 

@@ -13,7 +13,7 @@ failure reruns the one worker that found it, in one process.
 The processes come from concurrent.futures.ProcessPoolExecutor, started once per command (every
 worker up before the first campaign's clock) and reused by every campaign: by a fork server that
 has imported fuzzattn on a machine without CUDA, by spawn where CUDA is visible (a process that
-has touched CUDA cannot fork; ~10 s a start on the H200). Each worker on a CUDA host sees one GPU,
+has touched CUDA cannot fork; seconds a start). Each worker on a CUDA host sees one GPU,
 round robin. Under the watchdog (fuzzattn/cli/watched.py) each worker keeps its own flight record
 (flight.adopt): a worker that dies or hangs is a segfault / hang verdict, its case saved and shrunk.
 """
@@ -36,9 +36,8 @@ from fuzzattn.campaigns.outcome import Outcome
 from fuzzattn.cli import common, merged
 
 # --workers auto on a CUDA host: processes per visible GPU (at most one per core); several overlap
-# their host phases with each other's kernels. benchmarks/throughput.py --cli-workers (sdpa fp32,
-# 30 s) on one H200 with 16 cores, 2026-12-03: 1 worker 57-66 cases/s, 16 workers 564, 24 435,
-# 32 415: past one worker a core the total falls.
+# their host phases with each other's kernels; past one worker a core the total falls
+# (benchmarks/REPORT.md, "Worker processes": benchmarks/throughput.py --cli-workers).
 PER_GPU = 16
 # --workers auto without CUDA: one process per core up to this (past a handful, the fork server's
 # start-up and each worker's shrink of a shared failure cost more than they return).
@@ -88,8 +87,8 @@ def visible_gpus() -> list[str]:
 
 def cores() -> int:
     """The cores `auto` may fill: the machine's, or a pytest-xdist worker's share of them. Its
-    neighbours run their own tests side by side: on the 16-core H200 host each in-process gate
-    test of `pytest -n auto` started 16 workers, each paying CUDA's start-up: 22-97 s a test."""
+    neighbours run their own tests side by side: a gate test under `pytest -n auto` that took
+    every core would start a worker a core, each paying CUDA's start-up."""
     count = os.cpu_count() or 1
     if os.environ.get("PYTEST_XDIST_WORKER"):
         count //= max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1))

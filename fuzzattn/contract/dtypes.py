@@ -39,8 +39,8 @@ U32 = BY_NAME["float32"].unit_roundoff       # fp32: running state, sums and lse
 TF32_ROUNDOFF = 2.0 ** -11                    # a TF32 matmul operand keeps 10 explicit mantissa bits
 # ... and a worst-case bound must take them truncated: the tensor cores read the first 10 bits of
 # an fp32 operand (Triton's fp32 tl.dot rounds to nearest only when asked), so one operand is off
-# by up to 2^-10 of itself. Seen: triton_fa2's score_shift on the H200, D=1, lse off by 2.3 x
-# 2^-11 of |q| |k + w|, past a round-to-nearest bound.
+# by up to 2^-10 of itself. Seen: triton_fa2's score_shift compiled with TF32, D=1, lse off by
+# 2.3 x 2^-11 of |q| |k + w|, past a round-to-nearest bound.
 TF32_TRUNCATION = 2.0 ** -10
 
 

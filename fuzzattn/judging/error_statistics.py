@@ -173,10 +173,10 @@ def out_rms_bound(got: torch.Tensor, reference, oracle: torch.Tensor,
     # One element's floor needs the max rule's noise: max|oracle| and (TF32) the largest A. Only
     # a head dim of 1 can leave a single element to judge.
     single = oracle64.shape[-1] == 1 and m.numel() > 0
-    largest = [m.max(), s.max()] if single else []
+    largest = ([m.max()] + ([s.max()] if tf32 else [])) if single else []
     # Every scalar in one read-back (a wait per read on a time-sliced GPU: fuzzattn/run/runs.py).
     sums = torch.stack(dots + referenced + rounded + flagged + counted + largest).tolist()
-    summed_max = sums.pop() if single else 0.0
+    summed_max = sums.pop() if single and tf32 else 0.0
     magnitude_max = sums.pop() if single else 0.0
     n = int(sums.pop()) if counted else oracle64.numel()
     any_nonfinite = bool(sums.pop()) if flagged else False
@@ -189,7 +189,6 @@ def out_rms_bound(got: torch.Tensor, reference, oracle: torch.Tensor,
     scale_rms = _rms(u * u * mm + 2 * u * U32 * ms + U32 * U32 * ss, n)
     moved_rms = _rms(ss + 2 * ms + mm, n)
 
-    sampling = rms_sampling(n, RMS_FALSE_POSITIVE_RATE)
     one_element = EPS_ULPS * scale_rms / math.sqrt(n) if n else 0.0
     # One element: the rms *is* its error, which the max rule judges; the rms rule then allows
     # at least what the max rule does (tolerance.py, "one element"). The tiers before the
@@ -210,6 +209,7 @@ def out_rms_bound(got: torch.Tensor, reference, oracle: torch.Tensor,
     statistic = math.inf if any_nonfinite else err_rms
     if statistic <= max(noise, floor) and not margins:   # decided on the noise (tolerance.py's
         return StatBound(statistic, max(noise, floor), math.nan, n, None)            # tiers)
+    sampling = rms_sampling(n, RMS_FALSE_POSITIVE_RATE)      # past the noise tier only
     if round_sq is not None and math.isfinite(round_sq):   # (an oracle past the dtype's range
         rounded_allowed = max(k_rms * sampling * _rms(round_sq, n) + noise, floor)   # rounds to
         if statistic <= rounded_allowed:                                             # inf: no tier)
