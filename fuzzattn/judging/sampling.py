@@ -11,7 +11,10 @@ errors is the absolute value of a Cauchy variable (P(ratio > 3.6) = 17%), so one
 nothing about whether a kernel carries more noise than its reference; at n = 1024 the ratio stays
 within 1.16 but for one draw in a million. Shared components of the two errors (the final
 rounding to the output dtype, where both round nearly the same fp32 value) only narrow the
-ratio, so the model is the worst case of a correct kernel.
+ratio, so the model is the worst case of a correct kernel. The rms rule claims more than the
+max rule once K_RMS c(n) falls below K_OUT times a reference's worst-to-rms ratio (~2.5 for
+Gaussian-like errors): from about 16 elements (c(16) = 3.9); below that it adds little, and on
+one element the rule allows at least the max rule's allowance (tolerance.py).
 
 F(n, n) is symmetric Beta's transform: F = B / (1 - B), B ~ Beta(n/2, n/2), so the quantile comes
 from the regularized incomplete beta function (Lentz's continued fraction; Numerical Recipes,

@@ -137,18 +137,15 @@ TF32_WEIGHT_ULPS = 2.0
 
 
 # -- Deciding the rule tier by tier -------------------------------------------------------------
-# Every rule here is allowed = K * (the reference's error) + noise, with the reference's error
-# >= 0. So an error within the noise alone passes whatever the reference's error is, and the
-# judge asks for the same-precision reference (oracle.same_precision_reference, a second
-# attention) only when an error is above its noise. A pass decided on the noise reports the
-# noise as its `allowed` and NaN as the reference's
-# error; `margins=True` decides every bound on the whole rule instead, for tools reporting how
-# far a kernel is from each bound (`fuzzattn explain`, benchmarks/calibrate_error_stats.py). The
-# verdict is the same either way: the noise is at most the whole allowance, in floating point
-# too (each is a rounded sum of non-negative terms, the noise's a subset, and rounding is
-# monotonic). out_rms has one tier more between the two, from the oracle alone: a reference
-# rounded to bf16 or fp16 is no closer to the oracle than the oracle's own rounding to that
-# dtype (error_statistics.out_rms_bound).
+# Every rule here is allowed = K * (the reference's error) + noise, the reference's error >= 0:
+# an error within the noise alone passes whatever the reference's error is, so the judge asks for
+# the same-precision reference (oracle.same_precision_reference, a second attention) only above
+# it. Such a pass reports the noise as its `allowed` and NaN as the reference's error;
+# `margins=True` judges every bound on the whole rule (`fuzzattn explain`, calibration). The
+# verdict is the same either way: the noise is at most the whole allowance, in floating point too
+# (rounded sums of non-negative terms, the noise's a subset; rounding is monotonic). out_rms has
+# a middle tier from the oracle alone: a reference rounded to bf16 or fp16 is no closer to the
+# oracle than the oracle's own rounding to that dtype (error_statistics.out_rms_bound).
 
 
 @dataclasses.dataclass(frozen=True)
@@ -282,19 +279,16 @@ def summed_for_tf32(dtype: torch.dtype, oracle, out_magnitude, fp32_matmul: str)
     return summed.to(torch.float64).nan_to_num(0.0)
 
 
-def _out_noise_terms(dtype: torch.dtype, score_magnitude: float, fp32_matmul: str,
-                     summed_max: float) -> tuple[float, float]:
+def _out_noise_terms(dtype, score_magnitude: float, fp32_matmul: str, summed_max: float):
     """The out rule's noise as (relative to max(max|oracle|, FLOOR), absolute)."""
-    relative = (EPS_ULPS * unit_roundoff(dtype) + NORM_ULPS * ULP32
-                + SCORE_ULPS * U32 * score_magnitude)
-    absolute = TF32_WEIGHT_ULPS * TF32_ROUNDOFF * summed_max if reads_tf32(dtype, fp32_matmul) else 0.0
-    return relative, absolute
+    tf32 = reads_tf32(dtype, fp32_matmul)
+    return (EPS_ULPS * unit_roundoff(dtype) + NORM_ULPS * ULP32 + SCORE_ULPS * U32 * score_magnitude,
+            TF32_WEIGHT_ULPS * TF32_ROUNDOFF * summed_max if tf32 else 0.0)
 
 
-def out_noise(dtype: torch.dtype, score_magnitude: float, magnitude_max: float,
-              fp32_matmul: str = "ieee", summed_max: float = 0.0) -> float:
-    """The out rule's noise: what one element may be off where the reference is exact, given
-    max|oracle| and the largest of `summed_for_tf32` (the out_rms rule's one-element floor)."""
+def out_noise(dtype, score_magnitude: float, magnitude_max: float, fp32_matmul: str = "ieee",
+              summed_max: float = 0.0) -> float:
+    """What one element may be off where the reference is exact (out_rms's one-element floor)."""
     relative, absolute = _out_noise_terms(dtype, score_magnitude, fp32_matmul, summed_max)
     return relative * max(magnitude_max, FLOOR) + absolute
 
@@ -376,10 +370,8 @@ def grad_allowance(dtype: torch.dtype, terms, *, fp32_matmul: str = "ieee",
 # over the whole tensor (n elements, rows with no visible key left out):
 #     allowed = K_RMS c(n) rms|ref - oracle|
 #               + EPS_ULPS rms(u(dtype) |oracle| + u(fp32) A) / sqrt(n)
-#               + SCORE_ULPS u(fp32) S rms(A + |oracle|)
-#     and, for n = 1, at least the max rule's allowance
-# with A = sum_j p_j |v_j| / l per element (oracle.Reference.out_magnitude) and c(n) the sampling
-# factor below.
+#               + SCORE_ULPS u(fp32) S rms(A + |oracle|)         (n = 1: at least the max rule's)
+# with A = sum_j p_j |v_j| / l per element (oracle.Reference.out_magnitude), c(n) below.
 # - K_RMS = 1.2. A correct kernel's output error is the final rounding R to the output dtype
 #   (shared with the reference: both round nearly the same fp32 value) plus pre-rounding noise of
 #   the reference's own kind (P rounded to the input dtype, fp32 sums in another order), of rms P
@@ -388,29 +380,16 @@ def grad_allowance(dtype: torch.dtype, terms, *, fp32_matmul: str = "ieee",
 #   sqrt((R^2 + 2 P^2) / (R^2 + P^2)) = sqrt(3/2) ~ 1.22: the most noise of the reference's kind a
 #   correct kernel adds. One more rounding of the output per key block (a low-precision
 #   accumulator) adds about R^2 / 2 per block: 1.3-3x on multi-block cases, what this rule is for.
-# - c(n) = sampling.rms_sampling(n, RMS_FALSE_POSITIVE_RATE): the ratio of two rms over n
-#   elements that independent Gaussian errors of equal size exceed once in 1/RMS_FALSE_POSITIVE_RATE
-#   draws, sqrt of Snedecor's F(n, n) quantile. The rms is a sample: with few elements the
-#   reference's may happen to be far below its usual size (its P roundings cancelling), and a
-#   correct kernel whose roundings fall elsewhere is then many times it. c(1) = 6.4e5 (the ratio of
-#   two single errors is Cauchy-tailed), c(4) = 42, c(16) = 3.9, c(64) = 1.85, c(1024) = 1.16.
-#   (Set by: CPU FLASH sdpa fp16 at 3.55e-5 on one element, Nq = 1, D = 1, near_constant keys, its
-#   reference's error 4.9e-6 and the kernel's 7x it, both P roundings of terms of size A = 0.85.
-#   A normal approximation, 1 + 2 / sqrt(n), would give K_RMS c(1) = 3.6, which 17% of such
-#   pairs exceed.)
-# - One element (n = 1, a head dim of 1 and a single visible row): the rms is that element's
-#   error, which the max rule has judged, so the rms rule allows at least the max rule's
-#   allowance (K_OUT rms|ref| + its noise) there. Past it, c(n) carries the sampling: the crossover
-#   where the rms rule starts to claim more than the max rule is where K_RMS c(n) falls below
-#   K_OUT times the reference's worst-to-rms ratio (~2.5 for Gaussian-like errors): about 16
-#   elements. Below it an out_rms failure needs an error the max rule fails too.
+# - c(n) = sampling.rms_sampling(n, RMS_FALSE_POSITIVE_RATE): how far two rms of n elements stray
+#   apart by chance (sampling.py). Set by: CPU FLASH sdpa fp16 7x its reference on one element.
+# - One element (D = 1, one visible row): its rms is the error the max rule judged, so at least
+#   the max rule's allowance; the rms rule claims more than it from about 16 elements (sampling.py).
 # - The one-element term: one element EPS_ULPS roundings off where the reference is right, spread
 #   over n (the rms of an error in one element). An element rounds at two scales: the output
 #   dtype's rounding at |out| (a final rounding that fell the other way: at most one ulp, <= 2 u
 #   |out|), and the fp32 sum of the terms p_j v_j, whose rounding is relative to their size A,
 #   not to the result, which can cancel far below it (set by: sdpa fp32 at 1.07x a 1-element
-#   near_constant output with |out| alone). Not the max rule's epsilon (2 u max(max|out|, FLOOR)),
-#   the worst element's scale: spread over n it is several times the typical element's.
+#   near_constant output with |out| alone). Not the max rule's epsilon, the worst element's scale.
 K_RMS = 1.2
 # - K_RMS_TF32 = sqrt(2), for fp32 kernels whose matmuls read TF32 operands: there the final
 #   rounding R (to fp32) is ~2^13 times smaller than the reference's P noise (TF32 truncation of
