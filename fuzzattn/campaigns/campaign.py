@@ -22,11 +22,9 @@ a judged known defect explains are tallied to it (judge_once).
 `fuzz` runs a campaign outside pytest (the CLI's `fuzz`, `gate` and `mutants`), with a case
 and/or time budget, and returns a `Campaign`.
 
-Isolation (fuzzattn.isolation.supervisor): `fuzz(isolate=True)` judges through one worker process per
-campaign; `use_workers(pool)` makes `check_case` judge the run's implementations in a WorkerPool
-(the pytest plugin's --fuzzattn-isolate). Either way the memo is keyed as in-process judging is,
-and hang/segfault/device_fault verdicts are not rerun for flakiness: each rerun would cost a
-worker restart (and a hang its whole timeout), and the memo already keeps Hypothesis consistent.
+Isolation (fuzzattn.isolation.supervisor): `fuzz(isolate=True)` or `use_workers(pool)` judge in
+worker processes, with the memo keyed as in-process; hang/segfault/device_fault verdicts are not
+rerun for flakiness (a rerun would cost a worker restart, a hang its whole timeout).
 """
 from __future__ import annotations
 
@@ -43,7 +41,7 @@ from hypothesis.errors import FlakyFailure, HypothesisException
 from fuzzattn.campaigns.defects import DefectBook, check_key, failure_keys, same_symptom
 from fuzzattn.campaigns.flaky import flaky_or_consistent
 from fuzzattn.campaigns.found import (Campaign, Counterexample, Refused,  # noqa: F401 (public)
-                                      fold_mixtures, record, report_stashed, save)
+                                      finish_shrinks, fold_mixtures, record, report_stashed, save)
 from fuzzattn.campaigns.pruned import Pruned as _Pruned
 from fuzzattn.contract.case import AttentionCase
 from fuzzattn.contract.implementation import Implementation
@@ -53,12 +51,15 @@ from fuzzattn.judging.verdict import PROCESS_CHECKS
 from fuzzattn.platform.gc_tuning import freeze_long_lived
 
 _MEMO_SIZE = 20_000       # remembered verdicts per process (a few hundred bytes each)
+# Shrinking's shares of a time cap: a round's shrink may take a quarter (a cause met early must
+# not starve the search), and the causes left cut short or unshrunk share 15% more past the cap.
+ROUND_SHRINK_SHARE = 0.25
+FINISH_SHRINK_SHARE = 0.15
 
 
 def _is_final_run() -> bool:
-    if not currently_in_test_context():
-        return True            # called directly (replay, a unit test): every failure is final
-    return current_build_context().is_final
+    # called directly (replay, a unit test): every failure is final
+    return not currently_in_test_context() or current_build_context().is_final
 
 
 _memo: collections.OrderedDict[tuple[str, str], JudgedCase] = collections.OrderedDict()
@@ -210,10 +211,9 @@ def fuzz(impl: Implementation, strategy: st.SearchStrategy[AttentionCase], *, ma
     campaign (its shrinking) judges the forward only: a smaller case that fails only in its
     gradients is another bug, and shrinking toward it would lose the one found.
 
-    `database`: a Hypothesis ExampleDatabase (a seeded campaign only) whose failures saved under
-    `database_key` are replayed first and where new ones are saved; the default key is the
-    implementation's cli name, never the test function's source, so it survives code edits.
-    None (the default) keeps no memory between runs."""
+    `database`: a Hypothesis ExampleDatabase (a seeded campaign only; None: no memory between
+    runs), its failures under `database_key` (default: the cli name, which survives code edits)
+    replayed first. Each defect left cut short or unshrunk gets its own shrink (found.py)."""
     if gradient_every < 1:
         raise ValueError(f"gradient_every={gradient_every} must be at least 1")
     if timeout is not None and not isolate:
@@ -243,9 +243,9 @@ def _fuzz(impl, strategy, *, max_examples, seconds, hypothesis_seed_value, save_
           database=None, database_key=None) -> Campaign:
     # drawn: cases judged outside shrinking (the case budget); target: the symptom (check key,
     # failure keys) the round's shrink holds to (defects.same_symptom), None before the round's
-    # first new failure
+    # first new failure; cut: the round's shrink wound down early (the cap or its share of it)
     state = {"judged": 0, "first": None, "over": False, "forward_failed": False, "drawn": 0,
-             "target": None, "raised": False}
+             "target": None, "raised": False, "cut": False, "shrink_start": 0.0}
     with_gradients: dict[str, bool] = {}
     refused: collections.Counter[str] = collections.Counter()
     forward_only: collections.Counter[str] = collections.Counter()
@@ -266,18 +266,19 @@ def _fuzz(impl, strategy, *, max_examples, seconds, hypothesis_seed_value, save_
     phases = None if shrink else [Phase.explicit, Phase.reuse, Phase.generate]
 
     # report_multiple_bugs off: one campaign reports one counterexample; shrink it at once.
-    @settings(max_examples=max_examples, database=None, deadline=None,
-              derandomize=hypothesis_seed_value is None, print_blob=False,
-              report_multiple_bugs=False,
+    @settings(max_examples=max_examples, database=None, deadline=None, print_blob=False,
+              derandomize=hypothesis_seed_value is None, report_multiple_bugs=False,
               **({"phases": phases} if phases else {}))
     @given(strategy)
     def campaign(case):
         final = currently_in_test_context() and current_build_context().is_final
-        if over_budget() and not final:
+        if not final and (over_budget() or state["target"] is not None and seconds is not None and
+                          time.perf_counter() - state["shrink_start"] > ROUND_SHRINK_SHARE * seconds):
             if state["target"] is None:
                 raise _TimeIsUp          # before any new failure: the search ends here
             # While shrinking, unjudged draws pass: no candidate can improve on the smallest
             # failure so far, so the shrink winds down and its final replay is still judged.
+            state["cut"] = True
             return
         if pruned.seen(case):
             reject()                     # a configuration already seen not to compile for it
@@ -310,6 +311,7 @@ def _fuzz(impl, strategy, *, max_examples, seconds, hypothesis_seed_value, save_
                 return
             if state["target"] is None:
                 state["target"] = (check_key(judged), failure_keys(judged))
+                state["shrink_start"] = time.perf_counter()
             elif not same_symptom(judged, *state["target"]):
                 stash.setdefault(check_key(judged), judged)   # another new defect: later
                 return
@@ -332,15 +334,17 @@ def _fuzz(impl, strategy, *, max_examples, seconds, hypothesis_seed_value, save_
         # (a derandomized one has none: Hypothesis refuses the pair)
         campaign._hypothesis_internal_use_settings = settings(
             campaign._hypothesis_internal_use_settings, database=database)
-    result = dict(impl=impl.name)
 
     def finished(**kw) -> Campaign:
         report_stashed(book, stash, variant_judge, save_to_file, regressions_dir,
                        state["judged"])
         fold_mixtures(book)
+        if shrink:
+            finish_shrinks(book, variant_judge, save_to_file, regressions_dir,
+                           seconds=None if seconds is None else FINISH_SHRINK_SHARE * seconds)
         kw.setdefault("budget_hit", state["over"])
         return Campaign(cases=state["judged"], seconds=time.perf_counter() - start,
-                        refused=dict(refused), forward_only=dict(forward_only), **result, **kw,
+                        refused=dict(refused), forward_only=dict(forward_only), impl=impl.name, **kw,
                         counterexample=book.defects[0].counterexample if book.defects else None,
                         cases_to_first_failure=state["first"] if book.defects else None,
                         defects=list(book.defects), pruned=pruned.report())
@@ -366,7 +370,7 @@ def _fuzz(impl, strategy, *, max_examples, seconds, hypothesis_seed_value, save_
         # failure that no defect found so far explains; known ones are tallied and pass.
         if stop_at_first and book.defects or state["drawn"] >= max_examples or over_budget():
             break
-        state["target"], state["forward_failed"], state["raised"] = None, False, False
+        state.update(target=None, forward_failed=False, raised=False, cut=False)
         # Later rounds skip the database's replay: it deletes every saved failure that does not
         # fail again, and the ones found so far now pass, tallied.
         later = {"phases": [p for p in base.phases if p != Phase.reuse]} if round_number else {}
@@ -381,7 +385,9 @@ def _fuzz(impl, strategy, *, max_examples, seconds, hypothesis_seed_value, save_
         except _TimeIsUp:
             return finished(budget_hit=True)
         except Counterexample as found:
-            record(book, found, variant_judge, found_at=state["judged"])
+            defect = record(book, found, variant_judge, found_at=state["judged"])
+            if state["cut"] and defect.counterexample is found:
+                defect.shrink_note = "cut short"     # finish_shrinks goes on from it
         except FlakyFailure as exc:
             # judge_once makes every case's verdict stable, so this means the strategy or the
             # harness changed between Hypothesis's runs: report it, never as an internal error.

@@ -336,6 +336,11 @@ class DefectBook:
                  or cured(judged.case, d.factors, self.caps) is None]
         return max(plain, key=lambda d: len(d.factors), default=None), True
 
+    def holds(self, defect: Defect, judged) -> bool:
+        """Whether a failing judgement fails through `defect`'s cause alone (a cause's shrink)."""
+        owner, alone = self.assign(judged)
+        return owner is defect and alone
+
     def fold_mixtures(self) -> list[Defect]:
         """Fold into the causes found later each defect whose case only held them together (a
         case with two bugs, shrunk before either was known, whose trigger is the union of

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from pathlib import Path
 
 from fuzzattn.campaigns import cause_files, regression_file
+from fuzzattn.campaigns.cause_shrink import shrink_cause
 from fuzzattn.campaigns.defects import DefectBook
 from fuzzattn.contract.known_defects import HIT, PASSED_OVER, REFUSED, kind
 from fuzzattn.judging.judge import JudgedCase
@@ -115,3 +117,24 @@ def report_stashed(book: DefectBook, stash: dict, judge, save_to_file: bool, reg
             record(book, Counterexample(judged, written), judge, shrunk=False,
                    found_at=judged_so_far)
     stash.clear()
+
+
+def finish_shrinks(book: DefectBook, judge, save_to_file: bool, regressions_dir, *,
+                   seconds: float | None) -> None:
+    """Give each defect reported as drawn, or whose Hypothesis shrink was cut short, its own
+    shrink holding to its cause (campaigns/cause_shrink.py), the causes sharing `seconds` (None:
+    each bounded by judged cases alone). A smaller case found replaces the defect's file."""
+    unfinished = [d for d in book.defects if not d.shrunk or d.shrink_note]
+    for i, defect in enumerate(unfinished):
+        drawn = defect.judged.case
+        gradients = defect.check_key.startswith("grad_")
+        share = None if seconds is None else seconds / len(unfinished)
+        result = shrink_cause(defect.judged, functools.partial(book.holds, defect),
+                              lambda case: judge(case, gradients), book.caps, seconds=share)
+        if result.judged.case != drawn:
+            cause_files.discard(defect.counterexample)
+            written = save(result.judged, regressions_dir) if save_to_file else None
+            defect.counterexample = Counterexample(result.judged, written)
+            cause_files.settle(defect.counterexample, defect.signature)
+        defect.shrunk = result.complete or result.steps > 0
+        defect.shrink_note = result.note(drawn)

@@ -149,7 +149,8 @@ def _failure_text(found, rerun: str, defect=None) -> str:
     lines = [found.judged.describe()]
     if defect is not None:
         lines.append(f"  cases hit: {defect.hits}; needs: {defect.needs()}"
-                     + ("" if defect.shrunk else "; not shrunk (as drawn)"))
+                     + (f"; {defect.shrink_note}" if defect.shrink_note
+                        else "" if defect.shrunk else "; not shrunk (as drawn)"))
     if found.written is not None:
         lines.append(f"  regression file: {display_path(found.written.path)}")
         if found.written.fallback_reason:

@@ -81,7 +81,7 @@ def defects_table(outcomes: Sequence[Outcome]) -> str:
         for i, d in enumerate(getattr(o.campaign, "defects", None) or [], 1):
             written = d.counterexample.written
             rows.append([o.subject, i, ", ".join(d.checks) or d.check_key, d.hits, d.needs(),
-                         str(d.judged.case) + ("" if d.shrunk else " (not shrunk)"),
+                         str(d.judged.case) + _shrink_mark(d),
                          written.path.name if written is not None else ""])
     if not rows:
         return ""
@@ -89,6 +89,14 @@ def defects_table(outcomes: Sequence[Outcome]) -> str:
             "cases it explains):\n" + table(
                 ("campaign", "#", "checks", "cases hit", "needs", "case", "file"), rows,
                 max_width=60))
+
+
+def _shrink_mark(defect) -> str:
+    """' (shrink cut short)' or ' (not shrunk)' after a case its cause's shrink did not finish
+    (the defect's failure text says how far it got)."""
+    if defect.shrink_note:
+        return " (shrink cut short)" if defect.shrunk else " (not shrunk)"
+    return "" if defect.shrunk else " (not shrunk)"
 
 
 def pruned_notes(outcomes: Sequence[Outcome]) -> list[str]:
