@@ -18,7 +18,7 @@ from pathlib import Path
 from fuzzattn.campaigns import regression_file
 
 
-def _rewrite(path: Path, record: regression_file.RegressionFile) -> None:
+def rewrite(path: Path, record: regression_file.RegressionFile) -> None:
     """Replace the file atomically (a reader sees the old file or the new one, never half)."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")
     try:
@@ -61,7 +61,7 @@ def settle(counterexample, cause: str, *, duplicate_of=None) -> None:
         return
     try:
         record = regression_file.load(written.path)
-        _rewrite(written.path, dataclasses.replace(record, cause=cause, path=None))
+        rewrite(written.path, dataclasses.replace(record, cause=cause, path=None))
         holders = same_cause(written.path.parent, record.impl, cause)
     except (OSError, regression_file.RegressionFileError):
         return                          # the file stays as written: never lose a counterexample

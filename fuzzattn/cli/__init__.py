@@ -6,6 +6,7 @@ and gate CI. One module per command; `common` holds what they share.
     fuzzattn mutants [--list]
     fuzzattn gate [--mutants] [--changed-since origin/main] [--junit-xml gate.xml] [--markdown gate.md]
     fuzzattn explain regressions/abc123.json --impl sdpa_cudnn   # which factor the failure needs
+    fuzzattn triage regressions/ [--prune]           # group files by cause, remove duplicates
 
 Exit status: 0 when everything passed; 1 when something failed (a counterexample, a failing or
 unreadable regression file, a surviving mutant); 2 when the command could not run as asked (a
@@ -27,13 +28,13 @@ import os
 import sys
 import warnings
 
-from fuzzattn.cli import explain, fuzz, gate, mutants, replay
+from fuzzattn.cli import explain, fuzz, gate, mutants, replay, triage
 from fuzzattn.cli.common import CLIError, one_line
 from fuzzattn.platform.mps import SharedDeviceFault
 
 SHARED_DEVICE_FAULT_STATUS = 3
 
-COMMANDS = (fuzz, replay, mutants, gate, explain)
+COMMANDS = (fuzz, replay, mutants, gate, explain, triage)
 
 
 class _Parser(argparse.ArgumentParser):
