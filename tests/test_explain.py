@@ -2,6 +2,7 @@
 one known factor, the triage names that factor; bad arguments are one-line usage errors."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -43,6 +44,10 @@ def rows(out: str) -> dict[str, list[str]]:
     return table
 
 
+def reading(out: str) -> str:
+    return next(line for line in out.splitlines() if line.startswith("passes when"))
+
+
 def test_a_bottom_right_bug_is_explained_by_causal(capsys, tmp_path):
     case = AttentionCase(1, 2, 2, 3, 7, 16, causal="bottom_right", scale=0.5,
                          layout=("transposed", "contiguous", "contiguous"), values="dominant_key")
@@ -53,8 +58,10 @@ def test_a_bottom_right_bug_is_explained_by_causal(capsys, tmp_path):
     assert table["causal=none"][1] == "pass"
     for other in ("values=normal", "layout=contiguous", "scale=default", "dtype=bfloat16", "dtype=float16"):
         assert table[other][1] == "FAIL", other
-    last = out.strip().splitlines()[-1]
-    assert last.startswith("passes when: causal=none; still fails when: values=normal")
+    # the alignments differ only when Nq != Nk: equal lengths either way pass too
+    assert reading(out).startswith("passes when: causal=none, Nk=3, Nq=7; still fails when: "
+                                   "values=normal")
+    assert out.strip().splitlines()[-1] == "needs: causal=bottom_right lengths=Nq<Nk"
 
 
 def test_a_large_values_bug_is_explained_by_values(capsys, tmp_path):
@@ -64,7 +71,7 @@ def test_a_large_values_bug_is_explained_by_values(capsys, tmp_path):
     table = rows(out)
     assert table["-"][1] == "FAIL" and table["-"][2] == "nonfinite"
     assert table["values=normal"][1] == "pass"
-    assert out.strip().splitlines()[-1].startswith("passes when: values=normal; still fails when:")
+    assert reading(out).startswith("passes when: values=normal; still fails when:")
 
 
 @pytest.mark.parametrize("recorded", ["segfault", "out"])
@@ -150,3 +157,32 @@ def test_bad_arguments_are_one_line_usage_errors(capsys, tmp_path, argv, expecte
     lines = captured.err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("fuzzattn: error:") and expected in lines[0]
     assert "Traceback" not in captured.out + captured.err
+
+
+TWO_BUGS = Path(__file__).resolve().parent.parent / "examples" / "two_bug_attention.py"
+
+
+def test_explain_varies_the_lengths_and_needs_what_fuzz_would_name(capsys, tmp_path):
+    # Nq < Nk and an odd Nk: only the odd Nk is needed, and explain shows why
+    case = AttentionCase(1, 2, 2, 4, 5, 8)
+    status, out, err = explain(capsys, _file(tmp_path, case), f"{TWO_BUGS}:TWO_BUGS")
+    assert status == 0, out + err
+    table = rows(out)
+    assert table["Nk=4"][:2] == ["lengths=Nq<Nk", "pass"]       # Nk := Nq, even again
+    assert table["Nq=5"][:2] == ["lengths=Nq<Nk", "FAIL"]       # Nq := Nk, still odd
+    assert table["Nk=6"][:2] == ["Nk odd", "pass"]
+    assert out.strip().splitlines()[-1] == "needs: Nk odd"
+
+
+def test_explain_and_fuzz_name_the_same_cause_for_every_file(capsys, tmp_path):
+    status = cli.main(["fuzz", "--impl", f"{TWO_BUGS}:TWO_BUGS", "--profile", "dev",
+                       "--database", "off", "--workers", "1", "--regressions-dir", str(tmp_path)])
+    capsys.readouterr()
+    assert status == 1
+    files = sorted(tmp_path.glob("*.json"))
+    assert len(files) == 2
+    for path in files:
+        cause = json.loads(path.read_text())["cause"]
+        status, out, err = explain(capsys, path, f"{TWO_BUGS}:TWO_BUGS")
+        assert status == 0, out + err
+        assert out.strip().splitlines()[-1] == cause.replace("needs ", "needs: ", 1), out

@@ -165,6 +165,12 @@ def _off_plain(case: AttentionCase, caps: Capabilities) -> dict[str, tuple[str, 
     return found
 
 
+def one_change_variants(case: AttentionCase, caps: Capabilities) -> list[tuple[str, str, list]]:
+    """(predicate, its value, the cases with it undone) for each predicate the case satisfies:
+    what `needed_factors` judges, and `fuzzattn explain` shows, so the two always agree."""
+    return [(name, value, variants) for name, (value, variants) in _off_plain(case, caps).items()]
+
+
 def _judgeable(variants: list, caps: Capabilities) -> list:
     return [v for v in variants if caps.why_not(v) is None]
 

@@ -4,10 +4,12 @@ The file's case is judged as recorded, then again with exactly one factor change
 simple side: each other SDPA backend (for an sdpa* implementation), each other choice of every
 declared configuration axis (the mask form among them), values -> normal, layout -> contiguous,
 scale -> the default 1/sqrt(D), causal off, each other declared dtype, and the whole
-configuration at each axis's first choice. Each variant is a new case with the same data seed, so
-only the changed factor differs (for values, layout and dtype the tensors change with it, which
-is the point). One table, then one line reading it: the factors whose change makes the failure go
-away are the ones the bug depends on.
+configuration at each axis's first choice; then every other one-change variant by which a
+campaign finds what a defect needs (campaigns/defects.py: lengths made equal either way, Nk made
+even, GQA undone, one tensor's layout or two tensors' relation undone). Each variant is a new
+case with the same data seed, so only the changed factor differs (for values, layout and dtype
+the tensors change with it, which is the point). One table, then one line reading it, then the
+`needs:` a campaign's table would give the case, found from the same judgements.
 
 A file whose failure ends or corrupts the process judging it (a hang, segfault or device fault,
 or a case the implementation's unsafe known defect covers: campaigns.replay.needs_isolation) has
@@ -57,6 +59,7 @@ class Variant:
     verdict: str = ""
     check: str = ""
     numbers: str = ""
+    judged: object = None       # its JudgedCase, once judged in this process
 
 
 def _config_for(impl, case) -> tuple:
@@ -123,7 +126,35 @@ def variants(impl, case) -> list[Variant]:
     for dtype in DTYPES:
         if dtype != case.dtype and dtype in impl.caps.dtypes:
             rows.append(Variant("dtype", f"dtype={dtype}", impl, case.replace(dtype=dtype)))
+    return rows + _predicate_rows(impl, case, {r.case for r in rows})
+
+
+def _predicate_rows(impl, case, shown) -> list[Variant]:
+    """A row for each one-change variant a campaign's `needs` is found by (campaigns/defects.py:
+    the lengths made equal either way, Nk made even, GQA undone, one tensor's layout or two
+    tensors' relation undone) that no row above already judges."""
+    from fuzzattn.campaigns.defects import PREDICATE, one_change_variants
+    rows = []
+    for name, value, cases in one_change_variants(case, impl.caps):
+        for variant in cases:
+            if variant is None or variant in shown:
+                continue
+            shown.add(variant)
+            what = name if value == PREDICATE else f"{name}={value}"
+            rows.append(Variant(what, _difference(case, variant), impl, variant))
     return rows
+
+
+def _difference(case, variant) -> str:
+    """'Nq=3 Nk=3' or 'layout[v]=contiguous': what the variant changed."""
+    parts = []
+    for field, label in (("seq_q", "Nq"), ("seq_k", "Nk"), ("kv_heads", "Hkv")):
+        if getattr(variant, field) != getattr(case, field):
+            parts.append(f"{label}={getattr(variant, field)}")
+    for tensor, (was, now) in zip("qkv", zip(case.layout, variant.layout)):
+        if was != now:
+            parts.append(f"layout[{tensor}]={now}")
+    return " ".join(parts) or "-"
 
 
 def _worst(judged):
@@ -151,6 +182,7 @@ def judge_variant(row: Variant, isolated: bool = False) -> Variant:
             judged = worker.judge(row.case, margins=True)
     else:
         judged = judge(row.impl, row.case, margins=True)   # numbers against the whole rule
+        row.judged = judged
     if judged.skipped:
         row.verdict, row.check = SKIPPED, judged.skipped
     elif judged.refused:
@@ -213,4 +245,20 @@ def run(args) -> int:
                        [[r.factor, r.changed_to, r.verdict, r.check, r.numbers] for r in rows],
                        max_width=70))
     print(reading(rows))
+    if rows[0].verdict == FAIL and not isolated:
+        print(f"needs: {needs(impl, rows)}")
     return 0
+
+
+def needs(impl, rows: list[Variant]) -> str:
+    """The trigger a campaign would report for the recorded case (campaigns/defects.py), from
+    the rows' judgements where they judged the same case."""
+    from fuzzattn.campaigns.defects import Defect, needed_factors
+    from fuzzattn.judging.judge import judge
+    judged = {r.case: r.judged for r in rows if r.judged is not None and r.impl is impl}
+
+    def judge_again(case, gradients=True):
+        return judged.get(case) or judge(impl, case, gradients=gradients)
+
+    trigger = needed_factors(rows[0].judged, impl.caps, judge_again)
+    return Defect(None, "", frozenset(), trigger).needs()
