@@ -333,7 +333,7 @@ class IsolatedJudge:
         address, the next three files replayed in that worker failed with the same error).
 
         A crash is the fault when its text says CUDA, or when the worker found its context faulted
-        after the judgement (`left_faulted`, isolation_worker.context_fault: SDPA's fp16 and bf16
+        after the judgement (`left_faulted`, device_faults.context_fault: SDPA's fp16 and bf16
         backwards raised errors that do not say CUDA); with no crash to blame, the fault was
         asynchronous and a device_fault verdict is added."""
         note = f"; the CUDA context was left faulted: {left_faulted}" if left_faulted else ""
