@@ -35,7 +35,8 @@ Kept from the article's port:
 * int64 (batch, head) base offsets; out / lse written into caller buffers when given.
 
 fp32 inputs use tl.dot's default precision: IEEE fp32 in the interpreter; TF32 compiled on CUDA,
-whose operands are truncated (not rounded to nearest) to 10 mantissa bits on the H200.
+whose operands are truncated (not rounded to nearest) to 10 mantissa bits
+(docs/CALIBRATION.md#tf32).
 
 Seeded-bug variants (kernels/mutants/) are this file's kernel with one source edit and the same
 signature; they reuse this launcher through `triton_fa2_forward(..., kernel=...)`.

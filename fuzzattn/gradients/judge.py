@@ -43,7 +43,7 @@ ROW_KIND = {"dq": "query rows", "dk": "key rows", "dv": "key rows"}
 def _overflows(g: torch.Tensor, exact: torch.Tensor) -> torch.Tensor:
     """Elements where `g` is the exact gradient rounded to its dtype: an infinity of the exact
     value's sign where that value is past the dtype's largest finite number (it rounds to inf:
-    measured on the H200, fp16 dk of below_sentinel cases reaches 8e4, over fp16's 65504)."""
+    fp16 dk of below_sentinel cases reaches 8e4, past 65504: docs/CALIBRATION.md#gradient-range)."""
     rounded = exact.to(g.dtype)
     return torch.isinf(rounded) & (g == rounded)
 
@@ -82,7 +82,7 @@ def _allowances(impl, case, run: GradRun, ref: GradReference) -> dict[str, float
 
 def _vacuous(run: GradRun, allowances: dict[str, float]) -> frozenset[str]:
     """Gradients whose allowance is past their dtype's range: scores so large that fp32 cannot
-    recompute P within it (measured on the H200: values=below_sentinel fp16 cases, scores ~1e8,
+    recompute P within it (docs/CALIBRATION.md#gradient-range: below_sentinel fp16, scores ~1e8,
     where SDPA's default backward and triton_fa2's return inf in dk or dv while the exact values
     are ~1e2-1e4). Nothing about such a gradient can be judged."""
     return frozenset(name for name, g in run.grads.items()
