@@ -56,7 +56,7 @@ from fuzzattn.kernels.triton_fa2_configs import (  # noqa: F401
     ALL_CONFIGS, AUTOTUNE_CONFIGS, BACKWARD_CONFIGS, BASELINE_CONFIG, CONFIG_SPACE, MAX_HEAD_DIM,
     KNOWN_DEFECTS, autotuned, block_d, config_invalid, config_problem, forward_and_backward_rule)
 
-# Idempotent; kernels/__init__ already called it, but importing this module directly must also
+# Idempotent; kernels/__init__.py already called it, but importing this module directly must also
 # decorate the kernels below under the right backend.
 ensure_backend()
 
