@@ -7,7 +7,7 @@ Choose with --fuzzattn-profile NAME (or FUZZATTN_PROFILE=NAME). This suite's def
 CI is set and dev everywhere else, a CUDA host included: its tests check the engine and the
 kernels on the same sizes on every machine, while the gpu profile's 1,000-case campaigns with
 sequences to ~1k are what `fuzzattn fuzz` and `fuzzattn gate` run there (under it, single engine
-tests that fuzz and shrink took minutes each on an H200).
+tests that fuzz and shrink take minutes each: docs/CALIBRATION.md#suite-order).
 """
 pytest_plugins = ["pytester", "fuzzattn.pytest_plugin"]
 
@@ -30,14 +30,14 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
 # Longest first. pytest-xdist hands tests to workers in collection order, and a long test
 # collected late runs alone at the end while the other workers sit idle. First the tests listed
 # as longest, in their order, then the compiled or interpreted kernels' campaigns (triton_fa2's
-# interpreted ones ~50 s each on the 2-core CI machine; triton_fa2's and flex's 35-110 s on the
-# H200, compiles included), then the tests that start processes (CLI commands, isolated workers,
-# in-process pytest runs): 30-140 s each on the H200, `--durations` of
-# `bash benchmarks/gpu_run.sh suite`.
-# Only the autotuned example's one fuzz run (its module fixture, 100-136 s compiled on the H200)
-# is listed. With every test over 60 s there listed in measured order, pytest -n 16 on the H200
+# interpreted ones ~50 s each on a CI machine; triton_fa2's and flex's 35-110 s compiled on a
+# GPU, compiles included), then the tests that start processes (CLI commands, isolated workers,
+# in-process pytest runs): 30-140 s each compiled, `--durations` of
+# `bash benchmarks/gpu_run.sh suite` (figures: docs/CALIBRATION.md#suite-order).
+# Only the autotuned example's one fuzz run (its module fixture, 100-136 s compiled)
+# is listed. With every test over 60 s there listed in measured order, pytest -n 16 on a GPU
 # reported its last test but had not ended at 420 s, its workers waiting at exit on inductor's
-# compile pools (2026-12-03), against 305 s in this order; until that is understood, one entry.
+# compile pools, against 305 s in this order; until that is understood, one entry.
 _LONGEST = ("test_autotuned_example.py::test_one_fuzz_run",)
 _CAMPAIGNS = ("test_differential.py::test_matches_oracle", "test_gradients.py::test_gradients_match_oracle",
               "test_metamorphic.py::test_real_", "test_grad_metamorphic.py::test_real_backward_obeys")
@@ -70,7 +70,7 @@ def _dealt(items: list, long: list, workers: int) -> list:
     contiguous slices before any stealing: the long tests dealt round-robin to the slices'
     fronts, longest first, each slice then filled up in order. Sorted but not dealt, the long
     ones sat in the first slices, and the workers that stole them late ran alone at the end
-    (pytest -n 16 on the H200: 339 s against 248 s of test time per worker). Every worker
+    (pytest -n 16 on a GPU: 339 s against 248 s of test time per worker). Every worker
     collects the same list, so every worker computes the same order."""
     if workers < 2:
         return items

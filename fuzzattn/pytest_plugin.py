@@ -238,7 +238,7 @@ def pytest_runtest_makereport(item, call):
     """After a test that lost the process's CUDA context (an in-process kernel faulted), no later
     test here can pass for a reason of its own: its teardown fails, saying so, and then
     (pytest_runtest_logreport) an xdist worker exits, so xdist starts a fresh worker for the
-    rest, and a run without xdist stops. (Without this, one fault on the H200 failed every later
+    rest, and a run without xdist stops. (Without this, one device fault failed every later
     test of its worker: 110 of them.) A test that met a device fault on a GPU shared through MPS
     (shared_gpu.SharedDeviceFault) stops the whole session instead, every worker with it."""
     global _lost_here, _shared_fault

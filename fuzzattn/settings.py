@@ -67,7 +67,8 @@ def load_profile(name: str | None = None) -> Profile:
 def wants_one_thread() -> bool:
     """Fuzzed cases are tiny (sequences up to ~80 on the CPU), so intra-op threads buy nothing,
     and when another process holds a core they stall at their barriers (60 torch_tiled cases:
-    0.45 s single-threaded, 8-13 s one run in three with two threads on a 2-core machine).
+    0.45 s single-threaded, 8-13 s one run in three with two threads on two cores;
+    docs/CALIBRATION.md#threads).
     OMP_NUM_THREADS, if set, wins."""
     import torch
     return not torch.cuda.is_available() and "OMP_NUM_THREADS" not in os.environ
@@ -78,7 +79,8 @@ def threads_per_process(n: int) -> int | None:
     workers, `--workers`); None when OMP_NUM_THREADS decides. Without CUDA one (wants_one_thread);
     with it, the process's share of the cores: torch's default gives every process a thread per
     core, n times as many threads as cores, whose waits at their barriers spin. 4 `--workers`
-    with that default judged 4 sdpa fp32 cases/s on an H200 where one process judges 56."""
+    with that default judged 4 sdpa fp32 cases/s on a GPU where one process judges 56
+    (docs/CALIBRATION.md#threads)."""
     if "OMP_NUM_THREADS" in os.environ:
         return None
     if wants_one_thread():

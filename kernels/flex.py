@@ -31,8 +31,8 @@ from fuzzattn.contract import Capabilities, Implementation, KnownDefect
 from fuzzattn.triton_interpreter.fence import release
 
 # flex_attention came in torch 2.5, return_aux in 2.9. Its module is imported on first use: it
-# pulls in torch._dynamo (2.3 s on the 2-core CPU machine), which every process that imports the
-# registry (each CLI command, worker and xdist worker) would otherwise pay, flex judged or not.
+# pulls in torch._dynamo (~2 s, docs/CALIBRATION.md#compiles), which every process that imports
+# the registry (each CLI command, worker and xdist worker) would otherwise pay, flex judged or not.
 UNAVAILABLE = (None if release(torch.__version__) >= (2, 9) else
                f"torch {torch.__version__} has no FlexAttention with return_aux (torch >= 2.9)")
 
@@ -86,7 +86,7 @@ def _decoding_rows_past_the_sparse_block(case) -> bool:
     next_power_of_2(Nq * G) rows, and drops every configuration whose tile does not divide the
     block mask's sparse block: past 128 rows none is left (regressions/ab18a9f314cb.json).
     Without a mask (non-causal) flex's own block spans the whole sequence, and the same shapes
-    compile (measured on the H200)."""
+    compile (docs/CALIBRATION.md#compiles)."""
     return (_decoding_with_a_mask(case)
             and case.seq_q * (case.heads // case.kv_heads) > SPARSE_BLOCK)
 

@@ -208,7 +208,7 @@ def probe_backend(forward, backend, device: str | None = None) -> ProbeResult:
         # Gradients by autograd for MATH, exact wherever measured; the other backends' gradients
         # are judged through `sdpa`'s default dispatch.
         backward=backend == SDPBackend.MATH,
-        # No backend rounds fp32 operands to TF32 (on the H200: ulps of error, not 2^-11).
+        # No backend rounds fp32 operands to TF32 (ulps, not 2^-11: docs/CALIBRATION.md#tf32).
         fp32_matmul="ieee",
         # Forward passes of all four backends reduce without atomics: bitwise-identical reruns.
         deterministic=True,

@@ -1,6 +1,6 @@
 """SDPA's known upstream defects on CUDA (fuzzattn.contract.known_defects), by implementation.
 
-Each was found by the H200 campaigns (benchmarks/REPORT.md), located with `fuzzattn
+Each was found by a GPU campaign (benchmarks/REPORT.md), located with `fuzzattn
 explain`, and is pinned by the regression files named here, whose `expected_failures` entries
 say what fails and where to report it. The predicates are the input classes those explanations
 measured, no wider. Each names the check its file records: a campaign on CUDA judges these

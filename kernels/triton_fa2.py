@@ -35,7 +35,8 @@ Kept from the article's port:
 * int64 (batch, head) base offsets; out / lse written into caller buffers when given.
 
 fp32 inputs use tl.dot's default precision: IEEE fp32 in the interpreter; TF32 compiled on CUDA,
-whose operands are truncated (not rounded to nearest) to 10 mantissa bits on the H200.
+whose operands are truncated (not rounded to nearest) to 10 mantissa bits
+(docs/CALIBRATION.md#tf32).
 
 Seeded-bug variants (kernels/mutants/) are this file's kernel with one source edit and the same
 signature; they reuse this launcher through `triton_fa2_forward(..., kernel=...)`.
@@ -55,7 +56,7 @@ from fuzzattn.kernels.triton_fa2_configs import (  # noqa: F401
     ALL_CONFIGS, AUTOTUNE_CONFIGS, BACKWARD_CONFIGS, BASELINE_CONFIG, CONFIG_SPACE, MAX_HEAD_DIM,
     KNOWN_DEFECTS, autotuned, block_d, config_invalid, config_problem, forward_and_backward_rule)
 
-# Idempotent; kernels/__init__ already called it, but importing this module directly must also
+# Idempotent; kernels/__init__.py already called it, but importing this module directly must also
 # decorate the kernels below under the right backend.
 ensure_backend()
 

@@ -1,5 +1,5 @@
 """Configurations of the Triton FlashAttention-2 kernels: the spaces, which points of them run a
-head dim on an H200, and the forward's autotuning list.
+head dim on sm_90 (Hopper), and the forward's autotuning list.
 
 A configuration is one choice per axis of a space: tile sizes, warps, pipeline stages. The first
 choice of every axis is the simplest; together they are the article's kernel (16x16 tiles, 4
@@ -22,9 +22,9 @@ from fuzzattn.triton_interpreter.backend import ensure_backend, is_interpreted
 # BACKWARD_CONFIGS below depends on the backend: choose it before reading it.
 ensure_backend()
 
-MAX_HEAD_DIM = 256     # largest D verified (interpreted and compiled on an H200)
+MAX_HEAD_DIM = 256     # largest D verified, interpreted and compiled (docs/CALIBRATION.md#head-dim)
 
-# Resource limits of the H200 (sm_90) that decide whether a configuration compiles and runs.
+# Resource limits of sm_90 (Hopper) that decide whether a configuration compiles and runs.
 SMEM_LIMIT_BYTES = 227 * 1024      # opt-in shared memory per thread block on sm_90
 REGISTER_BUDGET = 192              # fp32 tile values per thread we allow (of 255 registers)
 
@@ -72,7 +72,7 @@ def config_problem(config) -> str | None:
 
 
 def config_invalid(config: dict, head_dim: int, *, dtype: torch.dtype | None = None) -> str | None:
-    """Why the forward `config` cannot run `head_dim` on an H200, or None when it can.
+    """Why the forward `config` cannot run `head_dim` on sm_90, or None when it can.
 
     Checks the keys and values against CONFIG_SPACE, then two conservative resource estimates.
     `dtype` is the input dtype; None assumes the widest (fp32), so a configuration valid for
@@ -147,7 +147,7 @@ BACKWARD_CONFIG_SPACE = {
 
 
 def backward_config_invalid(config: dict, head_dim: int, *, element_size: int = 4) -> str | None:
-    """Why the backward `config` would not fit on an H200 for this head dim, or None if it should.
+    """Why the backward `config` would not fit on sm_90 for this head dim, or None if it should.
 
     Missing keys take their first choice. The check is a conservative shared-memory estimate of
     the larger of the two main kernels (compiled; the interpreter has no limit). Triton stages
@@ -230,7 +230,7 @@ def forward_and_backward_rule(config: dict, case) -> str | None:
 # -- a configuration the compiler gets wrong --------------------------------------------------------
 def _faulting_fp32_tile(case) -> bool:
     """fp32 with the forward tile BLOCK_M=16 x BLOCK_N=128, 4 warps, no pipelining: measured on
-    the H200 (triton 3.6.0) to fault with an illegal memory access at BLOCK_D=64, on a one-block
+    a GPU (triton 3.6.0) to fault with an illegal memory access at BLOCK_D=64, on a one-block
     case (Nq=16, Nk=128) as on a long ragged one. The same tile in fp16, with 2 stages, 8 warps,
     BLOCK_M=32 or BLOCK_N=64 runs correctly, and the interpreter's bounds guards see no
     out-of-bounds address in the kernel: the fault is in the compiled code for this point. Only

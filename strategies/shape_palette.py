@@ -3,7 +3,7 @@
 A kernel behind `torch.compile` with static shapes (FlexAttention, `kernels/flex.py`) compiles
 for every new batch, head count, length, head dim, stride pattern and scale (dynamo guards on a
 Python float's value), so a campaign that draws each of them freely spends its time compiling:
-about 0.3 cases/s for flex on an H200. A palette campaign (`Capabilities.compiles_per_shape`)
+about 0.3 cases/s for flex on a GPU. A palette campaign (`Capabilities.compiles_per_shape`)
 draws instead one of N fixed entries, each fixing all of those, and varies per case what costs
 no compile: values, data seeds, the causal alignment (a mask per alignment, compiled once per
 entry) and the configuration.

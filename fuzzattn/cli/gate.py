@@ -21,9 +21,9 @@ from fuzzattn.campaigns.outcome import FAIL, SKIP, Outcome
 from fuzzattn.cli import changes, common, mutants, replay, tables, workers
 
 # The gate's budget while Triton runs under its CPU interpreter, per campaign (one implementation
-# and one dtype). Measured on the 2-core CI machine, hypothesis seed 0, ci/dev shapes: the
-# interpreted triton_fa2 judges 60 cases in 16-20 s per dtype when the machine is otherwise idle,
-# torch_tiled and sdpa in under a second; the 9 default campaigns took 55-105 s in all. The 30 s
+# and one dtype). With hypothesis seed 0 and ci/dev shapes on an otherwise idle CI machine, the
+# interpreted triton_fa2 judges 60 cases in 16-20 s per dtype, torch_tiled and sdpa in under a
+# second; the 9 default campaigns take 55-105 s in all (docs/CALIBRATION.md#gate). The 30 s
 # cap bounds each campaign when the machine is shared (it then judges fewer cases, and says so),
 # so the gate stays under ~2 minutes plus replay time. Compiled on a GPU the profile's count applies.
 GATE_INTERPRETED_EXAMPLES = 60

@@ -11,7 +11,7 @@ q's layout), so it is judged on exactly what the forward gave; autograd runs the
 Runs, as for the forward:
 1. the adversarial run: q, k, v, dO (and out, lse) inside NaN padding, torch.empty and freed
    blocks of the gradients' sizes NaN-filled; storages snapshotted to catch mutation;
-2. the oracle's and the same-precision reference's gradients on fresh copies (grad_oracle);
+2. the oracle's and the same-precision reference's gradients on fresh copies (gradients/oracle.py);
 3. NaN where the oracle is finite is attributed by re-running with clean memory, then also with
    zero padding (grad_unwritten, grad_out_of_bounds_read, else grad_nonfinite);
 4. exact checks: dq = 0 on rows with no visible key, dk = dv = 0 on keys no row sees;
@@ -43,7 +43,7 @@ ROW_KIND = {"dq": "query rows", "dk": "key rows", "dv": "key rows"}
 def _overflows(g: torch.Tensor, exact: torch.Tensor) -> torch.Tensor:
     """Elements where `g` is the exact gradient rounded to its dtype: an infinity of the exact
     value's sign where that value is past the dtype's largest finite number (it rounds to inf:
-    measured on the H200, fp16 dk of below_sentinel cases reaches 8e4, over fp16's 65504)."""
+    fp16 dk of below_sentinel cases reaches 8e4, past 65504: docs/CALIBRATION.md#gradient-range)."""
     rounded = exact.to(g.dtype)
     return torch.isinf(rounded) & (g == rounded)
 
@@ -82,7 +82,7 @@ def _allowances(impl, case, run: GradRun, ref: GradReference) -> dict[str, float
 
 def _vacuous(run: GradRun, allowances: dict[str, float]) -> frozenset[str]:
     """Gradients whose allowance is past their dtype's range: scores so large that fp32 cannot
-    recompute P within it (measured on the H200: values=below_sentinel fp16 cases, scores ~1e8,
+    recompute P within it (docs/CALIBRATION.md#gradient-range: below_sentinel fp16, scores ~1e8,
     where SDPA's default backward and triton_fa2's return inf in dk or dv while the exact values
     are ~1e2-1e4). Nothing about such a gradient can be judged."""
     return frozenset(name for name, g in run.grads.items()
@@ -198,11 +198,11 @@ def judge_gradients(impl: Implementation, case: AttentionCase, device, forward=N
     """Every gradient check of `impl` on `case`. `forward` = (out, lse) of the judged forward
     run, handed (as copies) to an explicit backward; autograd implementations ignore it.
     `judge_on`: where the gradient oracle, the reference and the comparisons compute
-    (judge_device.py; default: `device`). `pristine`: the forward judgement's inputs, which no
+    (judging/placement.py; default: `device`). `pristine`: the forward judgement's inputs, which no
     implementation run was handed: the runs copy them and the oracles read them, instead of
     materialising the case again (the largest cases spend ~100 ms in the CPU's randn).
     `references_on`: where the gradient oracle and the reference compute, when not `judge_on`:
-    they are read back to it in one copy (judge_device.py). `forward_references`: the forward
+    they are read back to it in one copy (judging/placement.py). `forward_references`: the forward
     judgement's (oracle, same-precision reference) of `pristine`, there: the gradient references
     build on them instead of computing the two forwards again (the same bits: the same functions
     of the same inputs); the same-precision one may be a function computing it (judge.py).
@@ -243,7 +243,7 @@ def judge_gradients(impl: Implementation, case: AttentionCase, device, forward=N
     known_ref, known_spr = known if known is not None else (None, None)
     ref = oracle_gradients(*fresh.tensors(), dout, case, deferred=away, forward=known_ref)
     # What needs no autograd (the explicit same-precision backward, the allowances, the
-    # comparisons) runs as the forward's references and checks do (judge_device.judging); the
+    # comparisons) runs as the forward's references and checks do (placement.judging); the
     # implementation's runs, the oracle's autograd and the attribution's re-runs do not.
     def same_precision() -> GradReference:
         forward = known_spr() if callable(known_spr) else known_spr

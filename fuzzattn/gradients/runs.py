@@ -146,7 +146,7 @@ def run_backward(impl: Implementation, case: AttentionCase, device, forward, *, 
 
 
 def on_device(run: GradRun, device: torch.device) -> GradRun:
-    """`run` with its gradients on `device`, where the judgement computes (judge_device.py)."""
+    """`run` with its gradients on `device`, where the judgement computes (judging/placement.py)."""
     if run.call.grads is None or all(same_device(g.device, device) for g in run.call.grads):
         return run
     if run.delivered is not None and same_device(run.delivered[0], device):

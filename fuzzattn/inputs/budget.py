@@ -9,8 +9,8 @@ from fuzzattn.contract.dtypes import BY_NAME
 
 # The most memory one judged case may take, checked before anything is allocated: inputs in
 # their padded storage (sliced layouts double the rows), outputs, and the float64 oracle's
-# (B, H, Nq, Nk) score matrices (about three alive at once). 8 GiB fits the CPU CI machine
-# (24 GiB) and leaves the H200 plenty; FUZZATTN_MEMORY_BUDGET_GB overrides it.
+# (B, H, Nq, Nk) score matrices (about three alive at once). 8 GiB fits a CPU CI machine
+# and leaves a GPU plenty (docs/CALIBRATION.md#memory-budget); FUZZATTN_MEMORY_BUDGET_GB overrides.
 DEFAULT_BUDGET_GB = 8.0
 
 

@@ -43,7 +43,7 @@ class Inputs:
     v: torch.Tensor
     storages: dict[str, torch.Tensor]   # the whole buffer each view lives in, guards included
     # On an accelerator: the CPU storages they were moved from, same bits and views. A judgement
-    # computing on the host reads these instead of copying the inputs back (judge_device.py).
+    # computing on the host reads these instead of copying the inputs back (judging/placement.py).
     host: "Inputs | None" = None
     # Once moved: the one uint8 buffer every storage is a view of (transfer.packed), so a copy
     # or a comparison of all of them is one kernel (launches are waits on a shared GPU).
@@ -139,7 +139,7 @@ def logical_values(case: AttentionCase, device="cpu") -> tuple[torch.Tensor, tor
 
 def _apply_profile(case, q, k, v, g):
     """The value profile's changes to standard normal q, k, v; `g` draws what they choose at
-    random (value_sources: the same calls, in the same order, for either source)."""
+    random (inputs/sources.py: the same calls, in the same order, for either source)."""
     profile = case.values
     if profile == "normal":
         pass

@@ -158,7 +158,7 @@ def _fused_here(device: torch.device) -> bool:
 
 @functools.lru_cache(maxsize=1)
 def _normals_kernel():
-    """Decorated on first use, so that it honours the backend triton_backend chose."""
+    """Decorated on first use, so that it honours the backend triton_interpreter.backend chose."""
     import triton
     import triton.language as tl
 

@@ -329,11 +329,11 @@ class IsolatedJudge:
     def _classify(self, judged: JudgedCase, left_faulted: str | None = None) -> JudgedCase:
         """Crashes that faulted the device, forward or backward, become device_fault, and the
         worker they poisoned is replaced: a CUDA error is sticky, so a worker kept after one fails
-        every later case (seen on the H200: after SDPA's backward faulted with a misaligned
-        address, the next three files replayed in that worker failed with the same error).
+        every later case (docs/CALIBRATION.md#device-faults: after SDPA's backward faulted with a
+        misaligned address, the next three files replayed in that worker failed the same way).
 
         A crash is the fault when its text says CUDA, or when the worker found its context faulted
-        after the judgement (`left_faulted`, isolation_worker.context_fault: SDPA's fp16 and bf16
+        after the judgement (`left_faulted`, device_faults.context_fault: SDPA's fp16 and bf16
         backwards raised errors that do not say CUDA); with no crash to blame, the fault was
         asynchronous and a device_fault verdict is added."""
         note = f"; the CUDA context was left faulted: {left_faulted}" if left_faulted else ""

@@ -198,8 +198,8 @@ def out_rms_bound(got: torch.Tensor, reference, oracle: torch.Tensor,
     floor = max_noise
     # An approximate reciprocal in the final normalisation (tolerance.py, NORM_ULPS) scales every
     # element by (1 + delta), |delta| <= NORM_ULPS ULP32: a per-element bound, so on the rms too
-    # (seen on the H200: sdpa_efficient fp32 at 8.6e-8 against 5.3e-8 on 16 elements whose
-    # reference was exact, the 2-ulp normalisation of the max rule's NORM_ULPS measurement).
+    # (seen: sdpa_efficient fp32 at 8.6e-8 against 5.3e-8 on 16 elements whose reference was
+    # exact, the 2-ulp normalisation of NORM_ULPS; docs/CALIBRATION.md#norm-ulps).
     normalisation = tolerance.NORM_ULPS * ULP32 * magnitude_rms
     noise = one_element + normalisation + SCORE_ULPS * U32 * score_magnitude * moved_rms
     # Weights truncated to TF32 a unit apart from the reference's (tolerance.py, TF32_WEIGHT_ULPS)

@@ -174,7 +174,7 @@ def _judge(impl: Implementation, case: AttentionCase, device, *, expected_sha256
                 detail=f"the case now materialises sha256 {judged.inputs_sha256[:16]}..., the "
                        f"file pins {expected_sha256[:16]}...; not running on different inputs"))
             return judged
-    # Where the references compute, and where the checks do (judge_device.py): the runs deliver
+    # Where the references compute, and where the checks do (placement.py): the runs deliver
     # their outputs there, and the references are read back there.
     references, here = judge_device(case, device), check_device(case, device)
     first = runs.launch(impl, case, device, adversarial=True, inputs=pristine.copy(),
@@ -270,7 +270,7 @@ def _references(impl: Implementation, case: AttentionCase, pristine: Inputs,
 def _read_back_with_references(impl: Implementation, case: AttentionCase, device,
                                first: runs.Run, pristine: Inputs, references: torch.device,
                                here: torch.device) -> tuple[runs.Run | None, list | None]:
-    """Half and half (judge_device.py: references on the accelerator, checks on the host): the
+    """Half and half (placement.py: references on the accelerator, checks on the host): the
     references compute right after the first run, the second run follows them on the device,
     as the judgement's order asks, and the first run's flags and outputs, the second's outputs
     and the references all come back in one transfer: one wait for a time-sliced GPU where
@@ -310,7 +310,7 @@ def _judge_runs(impl: Implementation, case: AttentionCase, device, first: runs.R
     verdicts = list(first.side_effects)
 
     # The references are read back in one copy (their score magnitude with them) to `here`,
-    # where every comparison with them computes (judge_device.py).
+    # where every comparison with them computes (placement.py).
     references = here if references is None else references
     if computed is None:
         away = not same_device(references, here)

@@ -36,9 +36,9 @@ def _expand_kv(t: torch.Tensor, heads: int) -> torch.Tensor:
 def truncate_to_tf32(x: torch.Tensor) -> torch.Tensor:
     """fp32 -> TF32 as tensor cores read it: the low 13 mantissa bits dropped (toward zero).
 
-    Measured on the H200 with triton 3.6: tl.dot(a, I) in fp32 returns `a` with its low 13 bits
-    cleared, i.e. truncation, not round-to-nearest. Truncation is also the less accurate of the
-    two, so a reference built on it bounds round-to-nearest TF32 kernels too."""
+    Compiled Triton's tl.dot(a, I) in fp32 returns `a` with its low 13 bits cleared, i.e.
+    truncation, not round-to-nearest (docs/CALIBRATION.md#tf32). Truncation is also the less
+    accurate of the two, so a reference built on it bounds round-to-nearest TF32 kernels too."""
     bits = x.contiguous().view(torch.int32) & ~0x1FFF
     return torch.where(torch.isfinite(x), bits.view(torch.float32).view(x.shape), x)
 

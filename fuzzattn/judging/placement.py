@@ -27,7 +27,7 @@ from fuzzattn.inputs.transfer import read_back, same_device
 # ~0.1 ms per float64 matmul on one CPU core; about 64% of the gpu profile's sdpa cases
 HOST_JUDGE_MACS = 2 ** 21
 ENV = "FUZZATTN_HOST_JUDGE_MACS"
-# the fastest of 2^17..2^21 for 16 sdpa fuzzers on one H200 (benchmarks/REPORT.md)
+# the fastest of 2^17..2^21 for 16 sdpa fuzzers sharing one GPU (docs/CALIBRATION.md#host-judging)
 HOST_CHECK_ELEMENTS = 2 ** 19
 CHECK_ENV = "FUZZATTN_HOST_CHECK_ELEMENTS"
 
@@ -85,7 +85,7 @@ def judging():
 
 
 def moved_together(references: list, device: torch.device) -> list:
-    """`references` (oracle.Reference, grad_oracle.GradReference: dataclasses holding tensors,
+    """`references` (oracle.Reference, gradients.oracle.GradReference: dataclasses holding tensors,
     dicts and dataclasses of tensors) with every tensor on `device`, those elsewhere read back in
     one copy; a 0-d tensor (a score magnitude computed without waiting for it) becomes a float."""
     return rebuilt(references, read_back(tensors_in(references), device))

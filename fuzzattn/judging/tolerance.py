@@ -24,7 +24,7 @@ score sums (oracle.Reference.score_magnitude).
   differs from the reference's (q.k) * scale by a few units of roundoff of S, the sum of the
   magnitudes it adds — far more than of |q.k| itself when terms cancel. An absolute score error
   d moves the output by about d relative, and the lse by d absolute (set by: SDPA fp32 at 4.8e-7
-  against 3.6e-7 allowed without it, H200).
+  against 3.6e-7 allowed without it; calibration: docs/CALIBRATION.md#score-ulps).
 - lse is always float32. A tiled kernel forms it as m + log(l), where l went through a rescale,
   an exp and an add per key tile and a log at the end, each worth about one unit of fp32
   roundoff relative to l, i.e. absolute on log(l); the one-pass reference does fewer. So its
@@ -45,7 +45,7 @@ same-precision reference backward (fuzzattn/gradients/oracle.py):
     allowed = K_GRAD * max|ref - oracle| + GRAD_EPS_ULPS u_op T + u_op T_delta
               + (expm1(2 SCORE_ULPS u(fp32) S) + (n + GRAD_EXTRA_OPS) u(fp32)) T_mag
 
-with T, T_delta, T_mag the largest over the gradient's entries of grad_oracle.term_magnitudes:
+with T, T_delta, T_mag the largest over the gradient's entries of gradients.oracle.term_magnitudes:
 T the sum of the entry's |terms| (e.g. |scale| sum_j |dS_ij| |k_j| for dq_i), T_delta the part
 of it through Delta = dO . O, T_mag the sum of every product an fp32 sum forming it adds (|dS|
 bounded by P (|dO|.|v| + |dO|.|O|)). Not |oracle| as for out: dq and dk are sums whose terms
@@ -103,7 +103,7 @@ ULP32 = 2.0 * U32
 # correctly rounded acc / l (1/2 ulp). So the kernel's quotient lies within 1 + 1/2 + O(u) ulps of
 # the exact one; rounded to fp32 it is a whole number of ulps away from it, at most 2: the
 # relative error is at most 2 ULP32 = 4 u32 of |out| <= max(|oracle out|, FLOOR).
-# (Set by: SDPA fp32 with one key returns v off by 2 ulps on the H200, where the reference is exact.)
+# (Set by: SDPA fp32, one key: v off by 2 ulps, the reference exact; docs/CALIBRATION.md#norm-ulps)
 # The normalisation runs in the fp32 accumulator whatever the output dtype, so the term is in fp32
 # ulps for every dtype. For bf16/fp16 outputs it is 2^-22 relative before the final rounding,
 # which EPS_ULPS u(dtype) >= 2^-10 already covered; added anyway, it costs them nothing.
@@ -118,15 +118,15 @@ NORM_ULPS = 2.0
 # the same size and K_OUT = 2 allows twice it.
 #
 # TF32 weights, TF32_WEIGHT_ULPS = 2 (fp32 kernels whose matmuls read TF32 operands). Tensor cores
-# read fp32 operands truncated to TF32 (measured on the H200 with triton 3.6, benchmarks/
-# tf32_probe.py: every operand, from memory or registers, 16x16 and 64x64 tiles). q, k and v are
+# read fp32 operands truncated to TF32 (every operand, from memory or registers, at each tile size
+# probed; calibration: docs/CALIBRATION.md#tf32). q, k and v are
 # inputs: kernel and reference truncate the same bits. The weights P are not: the kernel's fp32
 # p_j and the reference's differ by a few fp32 ulps (exp2 with a folded scale, a contracted
 # s * scale - m), and two fp32 values that close can truncate a whole TF32 ulp apart, which is
 # at most 2^-10 = 2 u_mm of p_j. Summed over the keys that moves out_i by at most
 # 2 u_mm sum_j p_j |v_j| / l = 2 u_mm A_i (A = oracle.Reference.out_magnitude), added absolutely
-# at max A. (Set by: triton_fa2 fp32 at 1.04x on one-hot rows on the H200, a weight read as
-# 1 - 2^-11 where the reference's exp(0) = 1 stayed 1.)
+# at max A. (Set by: triton_fa2 fp32 at 1.04x on one-hot rows, a weight read as 1 - 2^-11 where
+# the reference's exp(0) = 1 stayed 1; calibration: docs/CALIBRATION.md#tf32.)
 TF32_WEIGHT_ULPS = 2.0
 #
 # Other summation orders (split-K over key blocks, tree reductions in P @ V and in l): any order
@@ -395,6 +395,6 @@ K_RMS = 1.2
 #   rounding R (to fp32) is ~2^13 times smaller than the reference's P noise (TF32 truncation of
 #   P and V), so the ratio above is sqrt((R^2 + 2 P^2) / (R^2 + P^2)) -> sqrt(2), not sqrt(3/2):
 #   nothing left to dilute a second P-type rounding (set by: triton_fa2 fp32, TF32, failing
-#   out_rms with K_RMS on dominant_key cases on the H200).
+#   out_rms with K_RMS on dominant_key cases; calibration: docs/CALIBRATION.md#tf32).
 K_RMS_TF32 = math.sqrt(2.0)
 RMS_FALSE_POSITIVE_RATE = 1e-6

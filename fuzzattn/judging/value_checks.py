@@ -1,7 +1,7 @@
 """The value checks of one run against the references: rows with no visible key, the max rule for
 out and lse, out_rms, and the rows holding NaN or inf where the oracle is finite (named by
 re-running with clean memory). The rules themselves, and their constants: tolerance.py and
-error_statistics.py; where the checks compute: judge_device.py.
+error_statistics.py; where the checks compute: placement.py.
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from fuzzattn.judging.verdict import Verdict, heatmap, locate
 
 
 def run_on(run: runs.Run, device: torch.device) -> runs.Run:
-    """`run` with its out and lse on `device`, where the judgement computes (judge_device.py)."""
+    """`run` with its out and lse on `device`, where the judgement computes (placement.py)."""
     if run.out is None or same_device(run.out.device, device):
         return run
     if run.delivered is not None and same_device(run.delivered[0], device):

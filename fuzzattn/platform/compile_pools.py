@@ -1,8 +1,9 @@
 """torch.compile's compile-worker pools, stopped at exit without waiting on them for minutes.
 
 Inductor (FlexAttention's per-shape compiles) starts a pool of compile processes in each process
-that compiles, and at exit waits up to 300 s for each pool to shut down. On the H200, pytest -n 16
-had reported its last test while several xdist workers still sat in that wait. A process of ours
+that compiles, and at exit waits up to 300 s for each pool to shut down. A 16-worker pytest
+run had reported its last test while several xdist workers still sat in that wait
+(docs/CALIBRATION.md#compiles). A process of ours
 that ends (a pytest process, a fuzzattn command, a --workers process) asks its pools to stop
 first, waits GRACE seconds, then kills what is left: nothing is compiled any more, so nothing is
 lost. Before atexit: inductor's own handler, registered when it is imported, would otherwise

@@ -21,7 +21,7 @@ def context_fault(device) -> str | None:
 
     A CUDA error is sticky: once a kernel faulted, every later call in the process fails. A
     backward can fault without raising (or raise an error that does not say CUDA, as SDPA's fp16
-    backward on misaligned rows did on the H200), and the next case judged in the same worker
+    backward on misaligned rows did), and the next case judged in the same worker
     then failed with the first one's error. Checking after every judgement pins the fault on the
     case that caused it, and the supervisor replaces the worker."""
     import torch

@@ -13,7 +13,7 @@ measured speed in this process (the median seconds per multiply-add of its recen
 the case's size, with a floor that covers a compile, and a generous first call. An
 implementation that declares `compiles_per_shape` compiles again for every new shape, so its
 first call on each shape gets the first call's deadline: a torch.compile of flex's forward and
-backward took over 60 s with 16 pytest workers compiling beside it on the H200.
+backward took over 60 s with 16 pytest workers compiling beside it (docs/CALIBRATION.md#compiles).
 """
 from __future__ import annotations
 

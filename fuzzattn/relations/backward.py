@@ -9,10 +9,10 @@ oracle (`Profile.metamorphic_seq`).
 
 Each run is the contract's gradient call (`execute.call_gradients`): an explicit backward gets
 the forward's out and lse of the same run's inputs. dO is the case's (`inputs.materialize_dout`).
-Verdicts are "metamorphic:<relation>", built like the forward relations' (metamorphic.py).
+Verdicts are "metamorphic:<relation>", built like the forward relations' (relations/forward.py).
 
 Tolerance: the gradient rule's noise terms (tolerance.grad_noise) for each of the two runs, per
-row: with T, T_delta, T_mag the row's largest sums of term magnitudes (grad_oracle.
+row: with T, T_delta, T_mag the row's largest sums of term magnitudes (gradients.oracle.
 term_magnitudes), computed here in fp32 from a softmax of the run's own inputs and its own out
 (no float64, no oracle gradients): a correct kernel's run is within that of exact gradients, so
 two runs are within the sum. The K x reference term has no counterpart (no reference runs),

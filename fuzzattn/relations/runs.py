@@ -1,5 +1,5 @@
 """How a relation runs an implementation and judges its two runs: the machinery the forward
-relations (fuzzattn.relations.forward) and the gradient relations (grad_metamorphic) share.
+relations (fuzzattn.relations.forward) and the gradient ones (fuzzattn.relations.backward) share.
 
 A crash in a run fails the relation (`RunFailed`); a declared refusal, a case outside the
 declaration or one a declared known upstream defect covers makes it not apply (None). Row

@@ -75,7 +75,7 @@ def is_declared_refusal(impl: Implementation, exc: BaseException) -> bool:
 
 LOG_DIR = Path(tempfile.gettempdir()) / "fuzzattn-logs"
 # Exception types and texts that mean the kernel did not compile (not that it ran and failed).
-# PTXASError: ptxas (the CUDA assembler Triton calls) failed; seen on the H200 as a ptxas crash
+# PTXASError: ptxas (the CUDA assembler Triton calls) failed, as in a ptxas crash
 # (error code -11) on one triton_fa2 configuration, after Triton printed the whole PTX.
 _COMPILE_TYPES = ("CompilationError", "CompileTimeAssertionFailure", "MLIRError", "PTXASError")
 _COMPILE_TEXT = re.compile(r"PassManager::run failed|error: .*(mlir|ttg|ttir|llvm)|"
