@@ -93,7 +93,8 @@ def _key(first) -> str:
             detail = detail[len(prefix):]
     if detail.startswith("compile error: "):
         return f"{first.check}: compile error: {detail[len('compile error: '):].split(':', 1)[0]}"
-    return f"{first.check}: {detail.split(':', 1)[0].strip()}"
+    origin = f" in {first.origin}" if getattr(first, "origin", "") else ""
+    return f"{first.check}: {detail.split(':', 1)[0].strip()}{origin}"
 
 
 # Predicates are factors with no value: the table names them alone ("Nk odd").

@@ -111,7 +111,8 @@ def run_backward(impl: Implementation, case: AttentionCase, device, forward, *, 
     if not call.answered:
         what = "refused a case its forward accepts" if call.status == execute.REFUSED else "raised"
         detail = call.summary if call.status == execute.CONTRACT else f"backward {what}: {call.summary}"
-        run.failure = Verdict(check="grad_crash", passed=False, detail=detail, **verdict)
+        run.failure = Verdict(check="grad_crash", passed=False, detail=detail,
+                              origin=call.origin, **verdict)
         return run
     names = list(storages)
     here = torch.device(here or device)

@@ -59,6 +59,7 @@ class Verdict:
     where: str = ""           # "b0 h1 rows 16-19" ...
     detail: str = ""
     heatmap: str = ""         # a compact per-(batch, head) map of bad query rows
+    origin: str = ""          # a crash's innermost frame in the kernel's code (run/execute.py)
 
     def headline(self) -> str:
         status = "ok" if self.passed else "FAIL"
@@ -67,7 +68,8 @@ class Verdict:
             numbers = f" error={self.error:.3g} allowed={self.allowed:.3g}"
         where = f" at {self.where}" if self.where else ""
         detail = f": {self.detail}" if self.detail else ""
-        return f"[{status}] {self.impl} {self.check}{numbers}{where}{detail}"
+        origin = f" (raised in {self.origin})" if self.origin else ""
+        return f"[{status}] {self.impl} {self.check}{numbers}{where}{detail}{origin}"
 
     def describe(self) -> str:
         lines = [self.headline(), f"  case: {self.case}", f"  repr: {self.case!r}"]

@@ -28,6 +28,7 @@ import os
 import re
 import sys
 import tempfile
+import traceback
 from pathlib import Path
 
 import torch
@@ -61,6 +62,7 @@ class Call:
     grads: tuple | None = None               # (dq, dk, dv) of a call_gradients that answered
     # 'TypeName: message' of a compile error Triton's autotuner skips (fuzzattn/run/pruning.py)
     autotuner_skips: str = ""
+    origin: str = ""                         # a crash's innermost frame in the kernel's code
 
     @property
     def answered(self) -> bool:
@@ -227,8 +229,34 @@ def _failed_call(impl: Implementation, exc: Exception) -> Call:
     declared = is_declared_refusal(impl, exc)
     status = REFUSED if declared or isinstance(exc, UnsupportedCaseError) else CRASH
     skips = autotuner_skips(exc) if status == CRASH else ""     # before the traceback goes
+    origin = crash_origin(impl, exc) if status == CRASH else ""
     return Call(status, error=_detached(exc), summary=one_line(exc), declared_refusal=declared,
-                autotuner_skips=skips)
+                autotuner_skips=skips, origin=origin)
+
+
+def _own_files(impl: Implementation) -> set[str]:
+    """The files of the implementation's own code: its callables' and its declared sources."""
+    files = {os.path.basename(path) for path in impl.sources}
+    for fn in (impl.fn, impl.backward_fn):
+        code = getattr(fn, "__code__", None) or getattr(getattr(fn, "__call__", None),
+                                                        "__code__", None)
+        if code is not None:
+            files.add(os.path.basename(code.co_filename))
+    return files
+
+
+def crash_origin(impl: Implementation, exc: BaseException) -> str:
+    """'file.py:function' of the innermost frame of the traceback inside the implementation's
+    own files, or '' (none there: it raised from a library it calls, or a compiler). Crash
+    triagers tell crashes apart by where in the code under test they strike; the function, not
+    the line, so that an edit elsewhere in the file keeps a crash's identity."""
+    own = _own_files(impl)
+    origin = ""
+    for frame in traceback.extract_tb(exc.__traceback__):
+        name = os.path.basename(frame.filename)
+        if name in own:
+            origin = f"{name}:{frame.name}"
+    return origin
 
 
 def _summarised(impl, case, result: Call, printed: str) -> Call:

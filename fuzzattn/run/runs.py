@@ -152,7 +152,8 @@ def launch(impl: Implementation, case: AttentionCase, device, *, adversarial: bo
         run.failure = Verdict(check="crash", passed=False,
                               detail=f"refused a declared case: {call.summary}", **verdict)
     elif call.status in (execute.CRASH, execute.CONTRACT):
-        run.failure = Verdict(check=call.status, passed=False, detail=call.summary, **verdict)
+        run.failure = Verdict(check=call.status, passed=False, detail=call.summary,
+                              origin=call.origin, **verdict)
     if not call.answered:
         return run
     if call.lse is None and impl.caps.returns_lse:
