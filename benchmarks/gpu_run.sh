@@ -15,7 +15,9 @@
 #   flex        FlexAttention fuzzed FLEX_SECONDS per dtype (compiles included) with its shape
 #               palette, and float32 once without it (FUZZATTN_PALETTE=off): cases/s each
 #   defects     compiled: configurations pruned by their real compile errors, no configuration
-#               compiling as a finding; every distinct defect of a two-bug kernel in one run
+#               compiling as a finding; every distinct defect of a two-bug kernel in one run;
+#               a two-bug Triton kernel and the autotuned example over --workers auto, twice on
+#               one directory: one row and one file per cause
 #   sdpa        sdpa per dtype over --workers auto for SDPA_SECONDS each, known defects judged
 #               (the shares passed over and judged without gradients, hits)
 #   workers     `fuzzattn fuzz --workers auto` on sdpa fp32 for 60 s (every check, gradients on
@@ -122,7 +124,19 @@ defects)
         python3 -m fuzzattn.cli fuzz --impl "tests/pruning_kernels.py:$k" --max-examples 200 \
             --seconds 120 --regressions-dir "$OUT/defects_$k" >"$OUT/defects_$k.txt" 2>&1
         echo "fuzz exit $?"
-        sed -n '/^defects (each once/,/^$/p; /^pruned (/,/^$/p' "$OUT/defects_$k.txt"
+        sed -n '/^defects by cause/,/^$/p; /^pruned (/,/^$/p' "$OUT/defects_$k.txt"
+    done
+    # Causes over every worker: one row and one file per cause, and a second run (another seed)
+    # on the same directory adds no file.
+    for spec in tests/pruning_kernels.py:TRITON_TWO_BUGS examples/autotuned_causal_attention.py:AUTOTUNED_CAUSAL; do
+        dir="$OUT/causes_${spec##*:}"; rm -rf "$dir"
+        for seed in 0 1; do
+            step "causes: $spec --workers auto, seed $seed"
+            python3 -m fuzzattn.cli fuzz --impl "$spec" --dtype float16 --workers auto --seconds 60 \
+                --hypothesis-seed $seed --database off --regressions-dir "$dir" >"$dir.$seed.txt" 2>&1
+            echo "fuzz exit $?; files: $(ls "$dir" | wc -l)"
+            sed -n '/^defects by cause/,/^$/p' "$dir.$seed.txt"
+        done
     done ;;
 sdpa)
     for d in float32 bfloat16 float16; do
@@ -130,7 +144,7 @@ sdpa)
         python3 -m fuzzattn.cli fuzz --impl sdpa --dtype "$d" --profile gpu --seconds "$SDPA_SECONDS" \
             --workers auto --database off --max-examples 1000000 --no-save >"$OUT/defects_sdpa_$d.txt" 2>&1
         echo "fuzz exit $?"
-        sed -n '/^sdpa  /p; /^defects (each once/,/^$/p; /^counted without/,/^$/p' "$OUT/defects_sdpa_$d.txt"
+        sed -n '/^sdpa  /p; /^defects by cause/,/^$/p; /^counted without/,/^$/p' "$OUT/defects_sdpa_$d.txt"
     done ;;
 workers)
     step "fuzz --workers auto: sdpa fp32, 60 s, profile gpu"

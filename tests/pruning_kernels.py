@@ -21,6 +21,7 @@ from fuzzattn import Capabilities, Implementation
 from fuzzattn.kernels import torch_tiled
 from fuzzattn.kernels.mutants.edit import mutate
 from fuzzattn.kernels.mutants.torch_mutants import TILED_BUGS
+from fuzzattn.kernels.mutants.triton_mutants import combined
 
 
 def reference(q, k, v, *, causal, scale):
@@ -85,6 +86,9 @@ TWO_BUGS = Implementation("two_bugs", mutate(
     torch_tiled.torch_tiled_forward,
     _EDITS["mutant_chunk_wrong_alignment"] + _EDITS["mutant_empty_rows_nan"], name="two_bugs"),
     Capabilities(**_FP32))
+# A compiled Triton kernel with two causes: triton_fa2's forward with the diagonal key hidden
+# (needs a causal mask) and GQA's kv heads interleaved instead of grouped (needs GQA).
+TRITON_TWO_BUGS = combined("triton_two_bugs", "mutant_causal_off_by_one", "mutant_gqa_modulo")
 ONE_BUG = Implementation("one_bug", mutate(
     torch_tiled.torch_tiled_forward, _EDITS["mutant_empty_rows_nan"], name="one_bug"),
     Capabilities(**_FP32))

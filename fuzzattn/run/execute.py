@@ -246,7 +246,7 @@ def _own_files(impl: Implementation) -> set[str]:
 
 
 def crash_origin(impl: Implementation, exc: BaseException) -> str:
-    """'file.py:function' of the innermost frame of the traceback inside the implementation's
+    """'FILE.py:function' of the innermost frame of the traceback inside the implementation's
     own files, or '' (none there: it raised from a library it calls, or a compiler). Crash
     triagers tell crashes apart by where in the code under test they strike; the function, not
     the line, so that an edit elsewhere in the file keeps a crash's identity."""

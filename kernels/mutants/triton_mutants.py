@@ -254,3 +254,15 @@ def _build() -> tuple[Implementation, ...]:
 
 
 MUTANTS = _build()
+
+
+def combined(name: str, *bugs: str) -> Implementation:
+    """triton_fa2's forward with several kernel bugs of KERNEL_BUGS planted at once (by name): a
+    compiled kernel holding independent causes, as the one a campaign must report one row each."""
+    chosen = {n: (d, e) for n, d, e in KERNEL_BUGS if n in bugs}
+    missing = sorted(set(bugs) - set(chosen))
+    if missing:
+        raise ValueError(f"{name}: unknown kernel bugs {missing}")
+    edits = [edit for bug in bugs for edit in chosen[bug][1]]
+    kernel = mutate(fa2_fwd_kernel, edits, name=name, helpers=(_attend_key_blocks,))
+    return _implementation(name, "; ".join(chosen[bug][0] for bug in bugs), kernel)
