@@ -5,6 +5,14 @@ With defect causes (campaigns/defects.py: the trigger its shrunk case needs, or 
 symptom), defects found by several workers are one, their hits summed, and the
 regression files their later shrinks wrote in this run removed: one file per defect. Without
 them, two failures are one when they are the same shrunk case (the same regression file).
+
+A worker that met a case holding two bugs before it knew either shrinks it to a mixture: a row
+needing the union of two other rows' triggers (`values=below_sentinel lengths=Nq>Nk` beside
+`values=below_sentinel` and `lengths=Nq>Nk`), or needing nothing when no single undo cures it.
+Its own process folds such a row into the causes once it finds them (DefectBook.fold_mixtures,
+by the cure test); across workers, where the causes were found elsewhere, a row is folded by
+its triggers alone: when two or more other rows' triggers are all in its case and, for a row
+with a trigger, together make it up exactly. Its file goes with it.
 """
 from __future__ import annotations
 
@@ -62,8 +70,40 @@ def _distinct(failed: list) -> list[tuple]:
     return [tuple(entry) for entry in merged.values()]
 
 
+def _fold_mixtures(distinct: list[tuple], caps) -> list[tuple]:
+    """`distinct` without the rows that are mixtures of two or more others (module docstring)."""
+    from fuzzattn.campaigns.defects import factors, match_class
+    folded: list[int] = []
+    for i, (found, defect, _) in enumerate(distinct):
+        if defect is None or caps is None:
+            continue
+        mine = {(k, match_class(k, v, caps)) for k, v in defect.factors.items()}
+        have = factors(found.judged.case, caps)
+        parts = [other for j, (_, other, _) in enumerate(distinct)
+                 if j != i and j not in folded and other is not None and other.factors
+                 and other.has_trigger(have, caps)]
+        pieces = [{(k, match_class(k, v, caps)) for k, v in p.factors.items()} for p in parts]
+        if mine:
+            kept = [(p, piece) for p, piece in zip(parts, pieces) if piece < mine]
+            parts = [p for p, _ in kept]
+            if set().union(*(piece for _, piece in kept)) != mine:
+                continue
+        if len(parts) < 2:
+            continue
+        folded.append(i)
+        parts[0].hits += defect.hits
+    kept_paths = {getattr(distinct[i][0].written, "path", None)
+                  for i in range(len(distinct)) if i not in folded}
+    for i in folded:
+        written = distinct[i][0].written
+        if written is not None and written.new and written.path not in kept_paths:
+            with contextlib.suppress(OSError):
+                os.unlink(written.path)
+    return [entry for i, entry in enumerate(distinct) if i not in folded]
+
+
 def merge(stage: str, label: str, parts: list, problems: list[str], wall: float, *,
-          max_examples: int, seconds: float | None) -> Outcome:
+          max_examples: int, seconds: float | None, caps=None) -> Outcome:
     """One Outcome (with a Campaign) for the workers' Outcomes of one campaign."""
     campaigns = [o.campaign for o in parts if o.campaign is not None]
     cases = sum(o.cases or 0 for o in parts)
@@ -71,8 +111,8 @@ def merge(stage: str, label: str, parts: list, problems: list[str], wall: float,
     for c in campaigns:
         refused.update(c.refused)
         forward_only.update(c.forward_only)
-    distinct = _distinct([o for o in parts if o.campaign is not None
-                          and o.campaign.counterexample is not None])
+    distinct = _fold_mixtures(_distinct([o for o in parts if o.campaign is not None
+                                         and o.campaign.counterexample is not None]), caps)
     firsts = [c.cases_to_first_failure for c in campaigns if c.cases_to_first_failure is not None]
     errors = [o.detail for o in parts if o.verdict == ERROR] + problems
     campaign = None

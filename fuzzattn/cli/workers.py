@@ -371,7 +371,7 @@ class Pool:
                                   else "; run the fuzzattn command (watched) or --isolate to keep "
                                        "its case"))
         return merged.merge(stage, label, parts, problems, time.perf_counter() - start,
-                     max_examples=max_examples, seconds=seconds)
+                            max_examples=max_examples, seconds=seconds, caps=impl.caps)
 
 
 def open_database(value: str | None, regressions_dir) -> tuple[object, str | None]:
