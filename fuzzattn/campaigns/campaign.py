@@ -51,6 +51,7 @@ from fuzzattn.contract.known_defects import covering
 from fuzzattn.judging.judge import JudgedCase, default_device, judge
 from fuzzattn.judging.verdict import PROCESS_CHECKS
 from fuzzattn.platform.gc_tuning import freeze_long_lived
+from fuzzattn.run.loader import findable_spec
 
 _MEMO_SIZE = 20_000       # remembered verdicts per process (a few hundred bytes each)
 
@@ -152,6 +153,7 @@ def check_case(impl: Implementation, case: AttentionCase, *, save_to_file: bool 
     """Judge one case; raise Counterexample on failure (writing a file on the final run).
     `judge_fn` as in judge_once; by default the run's worker pool if it covers `impl`.
     gradients=False judges the forward only (a declared backward has its own test)."""
+    __tracebackhide__ = True        # a failure's traceback ends in the caller's test
     judged = judge_once(impl, case, device=device,
                         judge_fn=judge_fn or _run_judge(impl, device), gradients=gradients)
     return _raise_unless_passed(impl, case, judged, save_to_file=save_to_file,
@@ -162,6 +164,7 @@ def _raise_unless_passed(impl: Implementation, case: AttentionCase, judged: Judg
                          save_to_file: bool, regressions_dir) -> JudgedCase:
     """check_case's verdict on an already judged case: returns it when it passed, else raises
     (a skip, a refusal, a Counterexample with its file written on the final run)."""
+    __tracebackhide__ = True
     if judged.skipped is not None:
         raise RuntimeError(f"{case} was drawn but cannot run: {judged.skipped}")
     if judged.refused is not None:
@@ -172,7 +175,10 @@ def _raise_unless_passed(impl: Implementation, case: AttentionCase, judged: Judg
     if judged.forward_only is not None:
         forward_only_counts[(impl.name, judged.forward_only)] += 1
     if not judged.passed:
-        written = save(judged, regressions_dir) if (save_to_file and _is_final_run()) else None
+        written = None
+        if save_to_file and _is_final_run():    # file and replay name it as --impl finds it
+            judged = dataclasses.replace(judged, cli_name=findable_spec(impl))
+            written = save(judged, regressions_dir)
         raise Counterexample(judged, written)
     return judged
 
