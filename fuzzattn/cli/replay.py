@@ -188,6 +188,13 @@ def _replay_all(paths, subjects, *, only_given, progress, pool, isolate, outcome
             continue
         targets = [impl for impl in subjects
                    if only_given or impl.supports(record.case) or impl.name in record.expected_failures]
+        if not only_given and record.impl_spec and all(i.name != record.impl for i in subjects):
+            try:                # the kernel in a file the regression file names, not registered
+                targets.append(_recorded(record))
+            except common.CLIError as exc:
+                text = f"{name}: {exc}"
+                outcomes.append(Outcome("replay", name, FAIL, False, detail=text, message=text))
+                continue
         if not targets:
             outcomes.append(Outcome("replay", name, SKIP, True, skipped=True,
                                     detail=f"no implementation declares {record.case}"))
@@ -208,6 +215,18 @@ def _replay_all(paths, subjects, *, only_given, progress, pool, isolate, outcome
             outcomes.append(outcome)
     progress.clear()
     return outcomes
+
+
+def _recorded(record):
+    """The implementation a regression file names by its impl_spec, loaded once a process (its
+    probe call in a worker when the file records a failure that ends a process)."""
+    from fuzzattn import settings
+    from fuzzattn.campaigns.replay import needs_isolation
+    from fuzzattn.run.loader import ImplementationLoadError
+    try:
+        return settings.load_outside(record.replay_spec(), isolated=needs_isolation(record))
+    except ImplementationLoadError as exc:
+        raise common.CLIError(f"{exc} (the file's impl_spec)") from None
 
 
 def run(args) -> int:

@@ -29,8 +29,13 @@ class ImplementationLoadError(ValueError):
     """An --impl value that does not name a usable implementation."""
 
 
+def is_file_target(target: str) -> bool:
+    """The part before ':' names a file (path/to/file.py), not a module (package.module)."""
+    return target.endswith(".py") or "/" in target or "\\" in target
+
+
 def _import(target: str, spec: str):
-    if target.endswith(".py") or "/" in target or "\\" in target:
+    if is_file_target(target):
         path = Path(target).expanduser().resolve()
         if not path.is_file():
             raise ImplementationLoadError(f"--impl {spec!r}: file {target!r} does not exist")
