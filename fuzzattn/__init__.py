@@ -44,6 +44,11 @@ from fuzzattn.campaigns.campaign import Counterexample, check_case
 from fuzzattn.judging.judge import JudgedCase, judge
 from fuzzattn.judging.verdict import Verdict
 from fuzzattn.strategies import attention_cases
+from fuzzattn.campaigns import explain_phase
+
+explain_phase.install()
+# pytest's one-line summary of a failure starts with the exception's module path: the public one
+Counterexample.__module__ = __name__
 
 try:
     __version__ = version("fuzzattn")

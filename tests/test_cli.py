@@ -148,8 +148,10 @@ def test_replay_passes_on_sdpa_and_on_every_registered_implementation(capsys, fo
     status, out, _ = run(capsys, "replay", fixture, "--impl", "sdpa")
     assert status == 0, out
     status, out, _ = run(capsys, "replay", fixture.parent)          # a directory: every *.json
-    assert status == 0, out
-    assert "sdpa" in out and "ok" in out
+    rows = {line.split()[1]: line.split()[2] for line in out.splitlines() if line.startswith(fixture.name)}
+    assert rows["sdpa"] == "ok" and rows["torch_tiled"] == "ok", out
+    # and the broken kernel the file records (its impl_spec), which still fails
+    assert status == 1 and rows["drop_last_key"] == "FAIL", out
 
 
 def test_malformed_fixture_fails_naming_the_field_and_the_others_still_run(capsys, found, tmp_path):

@@ -42,6 +42,7 @@ from fuzzattn.campaigns.defects import DefectBook, check_key, failure_keys, same
 from fuzzattn.campaigns.flaky import flaky_or_consistent
 from fuzzattn.campaigns.found import (Campaign, Counterexample, Refused,  # noqa: F401 (public)
                                       finish_shrinks, fold_mixtures, record, report_stashed, save)
+from fuzzattn.campaigns.pooled import run_judge, use_workers  # noqa: F401 (public)
 from fuzzattn.campaigns.pruned import Pruned as _Pruned
 from fuzzattn.contract.case import AttentionCase
 from fuzzattn.contract.implementation import Implementation
@@ -49,6 +50,7 @@ from fuzzattn.contract.known_defects import covering
 from fuzzattn.judging.judge import JudgedCase, default_device, judge
 from fuzzattn.judging.verdict import PROCESS_CHECKS
 from fuzzattn.platform.gc_tuning import freeze_long_lived
+from fuzzattn.run.loader import findable_spec
 
 _MEMO_SIZE = 20_000       # remembered verdicts per process (a few hundred bytes each)
 # Shrinking's shares of a time cap: a round's shrink may take a quarter (a cause met early must
@@ -70,32 +72,11 @@ forward_only_counts: collections.Counter[tuple[str, str]] = collections.Counter(
 judged_total = 0      # cases judged by this process (reruns for flakiness not counted)
 
 
-# The run's worker pool (fuzzattn.isolation.supervisor.WorkerPool) and the implementations it
-# covers (by cli_name), or None: set by use_workers, read by check_case.
-_workers: tuple | None = None
-
-
-def use_workers(pool, covers) -> tuple | None:
-    """Judge `check_case` calls for implementations named in `covers` (cli names) through `pool`
-    (None: in-process again); returns the previous setting, to restore it. Implementations a test
-    builds for itself stay in-process: a worker could not import them by name."""
-    global _workers
-    previous, _workers = _workers, (pool, frozenset(covers)) if pool is not None else None
-    return previous
-
-
 def forget_verdicts() -> None:
     """Empty this process's memo of verdicts, so the same cases are judged again (a benchmark
     timing one campaign several times; a memo hit costs no judging)."""
     _memo.clear()
     _rerun.clear()
-
-
-def _run_judge(impl: Implementation, device):
-    """How check_case judges `impl` in this run: a pooled worker's judge, or None (in-process)."""
-    if _workers is None or impl.cli_name not in _workers[1]:
-        return None
-    return _workers[0].get(impl).judge
 
 
 def judge_once(impl: Implementation, case: AttentionCase, device=None, *,
@@ -153,8 +134,9 @@ def check_case(impl: Implementation, case: AttentionCase, *, save_to_file: bool 
     """Judge one case; raise Counterexample on failure (writing a file on the final run).
     `judge_fn` as in judge_once; by default the run's worker pool if it covers `impl`.
     gradients=False judges the forward only (a declared backward has its own test)."""
+    __tracebackhide__ = True        # a failure's traceback ends in the caller's test
     judged = judge_once(impl, case, device=device,
-                        judge_fn=judge_fn or _run_judge(impl, device), gradients=gradients)
+                        judge_fn=judge_fn or run_judge(impl), gradients=gradients)
     return _raise_unless_passed(impl, case, judged, save_to_file=save_to_file,
                                 regressions_dir=regressions_dir)
 
@@ -163,6 +145,7 @@ def _raise_unless_passed(impl: Implementation, case: AttentionCase, judged: Judg
                          save_to_file: bool, regressions_dir) -> JudgedCase:
     """check_case's verdict on an already judged case: returns it when it passed, else raises
     (a skip, a refusal, a Counterexample with its file written on the final run)."""
+    __tracebackhide__ = True
     if judged.skipped is not None:
         raise RuntimeError(f"{case} was drawn but cannot run: {judged.skipped}")
     if judged.refused is not None:
@@ -173,7 +156,10 @@ def _raise_unless_passed(impl: Implementation, case: AttentionCase, judged: Judg
     if judged.forward_only is not None:
         forward_only_counts[(impl.name, judged.forward_only)] += 1
     if not judged.passed:
-        written = save(judged, regressions_dir) if (save_to_file and _is_final_run()) else None
+        written = None
+        if save_to_file and _is_final_run():    # file and replay name it as --impl finds it
+            judged = dataclasses.replace(judged, cli_name=findable_spec(impl))
+            written = save(judged, regressions_dir)
         raise Counterexample(judged, written)
     return judged
 

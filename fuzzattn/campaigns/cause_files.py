@@ -10,12 +10,11 @@ the two, whichever looks first.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 import tempfile
 from pathlib import Path
 
-from fuzzattn.campaigns import regression_file
+from fuzzattn.campaigns import covers, regression_file
 
 
 def rewrite(path: Path, record: regression_file.RegressionFile) -> None:
@@ -61,7 +60,7 @@ def settle(counterexample, cause: str, *, duplicate_of=None) -> None:
         return
     try:
         record = regression_file.load(written.path)
-        rewrite(written.path, dataclasses.replace(record, cause=cause, path=None))
+        rewrite(written.path, covers.with_cause(record, cause))      # covers written from it
         holders = same_cause(written.path.parent, record.impl, cause)
     except (OSError, regression_file.RegressionFileError):
         return                          # the file stays as written: never lose a counterexample

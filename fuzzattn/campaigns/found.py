@@ -9,6 +9,7 @@ from pathlib import Path
 from fuzzattn.campaigns import cause_files, regression_file
 from fuzzattn.campaigns.cause_shrink import shrink_cause
 from fuzzattn.campaigns.defects import DefectBook
+from fuzzattn.campaigns.failure_message import failure_message
 from fuzzattn.contract.known_defects import HIT, PASSED_OVER, REFUSED, kind
 from fuzzattn.judging.judge import JudgedCase
 
@@ -19,12 +20,7 @@ class Counterexample(AssertionError):
     def __init__(self, judged: JudgedCase, written: regression_file.Written | None):
         self.judged = judged
         self.written = written
-        lines = [judged.describe()]
-        if written is not None:
-            lines.append(f"  regression file: {regression_file.display_path(written.path)}"
-                         + (f" (fallback: {written.fallback_reason})" if written.fallback_reason else ""))
-            lines.append(f"  replay:  {regression_file.replay_command(written.path, judged.cli_name)}")
-        super().__init__("\n".join(lines))
+        super().__init__(failure_message(judged, written))
 
     @property
     def path(self) -> Path | None:

@@ -6,7 +6,10 @@ Format (schema 2), one object per file, named `<case key>.json` (the case's shor
     covers             one line a person can edit: what bug class this file guards against
     case               the AttentionCase fields (see fuzzattn/contract/case.py), its configuration too
     impl               the implementation that failed when the file was written
-    impl_spec          how `--impl` finds it when it is not registered (path/file.py:NAME)
+    impl_spec          how `--impl` finds it when it is not registered (path/file.py:NAME or
+                       module:NAME); a file under the project root, the directory holding the
+                       regressions directory, is written relative to that root, so the tree
+                       replays wherever it is copied (`replay_spec`); absolute paths still load
     check              the check that failed (fuzzattn.judging.verdict.CHECKS)
     observed_error     the failing error (null for checks without a number)
     allowed_error      the bound it broke (null likewise)
@@ -46,8 +49,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from fuzzattn.campaigns.covers import written as written_covers
 from fuzzattn.contract.case import AttentionCase, CaseError
 from fuzzattn.inputs.budget import CaseTooLargeError, check_budget
+from fuzzattn.run.loader import is_file_target
 
 SCHEMA_VERSION = 2
 READABLE_SCHEMAS = (1, 2)
@@ -93,6 +98,19 @@ def display_path(path) -> str:
         return str(Path(path).resolve().relative_to(Path.cwd()))
     except ValueError:
         return str(path)
+
+
+def portable_spec(spec: str | None, directory: Path) -> str | None:
+    """The spec as a file in `directory` records it: a kernel file under the project root (the
+    directory's parent) relative to it, with '/' separators; anything else as it was given."""
+    target, sep, name = (spec or "").rpartition(":")
+    if not sep or not is_file_target(target):
+        return spec
+    path = Path(target).expanduser().resolve()
+    try:
+        return f"{path.relative_to(Path(directory).resolve().parent).as_posix()}:{name}"
+    except ValueError:
+        return f"{path}:{name}"
 
 
 def replay_command(path, cli_name: str | None) -> str:
@@ -141,6 +159,14 @@ class RegressionFile:
         """The entry expecting `impl` to fail on this device type, or None."""
         entry = self.expected_failures.get(impl)
         return entry if entry is not None and entry.applies_on(device_type) else None
+
+    def replay_spec(self) -> str | None:
+        """impl_spec as `--impl` takes it here: a relative file path resolved against the
+        project root (the parent of the file's directory), shown from the working directory."""
+        target, sep, name = (self.impl_spec or "").rpartition(":")
+        if not sep or self.path is None or not is_file_target(target) or Path(target).is_absolute():
+            return self.impl_spec
+        return f"{display_path(Path(self.path).resolve().parent.parent / target)}:{name}"
 
     def to_json(self) -> str:
         data = {"schema": SCHEMA_VERSION, "covers": self.covers, "case": self.case.to_dict(),
@@ -265,6 +291,7 @@ def write(record: RegressionFile, directory: str | os.PathLike | None = None) ->
 
 def _write_in(record: RegressionFile, directory: Path) -> tuple[Path, bool]:
     directory.mkdir(parents=True, exist_ok=True)
+    record = dataclasses.replace(record, impl_spec=portable_spec(record.impl_spec, directory))
     final = directory / f"{record.case.key()}.json"
     if final.exists():
         return final, False
@@ -287,8 +314,8 @@ def from_judged(judged, covers: str = "") -> RegressionFile:
     """The file recording the first failure of a JudgedCase (which carries the inputs' sha256
     and the versions, so nothing is materialised again to write it)."""
     failure = judged.first_failure
-    return RegressionFile(case=judged.case, covers=covers or f"{judged.impl} failed the {failure.check} "
-                          "check (found by fuzzing; edit this line to name the bug class)",
+    return RegressionFile(case=judged.case,
+                          covers=covers or written_covers(judged.impl, failure.check, judged.case),
                           impl=judged.impl,
                           impl_spec=judged.cli_name if judged.cli_name != judged.impl else None,
                           check=failure.check, observed_error=failure.error,

@@ -1,5 +1,6 @@
 """`fuzzattn replay`: a verdict table for regression files, on every implementation that
-supports their case (or only the --impl ones). A bad file is one failing row, never a crash."""
+supports their case and on the kernel each file records by its impl_spec (or only on the --impl
+ones). A bad file is one failing row, never a crash."""
 from __future__ import annotations
 
 import dataclasses
@@ -13,7 +14,8 @@ from fuzzattn.cli import common, tables, workers
 def add_parser(commands) -> None:
     p = commands.add_parser("replay", help="replay regression files",
                             description="Replay regression files against every registered "
-                                        "implementation that supports their case (or only --impl ones).")
+                                        "implementation that supports their case and the kernel "
+                                        "each file names by its impl_spec (or only --impl ones).")
     p.add_argument("paths", nargs="+", type=Path, metavar="PATH",
                    help="regression files or directories of *.json")
     p.add_argument("--impl", action="append", default=[], metavar=common.IMPL_METAVAR,
@@ -61,7 +63,7 @@ def any_needs_isolation(paths) -> bool:
 def replay_all(paths, subjects, *, only_given: bool, progress, isolate: bool = False,
                timeout: float | None = None, outcomes: list | None = None,
                processes=None, given: tuple = (), probe_isolated: bool = False,
-               one_file_too: bool = False) -> list[Outcome]:
+               one_file_too: bool = False, recorded: bool = False) -> list[Outcome]:
     """Replay each file on each supporting subject; a file that cannot be read is one failing row.
     With `isolate`, and always for a file recording hang/segfault/device_fault, a file is judged
     in an isolated worker process (one per implementation, reused across files).
@@ -72,16 +74,17 @@ def replay_all(paths, subjects, *, only_given: bool, progress, isolate: bool = F
     Each worker resolves the subjects again: the registered ones unless `only_given`, and the
     `given` --impl specs (probed isolated with `probe_isolated`). A single file is replayed here,
     unless `one_file_too` (the gate, whose workers start for its campaigns anyway): in a worker,
-    a crash costs that worker, not the command and the campaigns after it."""
+    a crash costs that worker, not the command and the campaigns after it. `recorded`: a file
+    whose kernel is not among the subjects is also replayed on it, loaded by its impl_spec."""
     from fuzzattn.isolation.pool import DEFAULT_TIMEOUT, WorkerPool
     outcomes = [] if outcomes is None else outcomes      # filled as files are replayed
     if processes is not None and processes.n > 1 and (len(paths) > 1 or one_file_too and paths):
         return _replay_over(processes, paths, subjects, only_given=only_given, progress=progress,
                             isolate=isolate, timeout=timeout, outcomes=outcomes, given=given,
-                            probe_isolated=probe_isolated)
+                            probe_isolated=probe_isolated, recorded=recorded)
     with WorkerPool(timeout or DEFAULT_TIMEOUT) as pool:
         return _replay_all(paths, subjects, only_given=only_given, progress=progress,
-                           pool=pool, isolate=isolate, outcomes=outcomes)
+                           pool=pool, isolate=isolate, outcomes=outcomes, recorded=recorded)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,6 +98,7 @@ class ReplayTask:
     timeout: float | None
     cwd: str
     env: dict
+    recorded: bool = False          # replay_all's
 
 
 _isolated = None            # a worker's isolated judges, kept across its tasks
@@ -113,7 +117,8 @@ def replay_task(task: ReplayTask) -> list[Outcome]:
         # run as the worker exits, before its daemonic children are ended: their logs go too
         util.Finalize(None, _isolated.close, exitpriority=10)
     return _replay_all([Path(task.path)], subjects, only_given=task.only_given,
-                       progress=_Silent(), pool=_isolated, isolate=task.isolate, outcomes=[])
+                       progress=_Silent(), pool=_isolated, isolate=task.isolate, outcomes=[],
+                       recorded=task.recorded)
 
 
 class _Silent:
@@ -141,12 +146,12 @@ def _slow_first(paths, subjects) -> list[int]:
 
 
 def _replay_over(processes, paths, subjects, *, only_given, progress, isolate, timeout, outcomes,
-                 given, probe_isolated) -> list[Outcome]:
+                 given, probe_isolated, recorded=False) -> list[Outcome]:
     import os
     order = _slow_first(paths, subjects)
     paths = [paths[i] for i in order]               # submitted in this order, reported in the files'
     tasks = [ReplayTask(str(path), tuple(given), only_given, isolate, probe_isolated, timeout,
-                        os.getcwd(), dict(os.environ)) for path in paths]
+                        os.getcwd(), dict(os.environ), recorded) for path in paths]
     results: list = [None] * len(paths)         # None: not replayed (stopped before it)
     try:
         processes.each(replay_task, tasks, lambda done: f"replay {done}/{len(paths)} "
@@ -171,7 +176,8 @@ def _replay_over(processes, paths, subjects, *, only_given, progress, isolate, t
     return outcomes
 
 
-def _replay_all(paths, subjects, *, only_given, progress, pool, isolate, outcomes) -> list[Outcome]:
+def _replay_all(paths, subjects, *, only_given, progress, pool, isolate, outcomes,
+                recorded=False) -> list[Outcome]:
     from fuzzattn.campaigns.regression_file import RegressionFileError, load
     from fuzzattn.campaigns.replay import needs_isolation, replay_one
     from fuzzattn.platform import flight
@@ -188,6 +194,13 @@ def _replay_all(paths, subjects, *, only_given, progress, pool, isolate, outcome
             continue
         targets = [impl for impl in subjects
                    if only_given or impl.supports(record.case) or impl.name in record.expected_failures]
+        if recorded and record.impl_spec and all(i.name != record.impl for i in subjects):
+            try:                # the kernel in a file the regression file names, not registered
+                targets.append(_recorded(record))
+            except common.CLIError as exc:
+                text = f"{name}: {exc}"
+                outcomes.append(Outcome("replay", name, FAIL, False, detail=text, message=text))
+                continue
         if not targets:
             outcomes.append(Outcome("replay", name, SKIP, True, skipped=True,
                                     detail=f"no implementation declares {record.case}"))
@@ -210,6 +223,18 @@ def _replay_all(paths, subjects, *, only_given, progress, pool, isolate, outcome
     return outcomes
 
 
+def _recorded(record):
+    """The implementation a regression file names by its impl_spec, loaded once a process (its
+    probe call in a worker when the file records a failure that ends a process)."""
+    from fuzzattn import settings
+    from fuzzattn.campaigns.replay import needs_isolation
+    from fuzzattn.run.loader import ImplementationLoadError
+    try:
+        return settings.load_outside(record.replay_spec(), isolated=needs_isolation(record))
+    except ImplementationLoadError as exc:
+        raise common.CLIError(f"{exc} (the file's impl_spec)") from None
+
+
 def run(args) -> int:
     paths = file_paths(args.paths)
     isolate, timeout = common.isolation(args)
@@ -228,7 +253,8 @@ def run(args) -> int:
         try:
             replay_all(paths, subjects, only_given=bool(args.impl), progress=progress,
                        isolate=isolate, timeout=timeout, outcomes=outcomes, processes=pool,
-                       given=tuple(args.impl), probe_isolated=probe_isolated)
+                       given=tuple(args.impl), probe_isolated=probe_isolated,
+                       recorded=not args.impl)
         except (KeyboardInterrupt, common.Terminated) as exc:
             stopped = "SIGTERM" if isinstance(exc, common.Terminated) else "SIGINT"
             pool.close(now=True)

@@ -213,6 +213,19 @@ class AttentionCase:
             object.__setattr__(self, "_key", cached)
         return cached
 
+    def __repr__(self) -> str:
+        """The constructor call, with the fields left at their defaults left out: what a
+        failure report and Hypothesis's falsifying example print, on one line."""
+        shown = []
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if field.default is dataclasses.MISSING or value != field.default:
+                shown.append(f"{field.name}={value!r}")
+        return f"AttentionCase({', '.join(shown)})"
+
+    def _repr_pretty_(self, printer, cycle) -> None:
+        printer.text(repr(self))    # Hypothesis's printer: one line, not one field a line
+
     def __str__(self) -> str:
         heads = f"H={self.heads}" if self.kv_heads == self.heads else f"H={self.heads}/{self.kv_heads}"
         scale = "" if self.scale is None else f" scale={self.scale:g}"

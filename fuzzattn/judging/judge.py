@@ -80,7 +80,8 @@ class JudgedCase:
         fails = self.failures
         return fails[0] if fails else None
 
-    def describe(self) -> str:
+    def describe(self, *, case: bool = True) -> str:
+        """The report; `case=False` leaves out the case's lines (a message that names it already)."""
         if self.skipped:
             return f"[skip] {self.impl}: {self.skipped}\n  case: {self.case}"
         if self.refused:
@@ -90,7 +91,8 @@ class JudgedCase:
         # One headline per failed check, then the case once, and each distinct map of bad rows
         # once: a wrong row usually fails out, lse and out_rms together.
         fails = self.failures
-        lines = [v.headline() for v in fails] + [f"  case: {self.case}", f"  repr: {self.case!r}"]
+        lines = [v.headline() for v in fails] + ([f"  case: {self.case}", f"  repr: {self.case!r}"]
+                                                 if case else [])
         maps: dict[str, list[str]] = {}
         for v in fails:
             if v.heatmap:

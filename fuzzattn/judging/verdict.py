@@ -71,6 +71,19 @@ class Verdict:
         origin = f" (raised in {self.origin})" if self.origin else ""
         return f"[{status}] {self.impl} {self.check}{numbers}{where}{detail}{origin}"
 
+    def summary(self) -> str:
+        """One line naming the implementation, the check and the case: a failure's first line,
+        which is what a test runner's one-line summary of the failure shows."""
+        if self.passed:
+            return f"{self.impl}: {self.check} ok on {self.case}"
+        if self.error is not None and self.allowed is not None:
+            return (f"{self.impl}: {self.check} wrong on {self.case} "
+                    f"(error {self.error:.3g} > allowed {self.allowed:.3g})")
+        detail = self.detail.strip().split("\n", 1)[0] if self.detail else ""
+        if len(detail) > 100:
+            detail = detail[:97] + "..."
+        return f"{self.impl}: {self.check} failed on {self.case}" + (f": {detail}" if detail else "")
+
     def describe(self) -> str:
         lines = [self.headline(), f"  case: {self.case}", f"  repr: {self.case!r}"]
         if self.heatmap:

@@ -29,8 +29,13 @@ class ImplementationLoadError(ValueError):
     """An --impl value that does not name a usable implementation."""
 
 
+def is_file_target(target: str) -> bool:
+    """The part before ':' names a file (path/to/file.py), not a module (package.module)."""
+    return target.endswith(".py") or "/" in target or "\\" in target
+
+
 def _import(target: str, spec: str):
-    if target.endswith(".py") or "/" in target or "\\" in target:
+    if is_file_target(target):
         path = Path(target).expanduser().resolve()
         if not path.is_file():
             raise ImplementationLoadError(f"--impl {spec!r}: file {target!r} does not exist")
@@ -44,12 +49,17 @@ def _import(target: str, spec: str):
         loader_spec = importlib.util.spec_from_file_location(module_name, path)
         module = importlib.util.module_from_spec(loader_spec)
         sys.modules[module_name] = module
+        # Its siblings import as they do when it runs as a script or as a pytest test module
+        # (a test file that declares its kernel next to the kernel's own file).
+        sys.path.insert(0, str(path.parent))
         try:
             loader_spec.loader.exec_module(module)
         except Exception as exc:
             del sys.modules[module_name]
             raise ImplementationLoadError(
                 f"--impl {spec!r}: importing {target!r} raised {type(exc).__name__}: {exc}") from None
+        finally:
+            sys.path.remove(str(path.parent))
         return module, str(path)
     try:
         module = importlib.import_module(target)
@@ -123,3 +133,49 @@ def _probe(impl: Implementation, spec: str) -> Implementation:
         impl = dataclasses.replace(impl, caps=dataclasses.replace(impl.caps,
                                                                   returns_lse=call.lse is not None))
     return impl
+
+
+def findable_spec(impl: Implementation) -> str:
+    """What `--impl` needs to find `impl` again, from the process it runs in: its spec when it
+    was loaded by one; its name when it is registered under it; else, for an Implementation a
+    user declared in their own module (a test file), `path/to/file.py:NAME` after the module
+    global that holds it, looked for in the calling frames' modules and then in the module of
+    its callable, the path relative to the working directory when under it; else its name."""
+    if impl.spec:
+        return impl.spec
+    if _registered_as_named(impl):
+        return impl.name
+    modules = []
+    frame = sys._getframe(1)
+    while frame is not None:
+        if not any(frame.f_globals is seen for seen in modules):
+            modules.append(frame.f_globals)
+        frame = frame.f_back
+    own = sys.modules.get(getattr(impl.fn, "__module__", None) or "")
+    if own is not None:
+        modules.append(vars(own))
+    for module in modules:
+        source = module.get("__file__") or ""
+        if not source.endswith(".py") or str(module.get("__name__", "")).startswith("fuzzattn."):
+            continue
+        name = next((key for key, value in list(module.items()) if value is impl), None)
+        if name is not None:
+            path = Path(source).resolve()
+            try:
+                path = path.relative_to(Path.cwd())
+            except ValueError:
+                pass
+            return f"{path}:{name}"
+    return impl.name
+
+
+def _registered_as_named(impl: Implementation) -> bool:
+    """`impl` is the registered implementation or mutant of its name. Asked only of callables
+    from fuzzattn's own kernels: loading the registry imports every registered kernel."""
+    if not str(getattr(impl.fn, "__module__", "")).startswith("fuzzattn."):
+        return False
+    from fuzzattn.run.registry import UnknownImplementationError, get
+    try:
+        return get(impl.name) is impl
+    except UnknownImplementationError:
+        return False
