@@ -44,7 +44,7 @@ def test_progress_is_live_on_a_terminal_and_periodic_lines_elsewhere(monkeypatch
     def campaign(progress):
         @settings(max_examples=3, database=None)
         @given(progress.track(st.integers(), "fuzz demo float32", 3, cap=60,
-                              counts=lambda: (2, 1, 0)))
+                              counts=lambda: (2, 1, 2)))
         def draw(_):
             time.sleep(0.02)
         draw()
@@ -55,8 +55,8 @@ def test_progress_is_live_on_a_terminal_and_periodic_lines_elsewhere(monkeypatch
     assert progress.live
     campaign(progress)
     shown = stream.getvalue()
-    assert "\r" in shown and "fuzz demo float32  2/3 judged" in shown
-    assert "1 refused  0 failed" in shown and "/60 s" in shown
+    assert "\r" in shown and "fuzz demo float32  2/3 cases  2 judged" in shown
+    assert "1 refused" in shown and "/60 s" in shown
 
     monkeypatch.setenv("CI", "true")
     assert not report.Progress(stream=Terminal()).live
@@ -64,11 +64,22 @@ def test_progress_is_live_on_a_terminal_and_periodic_lines_elsewhere(monkeypatch
     log = io.StringIO()
     campaign(report.Progress(stream=log, every=0.01))
     lines = log.getvalue().splitlines()
-    assert lines and all(line.startswith("fuzz demo float32  2/3 judged") for line in lines)
+    assert lines and all(line.startswith("fuzz demo float32  2/3 cases") for line in lines)
     assert "\r" not in log.getvalue()
     quiet = io.StringIO()
     campaign(report.Progress(stream=quiet))           # a fast campaign prints no line at all
     assert quiet.getvalue() == ""
+
+
+@pytest.mark.parametrize("budget, counts, shown", [
+    (100, (137, 0, 100), "100/100 cases  137 judged"),     # shrinking judges past the draws
+    (100, (101, 0, 101), "100/100 cases  101 judged"),     # a probe's case besides the draws
+    (None, (412, 3, 400), "400 cases  412 judged"),        # --seconds alone: no case count
+], ids=["shrinking", "probe", "unbounded"])
+def test_the_progress_counter_never_passes_its_maximum(budget, counts, shown):
+    line = report.Progress._line("fuzz sdpa float32", budget, 60, 11.0, 0, lambda: counts)
+    assert line.startswith(f"fuzz sdpa float32  {shown}  "), line
+    assert line.endswith("11.0/60 s"), line
 
 
 def test_a_status_is_a_line_elsewhere_after_a_quiet_interval():

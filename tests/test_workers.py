@@ -271,6 +271,7 @@ def test_merging_passing_workers_reports_the_time_cap_once():
     outcome = merged.merge("fuzz", "sdpa float32", parts, [], 1.5, max_examples=50, seconds=1.0)
     assert outcome.passed and outcome.cases == 7
     assert outcome.detail.startswith("time cap 1 s reached after 7 of 50 cases (2 workers)")
+    assert outcome.ended == "time cap 1 s"
     assert "(2)" in outcome.detail                              # the refusals summed
 
 

@@ -246,8 +246,10 @@ def shrink(crash, written) -> None:
     try:
         argv = ["fuzz", "--impl", crash.record["spec"], "--isolate",
                 "--hypothesis-seed", str(context["hypothesis_seed"]),
-                "--max-examples", str(context["max_examples"]), "--profile", context["profile"],
+                "--profile", context["profile"],
                 "--regressions-dir", scratch, "--database", "off"]
+        if context.get("max_examples"):
+            argv += ["--max-examples", str(context["max_examples"])]
         if context.get("dtype"):
             argv += ["--dtype", context["dtype"]]
         if context.get("seconds"):
