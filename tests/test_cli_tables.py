@@ -114,3 +114,31 @@ def test_junit_xml_and_markdown_render_every_outcome():
 def test_time_caps_read_as_a_person_writes_them():
     assert [report.seconds_text(s) for s in (0.2, 1, 5.26341, 60.0, 3600)] == [
         "0.2", "1", "5.26", "60", "3600"]
+
+
+def _gate_outcomes() -> list:
+    from fuzzattn.campaigns.outcome import FAIL, OK, SKIP, XFAIL, Outcome
+    clean = [Outcome("replay", f"{i:012x}.json on {impl}", OK, True)
+             for impl, n in (("triton_fa2", 41), ("sdpa", 2)) for i in range(n)]
+    return clean + [
+        Outcome("replay", "bad.json on sdpa", FAIL, False, detail="out error=3 allowed=1"),
+        Outcome("replay", "cudnn.json on sdpa_cudnn", XFAIL, True, detail="known upstream"),
+        Outcome("replay", "odd.json", SKIP, True, skipped=True, detail="no implementation declares it"),
+        Outcome("fuzz", "sdpa float32", OK, True, 60, 1.0)]
+
+
+def test_the_gate_table_lists_what_needs_eyes_and_counts_the_clean_replays():
+    text = report.gate_table(_gate_outcomes())
+    rows = [line for line in text.splitlines() if line.startswith(("replay", "fuzz"))]
+    assert [row.split()[1] for row in rows] == ["bad.json", "cudnn.json", "odd.json", "sdpa"], text
+    assert text.splitlines()[-2:] == ["triton_fa2: 41 files replayed clean",
+                                      "sdpa: 2 files replayed clean"], text
+    assert not any(" ok " in row for row in rows if row.startswith("replay")), text
+
+
+def test_the_verbose_gate_table_has_every_row():
+    text = report.gate_table(_gate_outcomes(), verbose=True)
+    assert sum(line.startswith("replay") for line in text.splitlines()) == 46, text
+    assert "replayed clean" not in text
+    args = cli.build_parser().parse_args(["gate", "-v"])
+    assert args.verbose and not cli.build_parser().parse_args(["gate"]).verbose

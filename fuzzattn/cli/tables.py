@@ -20,7 +20,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from fuzzattn.campaigns.outcome import ERROR, XFAIL, Outcome
+from fuzzattn.campaigns.outcome import ERROR, OK, XFAIL, Outcome
 
 
 # -- plain-text tables ------------------------------------------------------------------------
@@ -62,6 +62,23 @@ OUTCOME_HEADERS = ("stage", "subject", "verdict", "cases", "seconds", "detail")
 
 def summary_table(outcomes: Sequence[Outcome]) -> str:
     return table(OUTCOME_HEADERS, outcome_rows(outcomes))
+
+
+def gate_table(outcomes: Sequence[Outcome], *, verbose: bool = False) -> str:
+    """The gate's table: every outcome but the regression files that replayed clean, which are
+    one line per implementation after it (hundreds of 'ok' rows would bury what needs eyes:
+    failures, expected failures, skips); `verbose`: every row."""
+    if verbose:
+        return summary_table(outcomes)
+    shown, clean = [], {}
+    for o in outcomes:
+        if o.stage == "replay" and o.verdict == OK:
+            impl = o.subject.partition(" on ")[2] or "-"
+            clean[impl] = clean.get(impl, 0) + 1
+        else:
+            shown.append(o)
+    lines = [f"{impl}: {n} file{'s' if n != 1 else ''} replayed clean" for impl, n in clean.items()]
+    return "\n".join([summary_table(shown)] + lines)
 
 
 def failure_details(outcomes: Sequence[Outcome]) -> str:
