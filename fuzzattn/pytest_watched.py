@@ -21,6 +21,10 @@ def _from_the_command_line(config) -> bool:
     return started and tuple(sys.argv[1:]) == tuple(config.invocation_params.args)
 
 
+def _as_a_module() -> bool:
+    return sys.argv[0].endswith(os.path.join("pytest", "__main__.py"))
+
+
 def should_watch(config) -> bool:
     from fuzzattn.platform import flight
     option = config.option
@@ -36,8 +40,11 @@ def run_watched(config, regressions_dir) -> int:
     from fuzzattn.isolation import watchdog
     timeout = config.getoption("fuzzattn_timeout")
     isolate = config.getoption("fuzzattn_isolate") or timeout is not None
-    ending = watchdog.run_watched([sys.executable, "-m", "pytest", *config.invocation_params.args],
-                                  cwd=str(config.invocation_params.dir), stop_at_first=False,
+    # The child's sys.path is this process's: the working directory on it only when this run
+    # was started as `python -m pytest`, which put it there.
+    child = watchdog.python_command("pytest", "main", list(config.invocation_params.args),
+                                    keep_working_directory=_as_a_module())
+    ending = watchdog.run_watched(child, cwd=str(config.invocation_params.dir), stop_at_first=False,
                                   timeout=None if isolate else timeout)
     for crash in ending.crashes:
         save_crash(crash, directory=regressions_dir)

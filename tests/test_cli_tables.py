@@ -44,7 +44,7 @@ def test_progress_is_live_on_a_terminal_and_periodic_lines_elsewhere(monkeypatch
     def campaign(progress):
         @settings(max_examples=3, database=None)
         @given(progress.track(st.integers(), "fuzz demo float32", 3, cap=60,
-                              counts=lambda: (2, 1, 0)))
+                              counts=lambda: (2, 1, 2)))
         def draw(_):
             time.sleep(0.02)
         draw()
@@ -55,8 +55,8 @@ def test_progress_is_live_on_a_terminal_and_periodic_lines_elsewhere(monkeypatch
     assert progress.live
     campaign(progress)
     shown = stream.getvalue()
-    assert "\r" in shown and "fuzz demo float32  2/3 judged" in shown
-    assert "1 refused  0 failed" in shown and "/60 s" in shown
+    assert "\r" in shown and "fuzz demo float32  2/3 cases  2 judged" in shown
+    assert "1 refused" in shown and "/60 s" in shown
 
     monkeypatch.setenv("CI", "true")
     assert not report.Progress(stream=Terminal()).live
@@ -64,11 +64,22 @@ def test_progress_is_live_on_a_terminal_and_periodic_lines_elsewhere(monkeypatch
     log = io.StringIO()
     campaign(report.Progress(stream=log, every=0.01))
     lines = log.getvalue().splitlines()
-    assert lines and all(line.startswith("fuzz demo float32  2/3 judged") for line in lines)
+    assert lines and all(line.startswith("fuzz demo float32  2/3 cases") for line in lines)
     assert "\r" not in log.getvalue()
     quiet = io.StringIO()
     campaign(report.Progress(stream=quiet))           # a fast campaign prints no line at all
     assert quiet.getvalue() == ""
+
+
+@pytest.mark.parametrize("budget, counts, shown", [
+    (100, (137, 0, 100), "100/100 cases  137 judged"),     # shrinking judges past the draws
+    (100, (101, 0, 101), "100/100 cases  101 judged"),     # a probe's case besides the draws
+    (None, (412, 3, 400), "400 cases  412 judged"),        # --seconds alone: no case count
+], ids=["shrinking", "probe", "unbounded"])
+def test_the_progress_counter_never_passes_its_maximum(budget, counts, shown):
+    line = report.Progress._line("fuzz sdpa float32", budget, 60, 11.0, 0, lambda: counts)
+    assert line.startswith(f"fuzz sdpa float32  {shown}  "), line
+    assert line.endswith("11.0/60 s"), line
 
 
 def test_a_status_is_a_line_elsewhere_after_a_quiet_interval():
@@ -103,3 +114,31 @@ def test_junit_xml_and_markdown_render_every_outcome():
 def test_time_caps_read_as_a_person_writes_them():
     assert [report.seconds_text(s) for s in (0.2, 1, 5.26341, 60.0, 3600)] == [
         "0.2", "1", "5.26", "60", "3600"]
+
+
+def _gate_outcomes() -> list:
+    from fuzzattn.campaigns.outcome import FAIL, OK, SKIP, XFAIL, Outcome
+    clean = [Outcome("replay", f"{i:012x}.json on {impl}", OK, True)
+             for impl, n in (("triton_fa2", 41), ("sdpa", 2)) for i in range(n)]
+    return clean + [
+        Outcome("replay", "bad.json on sdpa", FAIL, False, detail="out error=3 allowed=1"),
+        Outcome("replay", "cudnn.json on sdpa_cudnn", XFAIL, True, detail="known upstream"),
+        Outcome("replay", "odd.json", SKIP, True, skipped=True, detail="no implementation declares it"),
+        Outcome("fuzz", "sdpa float32", OK, True, 60, 1.0)]
+
+
+def test_the_gate_table_lists_what_needs_eyes_and_counts_the_clean_replays():
+    text = report.gate_table(_gate_outcomes())
+    rows = [line for line in text.splitlines() if line.startswith(("replay", "fuzz"))]
+    assert [row.split()[1] for row in rows] == ["bad.json", "cudnn.json", "odd.json", "sdpa"], text
+    assert text.splitlines()[-2:] == ["triton_fa2: 41 files replayed clean",
+                                      "sdpa: 2 files replayed clean"], text
+    assert not any(" ok " in row for row in rows if row.startswith("replay")), text
+
+
+def test_the_verbose_gate_table_has_every_row():
+    text = report.gate_table(_gate_outcomes(), verbose=True)
+    assert sum(line.startswith("replay") for line in text.splitlines()) == 46, text
+    assert "replayed clean" not in text
+    args = cli.build_parser().parse_args(["gate", "-v"])
+    assert args.verbose and not cli.build_parser().parse_args(["gate"]).verbose

@@ -104,6 +104,16 @@ def test_invalid_json_names_the_file(tmp_path):
         load(bad)
 
 
+def test_a_truncated_file_names_where_it_ends_in_plain_words(tmp_path):
+    truncated = tmp_path / "cut.json"
+    truncated.write_text('{"schema": 2,\n "case": {"batch": 1,\n  "dtype": "bfloa')
+    with pytest.raises(RegressionFileError) as excinfo:
+        load(truncated)
+    message = str(excinfo.value)
+    assert message.endswith("not valid JSON: Unterminated string starting at: line 3 column 12"), message
+    assert not re.search(r"\b(\w+) \1\b", message), message       # no doubled word
+
+
 def test_hand_written_fixture_needs_only_schema_and_case(tmp_path):
     path = tmp_path / "from-a-bug-report.json"
     path.write_text(json.dumps({"schema": 1, "case": {"batch": 1, "heads": 2, "kv_heads": 2,

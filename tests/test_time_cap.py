@@ -3,8 +3,10 @@ ends at once, instead of Hypothesis drawing up to max_examples more cases left u
 spent while shrinking a failure, the failure found so far is still reported."""
 from __future__ import annotations
 
+import re
 import time
 
+import pytest
 from hypothesis import strategies as st
 
 from fuzzattn import AttentionCase, Capabilities, Implementation
@@ -67,3 +69,43 @@ def test_a_campaign_whose_cap_ends_before_its_first_case_is_a_skip_not_a_pass(ca
     row = next(line for line in out.splitlines() if line.startswith("sdpa "))
     assert row.split()[2] == "skip" and "not fuzzed: the time cap of 1e-09 s ended" in row, out
     assert status == 0 and "1 skipped" in out, out
+
+
+def test_a_campaign_needs_a_case_count_or_a_time_cap():
+    impl = Implementation(name="slow", fn=_slow, caps=CAPS, description="correct, 20 ms a call")
+    with pytest.raises(ValueError, match="max_examples=None needs seconds"):
+        fuzz(impl, _counted([]), max_examples=None, save_to_file=False)
+
+
+def cells(row: str) -> list[str]:
+    return re.split(r"\s{2,}", row.strip())
+
+
+def _fuzz_row(capsys, tmp_path, *budget) -> tuple[int, str, str]:
+    from fuzzattn import cli
+    status = cli.main(["fuzz", "--impl", "sdpa", "--dtype", "float32", *budget, "--profile", "dev",
+                       "--regressions-dir", str(tmp_path), "--database", "off"])
+    out = capsys.readouterr().out
+    header = next(line for line in out.splitlines() if line.startswith("fuzzattn fuzz:"))
+    return status, header, next(line for line in out.splitlines() if line.startswith("sdpa "))
+
+
+def test_seconds_alone_runs_that_long_not_the_profiles_case_count(capsys, tmp_path):
+    """--seconds alone: the profile's max_examples (dev: 100, sdpa judges that many in well
+    under a second) no longer ends the campaign; the time cap does, and the row says so."""
+    status, header, row = _fuzz_row(capsys, tmp_path, "--seconds", "2")
+    assert status == 0 and "max_examples=unbounded seconds=2" in header, header
+    assert row.split()[2] == "ok" and "time cap 2 s" in cells(row), row
+    assert "reached after" not in row, row          # said once, in the "ended by" cell
+
+
+@pytest.mark.parametrize("budget, ended", [
+    (["--max-examples", "7"], "7 cases"),
+    (["--max-examples", "7", "--seconds", "600"], "7 cases"),
+    (["--max-examples", "100000", "--seconds", "1"], "time cap 1 s"),
+], ids=["cases-alone", "cases-first", "time-first"])
+def test_the_row_says_which_budget_ended_the_campaign(capsys, tmp_path, budget, ended):
+    status, _, row = _fuzz_row(capsys, tmp_path, *budget)
+    assert status == 0 and ended in cells(row), row
+    if ended == "7 cases":
+        assert row.split()[3] == "7", row

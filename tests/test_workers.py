@@ -271,6 +271,7 @@ def test_merging_passing_workers_reports_the_time_cap_once():
     outcome = merged.merge("fuzz", "sdpa float32", parts, [], 1.5, max_examples=50, seconds=1.0)
     assert outcome.passed and outcome.cases == 7
     assert outcome.detail.startswith("time cap 1 s reached after 7 of 50 cases (2 workers)")
+    assert outcome.ended == "time cap 1 s"
     assert "(2)" in outcome.detail                              # the refusals summed
 
 
@@ -310,7 +311,7 @@ def test_a_failure_found_on_one_host_is_judged_first_on_another(tmp_path):
                             env={"FUZZATTN_SUPERVISE": "off"})
     assert status == 1, out_b
     found_b = row(out_b, "mutant_mqa_squeeze", "float32")
-    assert found_b[5] == "1", found_b                          # first failure at: case 1
+    assert found_b[6] == "1", found_b                          # first failure at: case 1
     assert found_b[-1] in out_a, (found_a, found_b)            # a case A found and saved
     assert list((hosts[1] / "regressions").glob("*.json")), "B saves its own regression file"
 
@@ -441,7 +442,7 @@ def test_the_gate_replays_over_its_workers_with_the_rows_of_one_process(capsys, 
     rows = {}
     for n in (1, 2):
         status, out, err = run(capsys, "gate", "--workers", n, "--budget", 0.5, "--database", "off",
-                               "--regressions-dir", directory)
+                               "--regressions-dir", directory, "-v")     # every row, clean ones too
         assert status == 1, out + err                               # broken.json fails
         assert f"{n} worker(s)" in out and "budget was spent" in out, out
         rows[n] = _replay_rows(out)

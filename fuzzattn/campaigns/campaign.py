@@ -4,14 +4,12 @@
 example one last time with `is_final` set after shrinking; only that run writes a file, so
 `regressions/` receives the shrunk case and never the intermediate ones.
 
-A case is judged once per process: the verdict is remembered by (implementation, case key), and
-Hypothesis's replays of a case get the same answer. So a kernel whose result changes between
-calls (an autotuner's first call, a race) cannot make Hypothesis stop with its FlakyFailure;
-instead the failing case that is reported (Hypothesis's final run of the shrunk case, or any
-failure judged outside Hypothesis) is rerun (campaigns/flaky.py), and if any rerun passes, it
-fails with the `flaky` verdict, which says how many runs failed and how. The shrinker's
-intermediate failures are not rerun: they are never reported, and rerunning each would triple
-the cost of shrinking.
+A case is judged once per process: the verdict is remembered by (implementation, case key), so
+Hypothesis's replays of a case get the same answer and a kernel whose result changes between calls
+(an autotuner's first call, a race) cannot end it with a FlakyFailure. The failing case reported
+(Hypothesis's final run, or a failure judged outside it) is rerun instead (campaigns/flaky.py): if
+any rerun passes, it fails as `flaky`, saying how many runs failed and how. The shrinker's
+intermediate failures are not rerun: never reported, rerunning each would triple shrinking's cost.
 
 Cases an implementation refuses with one of its declared errors (`Capabilities.refusals`) are
 counted per campaign and rejected (Hypothesis draws another), never counted as passes; so are
@@ -19,8 +17,7 @@ cases covered by a known upstream defect it declares (`Capabilities.known_defect
 be judged here (a backward's device fault keeps only the gradients from running). Failures that
 a judged known defect explains are tallied to it (judge_once).
 
-`fuzz` runs a campaign outside pytest (the CLI's `fuzz`, `gate` and `mutants`), with a case
-and/or time budget, and returns a `Campaign`.
+`fuzz` runs a campaign outside pytest (the CLI's commands) within a case and/or time budget.
 
 Isolation (fuzzattn.isolation.supervisor): `fuzz(isolate=True)` or `use_workers(pool)` judge in
 worker processes, with the memo keyed as in-process; hang/segfault/device_fault verdicts are not
@@ -70,11 +67,12 @@ refusal_counts: collections.Counter[tuple[str, str]] = collections.Counter()  # 
 # cases judged without their gradients, a known defect keeping them from this process
 forward_only_counts: collections.Counter[tuple[str, str]] = collections.Counter()
 judged_total = 0      # cases judged by this process (reruns for flakiness not counted)
+# cases drawn by campaigns (max_examples counts them), per implementation; shrinking draws none
+drawn_counts: collections.Counter[str] = collections.Counter()
 
 
 def forget_verdicts() -> None:
-    """Empty this process's memo of verdicts, so the same cases are judged again (a benchmark
-    timing one campaign several times; a memo hit costs no judging)."""
+    """Empty this process's memo of verdicts: the same cases are judged again (a benchmark)."""
     _memo.clear()
     _rerun.clear()
 
@@ -164,15 +162,15 @@ def _raise_unless_passed(impl: Implementation, case: AttentionCase, judged: Judg
     return judged
 
 
-def fuzz(impl: Implementation, strategy: st.SearchStrategy[AttentionCase], *, max_examples: int,
+def fuzz(impl: Implementation, strategy: st.SearchStrategy[AttentionCase], *, max_examples: int | None,
          seconds: float | None = None, hypothesis_seed_value: int | None = 0,
          save_to_file: bool = True, regressions_dir=None, device=None,
          shrink: bool = True, isolate: bool = False, timeout: float | None = None,
          stop_at_first: bool = True, first_cases=(),
          judge_fn=None, gradient_every: int = 1, database=None,
          database_key: bytes | None = None) -> Campaign:
-    """Judge up to `max_examples` drawn cases, or until `seconds` pass, and shrink the first
-    failure. Once the time cap is spent, draws are no longer judged: before a failure the search
+    """Judge up to `max_examples` drawn cases (None: no limit, `seconds` alone ends it), or until
+    `seconds` pass, and shrink the first failure; `Campaign.ended` says which ended it. Once the time cap is spent, draws are no longer judged: before a failure the search
     ends at the next draw; during shrinking the shrink winds down, and Hypothesis's final replay
     of the smallest failure found so far is still judged, reported and saved.
 
@@ -204,6 +202,8 @@ def fuzz(impl: Implementation, strategy: st.SearchStrategy[AttentionCase], *, ma
         raise ValueError(f"gradient_every={gradient_every} must be at least 1")
     if timeout is not None and not isolate:
         raise ValueError("timeout needs isolate=True: a call in this process cannot be interrupted")
+    if max_examples is None and seconds is None:
+        raise ValueError("max_examples=None needs seconds: nothing else would end the campaign")
     with contextlib.ExitStack() as stack:
         if isolate and judge_fn is None:
             from fuzzattn.isolation.supervisor import DEFAULT_TIMEOUT, IsolatedJudge
@@ -217,11 +217,13 @@ def fuzz(impl: Implementation, strategy: st.SearchStrategy[AttentionCase], *, ma
                      database_key=database_key)
 
 
+UNBOUNDED = 2**31 - 1     # Hypothesis's max_examples for a campaign only its time cap ends
+
+
 class _TimeIsUp(BaseException):
     """Raised from a campaign's test body once its time cap is spent before any failure: it ends
-    the search at once (returning early would pass every later draw unjudged while Hypothesis
-    went on drawing up to max_examples of them, ~1 ms a draw). A BaseException, as KeyboardInterrupt
-    is, so that Hypothesis propagates it at once instead of recording and shrinking it."""
+    the search at once (returning would pass later draws unjudged, ~1 ms each, up to
+    max_examples). A BaseException, so that Hypothesis propagates it, never shrinks it."""
 
 
 def _fuzz(impl, strategy, *, max_examples, seconds, hypothesis_seed_value, save_to_file,
@@ -250,9 +252,10 @@ def _fuzz(impl, strategy, *, max_examples, seconds, hypothesis_seed_value, save_
         return state["over"]
 
     phases = None if shrink else [Phase.explicit, Phase.reuse, Phase.generate]
+    limit = UNBOUNDED if max_examples is None else max_examples
 
     # report_multiple_bugs off: one campaign reports one counterexample; shrink it at once.
-    @settings(max_examples=max_examples, database=None, deadline=None, print_blob=False,
+    @settings(max_examples=limit, database=None, deadline=None, print_blob=False,
               derandomize=hypothesis_seed_value is None, report_multiple_bugs=False,
               **({"phases": phases} if phases else {}))
     @given(strategy)
@@ -286,6 +289,7 @@ def _fuzz(impl, strategy, *, max_examples, seconds, hypothesis_seed_value, save_
         state["judged"] += 1
         if state["target"] is None:
             state["drawn"] += 1
+            drawn_counts[impl.name] += 1
         if judged.failures and judged.skipped is None and not final:
             owner, alone = book.assign(judged)
             if owner is not None:        # a defect found already: tallied, not shrunk again
@@ -329,6 +333,8 @@ def _fuzz(impl, strategy, *, max_examples, seconds, hypothesis_seed_value, save_
             finish_shrinks(book, variant_judge, save_to_file, regressions_dir,
                            seconds=None if seconds is None else FINISH_SHRINK_SHARE * seconds)
         kw.setdefault("budget_hit", state["over"])
+        kw.setdefault("ended", "time" if state["over"] else "first failure" if stop_at_first
+                      and book.defects else "cases" if state["drawn"] >= limit else "exhausted")
         return Campaign(cases=state["judged"], seconds=time.perf_counter() - start,
                         refused=dict(refused), forward_only=dict(forward_only), impl=impl.name, **kw,
                         counterexample=book.defects[0].counterexample if book.defects else None,
@@ -350,11 +356,12 @@ def _fuzz(impl, strategy, *, max_examples, seconds, hypothesis_seed_value, save_
         else:
             state["judged"] += 1
         state["drawn"] += 1
+        drawn_counts[impl.name] += 1
     base = campaign._hypothesis_internal_use_settings
     for round_number in itertools.count():
         # Each round draws anew (its own seed) with the budget left, and shrinks the first
         # failure that no defect found so far explains; known ones are tallied and pass.
-        if stop_at_first and book.defects or state["drawn"] >= max_examples or over_budget():
+        if stop_at_first and book.defects or state["drawn"] >= limit or over_budget():
             break
         state.update(target=None, forward_failed=False, raised=False, cut=False)
         # Later rounds skip the database's replay: it deletes every saved failure that does not
@@ -363,7 +370,7 @@ def _fuzz(impl, strategy, *, max_examples, seconds, hypothesis_seed_value, save_
         if round_number and hypothesis_seed_value is None:
             later["derandomize"] = False
         campaign._hypothesis_internal_use_settings = settings(
-            base, max_examples=max_examples - state["drawn"], **later)
+            base, max_examples=limit - state["drawn"], **later)
         if round_number:
             campaign._hypothesis_internal_use_seed = (hypothesis_seed_value or 0) + round_number
         try:

@@ -46,6 +46,9 @@ class Campaign:
     cases_to_first_failure: int | None = None
     error: str | None = None            # the campaign could not run (e.g. nothing drawable)
     budget_hit: bool = False            # the time cap stopped it before max_examples
+    # what ended it: "time" (the cap), "cases" (max_examples drawn), "first failure"
+    # (stop_at_first), "exhausted" (Hypothesis found no further distinct case)
+    ended: str = ""
     refused: dict[str, int] = dataclasses.field(default_factory=dict)   # summary -> draws
     # judged cases whose gradients a known defect kept unjudged here: its summary -> cases
     forward_only: dict[str, int] = dataclasses.field(default_factory=dict)

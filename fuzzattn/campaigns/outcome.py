@@ -27,3 +27,4 @@ class Outcome:
     skipped: bool = False
     judged: object = None       # the JudgedCase behind a replay or a campaign's counterexample
     campaign: object = None     # the Campaign behind a fuzz or mutant outcome
+    ended: str = ""             # what ended a campaign: "time cap 15 s", "1000 cases" (cli.common.ending)

@@ -242,7 +242,10 @@ def load(path: str | os.PathLike) -> RegressionFile:
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise RegressionFileError(f"{path}: not valid JSON: {exc.msg} at line {exc.lineno}") from None
+        # json's own messages may end in "at" ("Unterminated string starting at"): the place
+        # follows a colon, as in str(exc), never a second "at"
+        raise RegressionFileError(f"{path}: not valid JSON: {exc.msg}: line {exc.lineno} "
+                                  f"column {exc.colno}") from None
     except RecursionError:
         raise RegressionFileError(f"{path}: JSON nested too deeply to be a regression file") from None
     return parse(data, path)

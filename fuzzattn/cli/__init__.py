@@ -11,10 +11,11 @@ and gate CI. One module per command; `common` holds what they share.
 Exit status: 0 when everything passed; 1 when something failed (a counterexample, a failing or
 unreadable regression file, a surviving mutant); 2 when the command could not run as asked (a
 bad argument, an implementation that cannot be loaded, a bad git revision); 3 when a device
-fault on a GPU shared through MPS ended the run without a verdict (fuzzattn/platform/mps.py); 130
-when interrupted; 141, silently, when stdout's reader went away (`| head`). Every status-2 or
-status-3 problem is one line on stderr starting with "fuzzattn: error:", never a traceback;
-FUZZATTN_DEBUG=1 lets an unexpected internal error show its traceback.
+fault on a GPU shared through MPS ended the run without a verdict (fuzzattn/platform/mps.py); 70
+when fuzzattn itself failed (an internal error: one line naming the file its traceback was
+written to); 130 when interrupted; 141, silently, when stdout's reader went away (`| head`).
+Every status-2, 3 or 70 problem is one line on stderr starting with "fuzzattn: error:", never a
+traceback; FUZZATTN_DEBUG=1 lets an internal error show its traceback instead.
 
 `main(argv)` runs in-process (the tests call it directly), so it restores the Hypothesis profile
 and FUZZATTN_PROFILE it found when it returns. Heavy imports (torch, kernels) happen inside the
@@ -33,6 +34,8 @@ from fuzzattn.cli.common import CLIError, one_line
 from fuzzattn.platform.mps import SharedDeviceFault
 
 SHARED_DEVICE_FAULT_STATUS = 3
+# sysexits' EX_SOFTWARE: fuzzattn's own fault, to tell apart from a finding (1) and a usage error (2)
+INTERNAL_ERROR_STATUS = 70
 
 COMMANDS = (fuzz, replay, mutants, gate, explain, triage)
 
@@ -102,7 +105,39 @@ def _reader_gone() -> bool:
     return gone
 
 
+def internal_error(exc: BaseException, argv=None) -> int:
+    """One line on stderr naming the error and the file its traceback went to; the status."""
+    import tempfile
+    import traceback
+    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    try:
+        from fuzzattn import __version__
+    except Exception:           # the package itself may be what failed
+        __version__ = "unknown"
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        fd, path = tempfile.mkstemp(prefix="fuzzattn-internal-error-", suffix=".txt")
+        with os.fdopen(fd, "w") as file:
+            file.write(f"fuzzattn {__version__}, python {sys.version.split()[0]}\n"
+                       f"command: fuzzattn {' '.join(map(str, argv))}\n\n{text}")
+        where = f"traceback written to {path}"
+    except OSError as write_error:
+        where = f"its traceback could not be written ({write_error}); FUZZATTN_DEBUG=1 shows it"
+    print(f"fuzzattn: error: internal error: {type(exc).__name__}: {one_line(exc)} ({where})",
+          file=sys.stderr)
+    return INTERNAL_ERROR_STATUS
+
+
 def main(argv=None) -> int:
+    try:
+        return _main(argv)
+    except Exception as exc:
+        if os.environ.get("FUZZATTN_DEBUG"):
+            raise
+        return internal_error(exc, argv)
+
+
+def _main(argv) -> int:
     from fuzzattn import settings
     parser = build_parser()
     try:
@@ -138,8 +173,4 @@ def main(argv=None) -> int:
             if isinstance(exc, CaseTooLargeError):
                 print(f"fuzzattn: error: {one_line(exc)}", file=sys.stderr)
                 return 2
-            if os.environ.get("FUZZATTN_DEBUG"):
-                raise
-            print(f"fuzzattn: error: internal error: {type(exc).__name__}: {one_line(exc)} "
-                  "(FUZZATTN_DEBUG=1 shows the traceback)", file=sys.stderr)
-            return 2
+            raise

@@ -169,7 +169,7 @@ def stop_option(p: argparse.ArgumentParser) -> None:
                         "with the number of cases that hit it)")
 
 
-def run_campaign(impl, dtype: str | None, *, profile, max_examples: int, seconds: float | None,
+def run_campaign(impl, dtype: str | None, *, profile, max_examples: int | None, seconds: float | None,
                  hypothesis_seed: int, save: bool, regressions_dir, progress, stage: str = "fuzz",
                  shrink: bool = True, isolate: bool = False, timeout: float | None = None,
                  database=None, stop_at_first: bool = False) -> Outcome:
@@ -196,12 +196,13 @@ def run_campaign(impl, dtype: str | None, *, profile, max_examples: int, seconds
     except HypothesisException as exc:
         return Outcome(stage, label, ERROR, False, detail=one_line(exc), message=one_line(exc))
     from fuzzattn.campaigns import campaign as campaigns
-    judged_before = campaigns.judged_total
+    judged_before, drawn_before = campaigns.judged_total, campaigns.drawn_counts[impl.name]
     refused_before = sum(n for (name, _), n in campaigns.refusal_counts.items() if name == impl.name)
 
     def counts():
         refused = sum(n for (name, _), n in campaigns.refusal_counts.items() if name == impl.name)
-        return campaigns.judged_total - judged_before, refused - refused_before, 0
+        return (campaigns.judged_total - judged_before, refused - refused_before,
+                campaigns.drawn_counts[impl.name] - drawn_before)
 
     strategy = progress.track(strategy, f"{stage} {label}", max_examples, cap=seconds, counts=counts)
     # A command that works as printed: an outside mutant is named by its spec (--only knows
@@ -211,7 +212,7 @@ def run_campaign(impl, dtype: str | None, *, profile, max_examples: int, seconds
     else:
         command = f"fuzz --impl {impl.cli_name}"
     rerun = (f"fuzzattn {command}{' --dtype ' + dtype if dtype else ''} --hypothesis-seed "
-             f"{hypothesis_seed} --max-examples {max_examples}"
+             f"{hypothesis_seed}{' --max-examples %d' % max_examples if max_examples else ''}"
              f"{' --seconds %g' % seconds if seconds else ''} --profile {profile.name}"
              f"{' --stop-at-first' if stop_at_first and stage != 'mutant' else ''}"
              f"{isolation_flags(isolate, timeout)}")
@@ -261,6 +262,7 @@ def run_campaign(impl, dtype: str | None, *, profile, max_examples: int, seconds
         outcome = Outcome(stage, label, OK, True, result.cases, result.seconds)
         if result.budget_hit:
             outcome.detail = cap_reached(seconds, result.cases, max_examples)
+    outcome.ended = ending(result.ended, seconds, max_examples)
     if refusals:
         loud = "MOSTLY REFUSED: " if result.mostly_refused else ""
         outcome.detail = "; ".join(filter(None, [outcome.detail, loud + refusals]))
@@ -268,9 +270,19 @@ def run_campaign(impl, dtype: str | None, *, profile, max_examples: int, seconds
     return outcome
 
 
-def cap_reached(seconds, cases: int, max_examples: int) -> str:
+def cap_reached(seconds, cases: int, max_examples: int | None) -> str:
     """What a passing campaign that its time cap ended says of it."""
-    return f"time cap {tables.seconds_text(seconds)} s reached after {cases} of {max_examples} cases"
+    of = f" of {max_examples}" if max_examples else ""
+    return f"time cap {tables.seconds_text(seconds)} s reached after {cases}{of} cases"
+
+
+def ending(ended: str, seconds: float | None, max_examples: int | None) -> str:
+    """What ended a campaign (Campaign.ended), for a table: 'time cap 15 s', '1000 cases'."""
+    if ended == "time":
+        return f"time cap {tables.seconds_text(seconds)} s"
+    if ended == "cases":
+        return f"{max_examples} cases"
+    return {"exhausted": "no new case to draw"}.get(ended, ended)
 
 
 def unfuzzed(seconds) -> str:

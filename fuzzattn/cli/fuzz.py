@@ -13,8 +13,10 @@ def add_parser(commands) -> None:
                                         "Exit 1 when a counterexample is found.")
     p.add_argument("--impl", action="append", required=True, metavar=common.IMPL_METAVAR,
                    help="a registered implementation or mutant, or one defined outside the repo; repeatable")
-    common.budget_options(p, "cases per campaign (default: the profile's max_examples)",
-                          "wall-time cap per campaign (default: none)")
+    common.budget_options(p, "cases per campaign (default: the profile's max_examples, or no "
+                             "limit with --seconds alone)",
+                          "wall-time cap per campaign (default: none); alone, each campaign runs "
+                          "this long; with --max-examples, whichever is reached first ends it")
     p.add_argument("--dtype", choices=DTYPES, metavar="D",
                    help=f"fuzz only this dtype ({', '.join(DTYPES)}); default: every declared one")
     p.add_argument("--regressions-dir", type=Path, metavar="DIR",
@@ -32,7 +34,8 @@ def run(args) -> int:
     isolate, timeout = common.isolation(args)
     subjects = [common.resolve(spec, isolate, timeout) for spec in args.impl]
     plan = [(impl, dtype) for impl in subjects for dtype in common.dtypes_of(impl, args.dtype)]
-    max_examples = args.max_examples or profile.max_examples
+    # --seconds alone means run that long; --max-examples alone, that many; both: the first reached
+    max_examples = args.max_examples or (None if args.seconds else profile.max_examples)
     regressions_dir = args.regressions_dir or default_dir()
     database = workers.open_database(args.database, regressions_dir)
     n_workers = workers.resolve_count(args.workers)
@@ -56,23 +59,29 @@ def run(args) -> int:
     plan = plan[:len(outcomes)]
 
     print(f"fuzzattn fuzz: profile={profile.name} hypothesis_seed={args.hypothesis_seed} "
-          f"max_examples={max_examples}{' seconds=%g' % args.seconds if args.seconds else ''}"
+          f"max_examples={max_examples or 'unbounded'}"
+          f"{' seconds=%g' % args.seconds if args.seconds else ''}"
           f"{' isolated' if isolate else ''}{' timeout=%g' % timeout if timeout else ''}"
           f"{' workers=%d' % n_workers if n_workers > 1 else ''}")
     rows = []
     for (impl, dtype), o in zip(plan, outcomes):
         campaign = o.campaign
         found = campaign.counterexample if campaign is not None else None
-        rows.append([impl.name, dtype, o.verdict, o.cases, tables.seconds(o.seconds),
+        rows.append([impl.name, dtype, o.verdict, o.cases, tables.seconds(o.seconds), o.ended,
                      "" if campaign is None or campaign.cases_to_first_failure is None
                      else campaign.cases_to_first_failure,
                      found.judged.first_failure.check if found else "",
-                     str(found.judged.case) if found else o.detail])
-    print(tables.table(("impl", "dtype", "verdict", "cases", "seconds", "first failure at",
-                        "check", "shrunk case / detail"), rows, max_width=90))
+                     str(found.judged.case) if found else _detail(o)])
+    print(tables.table(("impl", "dtype", "verdict", "cases", "seconds", "ended by",
+                        "first failure at", "check", "shrunk case / detail"), rows, max_width=90))
     if stopped is not None:
         signal_name, status = stopped
         common.finish(outcomes, f"stopped by {signal_name} after {len(outcomes)} campaign(s): "
                                 f"{tables.totals(outcomes)}")
         return status
     return common.finish(outcomes, tables.totals(outcomes))
+
+
+def _detail(outcome) -> str:
+    """A passing row's detail, less the time cap note that its "ended by" cell says already."""
+    return "; ".join(part for part in outcome.detail.split("; ") if not part.startswith("time cap"))

@@ -83,6 +83,9 @@ def add_parser(commands) -> None:
     p.add_argument("--regressions-dir", type=Path, metavar="DIR",
                    help="regression files to replay and where new ones go (default: "
                         "FUZZATTN_REGRESSIONS_DIR, else ./regressions)")
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="list every replayed file's row (default: one line per implementation "
+                        "for the files that replayed clean)")
     p.add_argument("--allow-empty", action="store_true",
                    help="pass even when there is no regression file to replay")
     p.add_argument("--impl", action="append", default=[], metavar="FILE.py:NAME",
@@ -186,7 +189,7 @@ def run(args) -> int:
     notes.append(f"{len(paths)} regression file(s) replayed; wall time {wall:.0f} s")
     for note in notes:
         print(note)
-    print(tables.summary_table(outcomes))
+    print(tables.gate_table(outcomes, verbose=args.verbose))
     common.print_after_table(outcomes)
     passed = all(o.passed for o in outcomes)
     print(f"\ngate {'passed' if passed else 'FAILED'}: {tables.totals(outcomes)} in {wall:.0f} s")

@@ -103,7 +103,7 @@ def _fold_mixtures(distinct: list[tuple], caps) -> list[tuple]:
 
 
 def merge(stage: str, label: str, parts: list, problems: list[str], wall: float, *,
-          max_examples: int, seconds: float | None, caps=None) -> Outcome:
+          max_examples: int | None, seconds: float | None, caps=None) -> Outcome:
     """One Outcome (with a Campaign) for the workers' Outcomes of one campaign."""
     campaigns = [o.campaign for o in parts if o.campaign is not None]
     cases = sum(o.cases or 0 for o in parts)
@@ -122,7 +122,8 @@ def merge(stage: str, label: str, parts: list, problems: list[str], wall: float,
             counterexample=distinct[0][0] if distinct else None,
             cases_to_first_failure=min(firsts) if firsts else None,
             error=errors[0] if errors and not distinct else None,
-            budget_hit=any(c.budget_hit for c in campaigns), refused=dict(refused),
+            budget_hit=any(c.budget_hit for c in campaigns), ended=_ended(campaigns),
+            refused=dict(refused),
             forward_only=dict(forward_only))
         if hasattr(campaign, "defects"):
             campaign.defects = [d for _, d, _ in distinct if d is not None]
@@ -154,4 +155,13 @@ def merge(stage: str, label: str, parts: list, problems: list[str], wall: float,
         loud = "MOSTLY REFUSED: " if campaign.mostly_refused else ""
         outcome.detail = "; ".join(filter(None, [outcome.detail, loud + campaign.refusal_note()]))
     outcome.campaign = campaign
+    if campaign is not None:
+        outcome.ended = common.ending(campaign.ended, seconds, max_examples)
     return outcome
+
+
+def _ended(campaigns: list) -> str:
+    """What ended a campaign spread over workers: the time cap if it ended any of them, else
+    what ended most of it."""
+    endings = {"time" if c.budget_hit else c.ended for c in campaigns}
+    return next((e for e in ("time", "first failure", "cases", "exhausted") if e in endings), "")

@@ -20,7 +20,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from fuzzattn.campaigns.outcome import ERROR, XFAIL, Outcome
+from fuzzattn.campaigns.outcome import ERROR, OK, XFAIL, Outcome
 
 
 # -- plain-text tables ------------------------------------------------------------------------
@@ -62,6 +62,23 @@ OUTCOME_HEADERS = ("stage", "subject", "verdict", "cases", "seconds", "detail")
 
 def summary_table(outcomes: Sequence[Outcome]) -> str:
     return table(OUTCOME_HEADERS, outcome_rows(outcomes))
+
+
+def gate_table(outcomes: Sequence[Outcome], *, verbose: bool = False) -> str:
+    """The gate's table: every outcome but the regression files that replayed clean, which are
+    one line per implementation after it (hundreds of 'ok' rows would bury what needs eyes:
+    failures, expected failures, skips); `verbose`: every row."""
+    if verbose:
+        return summary_table(outcomes)
+    shown, clean = [], {}
+    for o in outcomes:
+        if o.stage == "replay" and o.verdict == OK:
+            impl = o.subject.partition(" on ")[2] or "-"
+            clean[impl] = clean.get(impl, 0) + 1
+        else:
+            shown.append(o)
+    lines = [f"{impl}: {n} file{'s' if n != 1 else ''} replayed clean" for impl, n in clean.items()]
+    return "\n".join([summary_table(shown)] + lines)
 
 
 def failure_details(outcomes: Sequence[Outcome]) -> str:
@@ -225,8 +242,9 @@ def progress_enabled(stream=None) -> bool:
 
 class Progress:
     """What a campaign is doing while it runs: on a terminal one rewritten line,
-    'fuzz sdpa float32  412 judged  37.5/s  3 refused  0 failed  11.0/60 s', redrawn ten times a
-    second; otherwise the same as a full line every LINE_EVERY seconds. A status ('replay 12/74
+    'fuzz sdpa float32  400/1000 cases  412 judged  37.5/s  3 refused  11.0/60 s', redrawn ten
+    times a second; otherwise the same as a full line every LINE_EVERY seconds. Cases count
+    draws, what --max-examples bounds; judged adds the shrinker's cases. A status ('replay 12/74
     FILE', 'starting 16 worker processes') is shown live, and elsewhere as a line when nothing
     was printed for LINE_EVERY seconds: a CI log of a gate replaying for minutes is not silent."""
 
@@ -237,10 +255,11 @@ class Progress:
         self._width = 0
         self._quiet_since = time.perf_counter()
 
-    def track(self, strategy, label: str, budget: int, *, cap: float | None = None,
+    def track(self, strategy, label: str, budget: int | None, *, cap: float | None = None,
               counts=None):
-        """The same strategy, showing progress as each case is drawn. `counts()` gives
-        (judged, refused or passed over, failed) so far; without it, drawn cases are shown."""
+        """The same strategy, showing progress as each case is drawn. `counts()` gives (judged,
+        refused or passed over, drawn) so far; without it, each draw counts as all three.
+        `budget`: the cases to draw, None when only the time cap `cap` ends the campaign."""
         state = {"n": 0, "start": time.perf_counter(), "shown": 0.0}
         pause = 0.1 if self.live else self.every
         state["shown"] = 0.0 if self.live else state["start"]
@@ -257,11 +276,13 @@ class Progress:
 
     @staticmethod
     def _line(label, budget, cap, elapsed, drawn, counts) -> str:
-        judged, refused, failed = counts() if counts is not None else (drawn, 0, 0)
+        judged, refused, drawn = counts() if counts is not None else (drawn, 0, drawn)
         rate = judged / elapsed if elapsed > 0 else 0.0
         limit = f"/{seconds_text(cap)}" if cap else ""
-        return (f"{label}  {judged}/{budget} judged  {rate:.1f}/s  {refused} refused  "
-                f"{failed} failed  {elapsed:.1f}{limit} s")
+        # a probe's case judged before the draws, or a database replay, may pass the budget
+        cases = f"{min(drawn, budget)}/{budget}" if budget else f"{drawn}"
+        return (f"{label}  {cases} cases  {judged} judged  {rate:.1f}/s  {refused} refused  "
+                f"{elapsed:.1f}{limit} s")
 
     def status(self, text: str) -> None:
         if self.live or time.perf_counter() - self._quiet_since >= self.every:

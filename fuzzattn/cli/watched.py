@@ -42,13 +42,25 @@ SHRINK_SECONDS = 120.0      # the most an isolated shrink of a found crash may t
 
 
 def console_main(argv=None) -> int:
+    """The `fuzzattn` command; an internal error, here as in the child, is one line and status
+    70 (fuzzattn.cli.internal_error), never a traceback with status 1, a finding's."""
+    from fuzzattn.cli import internal_error
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        return _console_main(argv)
+    except Exception as exc:
+        if os.environ.get("FUZZATTN_DEBUG"):
+            raise
+        return internal_error(exc, argv)
+
+
+def _console_main(argv: list[str]) -> int:
     from fuzzattn.cli import build_parser, main
     from fuzzattn.cli.common import CLIError, one_line
     from fuzzattn.isolation import watchdog
     from fuzzattn.platform import compile_pools, flight
 
     compile_pools.release_at_exit()
-    argv = list(sys.argv[1:] if argv is None else argv)
     if flight.watched_here():
         watchdog.install_fault_log()
         return main(argv)
@@ -68,9 +80,10 @@ def console_main(argv=None) -> int:
                                   stop_at_first=not carry_on)
     crash = ending.crash
     if crash is None:
-        if ending.died:
+        if ending.died:         # not a finding (no case was in flight), not a usage error
+            from fuzzattn.cli import INTERNAL_ERROR_STATUS
             print(f"fuzzattn: error: {ending.died}", file=sys.stderr)
-            return 2
+            return INTERNAL_ERROR_STATUS
         return ending.returncode
     if args.command == "mutants" and "--isolate" not in argv:
         return _mutants_again_isolated(crash, argv, args)
@@ -170,7 +183,8 @@ def _mutants_again_isolated(crash, argv: list[str], args) -> int:
 
 
 def command(argv: list[str]) -> list[str]:
-    return [sys.executable, "-m", "fuzzattn.cli", *argv]
+    from fuzzattn.isolation.watchdog import python_command
+    return python_command("fuzzattn.cli.watched", "console_main", argv)
 
 
 def _watch_timeout(args) -> float | None:
@@ -232,8 +246,10 @@ def shrink(crash, written) -> None:
     try:
         argv = ["fuzz", "--impl", crash.record["spec"], "--isolate",
                 "--hypothesis-seed", str(context["hypothesis_seed"]),
-                "--max-examples", str(context["max_examples"]), "--profile", context["profile"],
+                "--profile", context["profile"],
                 "--regressions-dir", scratch, "--database", "off"]
+        if context.get("max_examples"):
+            argv += ["--max-examples", str(context["max_examples"])]
         if context.get("dtype"):
             argv += ["--dtype", context["dtype"]]
         if context.get("seconds"):

@@ -112,7 +112,7 @@ class Share:
     spec: str                       # the implementation's cli name: registered, or FILE.py:NAME
     dtype: str | None
     profile: str
-    max_examples: int
+    max_examples: int | None        # None: the deadline alone ends the share
     deadline: float | None          # time.monotonic() (system-wide on Linux) when it must stop
     hypothesis_seed: int
     save: bool
@@ -127,7 +127,7 @@ class Share:
 
 
 # -- the worker side ----------------------------------------------------------------------------
-_counts = None          # the pool's shared counters: judged and refused per slot
+_counts = None          # the pool's shared counters: judged, refused and drawn per slot
 _all_up = None          # the pool's barrier: every worker's start-up task waits at it
 
 
@@ -186,8 +186,7 @@ class _SharedCounts:
 
     def track(self, strategy, label, budget, *, cap=None, counts=None):
         def note(case):
-            judged, refused, _ = counts()
-            _counts[2 * self.slot], _counts[2 * self.slot + 1] = judged, refused
+            _counts[3 * self.slot:3 * self.slot + 3] = list(counts())
             return case
         return strategy.map(note)
 
@@ -269,7 +268,7 @@ class Pool:
                 # the isolation workers' fork server too (one per process): warm, and registered
                 context.set_forkserver_preload(["fuzzattn.isolation.preload", "fuzzattn.cli.workers",
                                                 "fuzzattn.kernels"])
-            self._counts = context.Array("q", 2 * self.n, lock=False)
+            self._counts = context.Array("q", 3 * self.n, lock=False)
             self._counter = context.Value("i", 0)
             self._executor = concurrent.futures.ProcessPoolExecutor(
                 self.n, mp_context=context, initializer=_start,
@@ -327,25 +326,26 @@ class Pool:
         if broken:
             self.close(now=True)
 
-    def run_campaign(self, impl, dtype, *, profile, max_examples: int, seconds: float | None,
+    def run_campaign(self, impl, dtype, *, profile, max_examples: int | None, seconds: float | None,
                      hypothesis_seed: int, save: bool, regressions_dir, progress, database: str | None,
                      isolate: bool = False, timeout: float | None = None, stage: str = "fuzz",
                      **options) -> Outcome:
         """common.run_campaign's Outcome for one campaign judged by the pool's workers."""
         label = f"{impl.name} {dtype or 'all dtypes'}"
-        n = min(self.n, max_examples)
+        n = self.n if max_examples is None else min(self.n, max_examples)
         executor = self._ensure()           # start-up is not the campaign's time
         start = time.perf_counter()
         deadline = None if seconds is None else time.monotonic() + seconds
-        shares = [Share(i, impl.cli_name, dtype, profile.name, max_examples // n + (i < max_examples % n),
+        shares = [Share(i, impl.cli_name, dtype, profile.name,
+                        None if max_examples is None else max_examples // n + (i < max_examples % n),
                         deadline, hypothesis_seed * n + i, save,
                         None if regressions_dir is None else str(regressions_dir), isolate, timeout,
                         database, stage, options, os.getcwd(), dict(os.environ)) for i in range(n)]
-        for i in range(2 * self.n):
+        for i in range(3 * self.n):
             self._counts[i] = 0
 
         def counts():
-            return (sum(self._counts[0:2 * n:2]), sum(self._counts[1:2 * n:2]), 0)
+            return tuple(sum(self._counts[j:3 * n:3]) for j in range(3))
 
         tick = progress.track(_Ticker(), f"{stage} {label} ({n} workers)", max_examples,
                               cap=seconds, counts=counts)

@@ -103,6 +103,27 @@ def _kill_group(pid: int, sig=signal.SIGKILL) -> None:
         os.killpg(pid, sig)
 
 
+# What a child runs: `python -c` with this bootstrap, never `python -m`. Both put the working
+# directory first on sys.path, where a folder named like an imported package (a clone of this
+# repository, ./fuzzattn/) shadows the installed one; the bootstrap drops that entry before it
+# imports anything (there is none under -P or PYTHONSAFEPATH). Kernels given as FILE.py:NAME
+# are loaded by their path, so they need no entry on sys.path.
+_BOOTSTRAP = """import sys
+if {drop} and not getattr(sys.flags, "safe_path", False):
+    del sys.path[0]
+from {module} import {function}
+sys.exit({function}())
+"""
+
+
+def python_command(module: str, function: str, argv: list[str], *,
+                   keep_working_directory: bool = False) -> list[str]:
+    """The command line of a Python child that runs `module.function()` (which reads
+    sys.argv[1:]) with `argv`, the working directory off its sys.path unless kept."""
+    code = _BOOTSTRAP.format(drop=not keep_working_directory, module=module, function=function)
+    return [sys.executable, "-c", code, *argv]
+
+
 def run_watched(argv: list[str], *, env: dict | None = None, timeout: float | None = None,
                 limit: float | None = None, stop_at_first: bool = True, quiet: bool = False,
                 cwd=None) -> Ending:
