@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 
 from fuzzattn import cli
-from fuzzattn.cli import changes
+from fuzzattn.campaigns.outcome import OK, Outcome
+from fuzzattn.cli import changes, workers
 from fuzzattn.campaigns.regression_file import load
 
 from purpose_built import DROP_LAST_KEY_SOURCE as BROKEN
@@ -352,3 +353,43 @@ def test_a_reader_that_goes_away_ends_the_command_quietly():
     err = child.stderr.read().decode()
     assert child.wait(timeout=300) == 141, err
     assert err == "", err
+
+
+def test_gate_replay_takes_at_most_its_share_and_names_what_it_left(capsys, tmp_path):
+    fixtures_dir = tmp_path / "fixtures"
+    fixtures_dir.mkdir()
+    shipped = sorted((Path(__file__).resolve().parent.parent / "regressions").glob("*.json"))
+    for path in shipped[:12]:
+        shutil.copy(path, fixtures_dir)
+    # a budget whose quarter ends before the replay can begin: every file left is a skip row
+    status, out, err = run(capsys, "gate", "--max-examples", 1, "--budget", "1e-6",
+                           "--regressions-dir", fixtures_dir, "--workers", 1)
+    assert status == 0, out + err
+    left = out.count("not replayed: the replay's share of the budget was spent")
+    assert left == 12, out
+    assert "12 regression file(s) not replayed: the replay's share (0 s of the 1e-06 s budget)" in out
+    assert "0 of 12 regression file(s) replayed" in out
+    assert "--budget" in out and "gives it ~10 s" in out          # what a campaign would need
+
+
+def test_gate_gives_the_brought_kernel_most_of_the_fuzzing_time(capsys, monkeypatch, broken,
+                                                                 tmp_path):
+    shares = []
+
+    def instant(pool, impl, dtype, **kw):           # a campaign that ends at once
+        shares.append((impl.name, kw["seconds"]))
+        return Outcome("fuzz", f"{impl.name} {dtype}", OK, True, 1, 0.0)
+
+    monkeypatch.setattr(workers, "run_campaign", instant)
+    status, out, _ = run(capsys, "gate", "--budget", 100, "--regressions-dir", tmp_path,
+                         "--allow-empty", "--impl", f"{broken}:drop_last_key")
+    assert status == 0, out
+    mine = [s for name, s in shares if name == "drop_last_key"]
+    stock = [s for name, s in shares if name != "drop_last_key"]
+    assert shares[0][0] == "drop_last_key" and mine and len(stock) >= 3
+    # 60% of what the replay (of nothing) left, ~the whole budget, shared by its dtypes
+    assert 0.55 * 100 / len(mine) < mine[0] <= 0.6 * 100 / len(mine)
+    # the stock campaigns share the rest, and what a campaign leaves unused passes on: here the
+    # brought ones ended at once, so the first stock one gets an equal part of nearly all of it
+    assert stock[0] == pytest.approx(100 / len(stock), rel=0.1)
+    assert stock[-1] == pytest.approx(100, rel=0.1)

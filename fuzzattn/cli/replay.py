@@ -63,7 +63,8 @@ def any_needs_isolation(paths) -> bool:
 def replay_all(paths, subjects, *, only_given: bool, progress, isolate: bool = False,
                timeout: float | None = None, outcomes: list | None = None,
                processes=None, given: tuple = (), probe_isolated: bool = False,
-               one_file_too: bool = False, recorded: bool = False) -> list[Outcome]:
+               one_file_too: bool = False, recorded: bool = False,
+               deadline: float | None = None) -> list[Outcome]:
     """Replay each file on each supporting subject; a file that cannot be read is one failing row.
     With `isolate`, and always for a file recording hang/segfault/device_fault, a file is judged
     in an isolated worker process (one per implementation, reused across files).
@@ -75,16 +76,23 @@ def replay_all(paths, subjects, *, only_given: bool, progress, isolate: bool = F
     `given` --impl specs (probed isolated with `probe_isolated`). A single file is replayed here,
     unless `one_file_too` (the gate, whose workers start for its campaigns anyway): in a worker,
     a crash costs that worker, not the command and the campaigns after it. `recorded`: a file
-    whose kernel is not among the subjects is also replayed on it, loaded by its impl_spec."""
+    whose kernel is not among the subjects is also replayed on it, loaded by its impl_spec.
+    `deadline` (time.perf_counter()): files not begun by then are one skip row each."""
     from fuzzattn.isolation.pool import DEFAULT_TIMEOUT, WorkerPool
     outcomes = [] if outcomes is None else outcomes      # filled as files are replayed
     if processes is not None and processes.n > 1 and (len(paths) > 1 or one_file_too and paths):
         return _replay_over(processes, paths, subjects, only_given=only_given, progress=progress,
                             isolate=isolate, timeout=timeout, outcomes=outcomes, given=given,
-                            probe_isolated=probe_isolated, recorded=recorded)
+                            probe_isolated=probe_isolated, recorded=recorded, deadline=deadline)
     with WorkerPool(timeout or DEFAULT_TIMEOUT) as pool:
         return _replay_all(paths, subjects, only_given=only_given, progress=progress,
-                           pool=pool, isolate=isolate, outcomes=outcomes, recorded=recorded)
+                           pool=pool, isolate=isolate, outcomes=outcomes, recorded=recorded,
+                           deadline=deadline)
+
+
+def not_replayed(path) -> Outcome:
+    return Outcome("replay", path.name, SKIP, True, skipped=True,
+                   detail="not replayed: the replay's share of the budget was spent")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,7 +154,7 @@ def _slow_first(paths, subjects) -> list[int]:
 
 
 def _replay_over(processes, paths, subjects, *, only_given, progress, isolate, timeout, outcomes,
-                 given, probe_isolated, recorded=False) -> list[Outcome]:
+                 given, probe_isolated, recorded=False, deadline=None) -> list[Outcome]:
     import os
     order = _slow_first(paths, subjects)
     paths = [paths[i] for i in order]               # submitted in this order, reported in the files'
@@ -155,7 +163,7 @@ def _replay_over(processes, paths, subjects, *, only_given, progress, isolate, t
     results: list = [None] * len(paths)         # None: not replayed (stopped before it)
     try:
         processes.each(replay_task, tasks, lambda done: f"replay {done}/{len(paths)} "
-                       f"({processes.n} workers)", results)
+                       f"({processes.n} workers)", results, deadline=deadline)
         lost = [path for path, result in zip(paths, results) if result is workers.DIED]
         if lost:    # a worker died: the files it held are replayed here, each isolated
             again: dict[str, list] = {}
@@ -172,12 +180,14 @@ def _replay_over(processes, paths, subjects, *, only_given, progress, isolate, t
             elif isinstance(result, BaseException):     # the task raised; verdicts are rows already
                 text = f"{path.name}: {common.one_line(result)}"
                 outcomes.append(Outcome("replay", path.name, FAIL, False, detail=text, message=text))
+            elif deadline is not None and time.perf_counter() > deadline:
+                outcomes.append(not_replayed(path))
         progress.clear()
     return outcomes
 
 
 def _replay_all(paths, subjects, *, only_given, progress, pool, isolate, outcomes,
-                recorded=False) -> list[Outcome]:
+                recorded=False, deadline=None) -> list[Outcome]:
     from fuzzattn.campaigns.regression_file import RegressionFileError, load
     from fuzzattn.campaigns.replay import needs_isolation, replay_one
     from fuzzattn.platform import flight
@@ -185,6 +195,9 @@ def _replay_all(paths, subjects, *, only_given, progress, pool, isolate, outcome
     flight.set_context()        # no campaign: a crash here is the file's row, not a case to shrink
     for n, path in enumerate(paths, 1):
         name = path.name
+        if deadline is not None and time.perf_counter() > deadline:
+            outcomes.append(not_replayed(path))
+            continue
         progress.status(f"replay {n}/{len(paths)} {name}")
         try:
             record = load(path)

@@ -304,15 +304,18 @@ class Pool:
     def __exit__(self, kind, exc, tb):
         self.close(now=kind is not None)
 
-    def each(self, function, tasks: list, status, results: list) -> None:
+    def each(self, function, tasks: list, status, results: list, deadline: float | None = None) -> None:
         """function(task) for every task over the workers, each answer put in `results` at its
         task's index as it comes (so a caller stopped by ^C keeps what finished): its result,
         the exception it raised, or DIED where its worker died (the pool is then closed, and
-        started again by its next use). `status(done)` is the progress line's text."""
+        started again by its next use). `status(done)` is the progress line's text. Tasks not
+        started by `deadline` (time.perf_counter()) are not run: their results stay as given."""
         executor = self._ensure()
         futures = {executor.submit(function, task): i for i, task in enumerate(tasks)}
         pending, broken = set(futures), False
         while pending:
+            if deadline is not None and time.perf_counter() > deadline:
+                pending = {f for f in pending if not f.cancel()}     # the running ones finish
             done, pending = concurrent.futures.wait(pending, timeout=POLL)
             for future in done:
                 try:
