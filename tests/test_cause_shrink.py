@@ -6,6 +6,7 @@ import functools
 
 from hypothesis import strategies as st
 
+from fuzzattn import Capabilities
 from fuzzattn.campaigns.campaign import fuzz, judge_once
 from fuzzattn.campaigns.cause_shrink import candidates, shrink_cause
 from fuzzattn.campaigns.defects import DefectBook
@@ -17,6 +18,9 @@ from examples.two_bug_attention import TWO_BUGS
 # Both causes of the example at once: an odd Nk, and V laid out apart from K.
 DRAWN = AttentionCase(batch=3, heads=4, kv_heads=4, seq_q=41, seq_k=41, head_dim=16,
                       layout=("contiguous", "contiguous", "transposed"), data_seed=77)
+
+
+MULTI_DTYPE = Capabilities(dtypes={"float32", "float16"}, head_dims={8, 16}, causal=())
 
 
 def _judge(case, gradients=False):
@@ -38,6 +42,9 @@ def test_candidates_are_declared_one_step_simplifications():
                                "layout", "data_seed") if getattr(step, f) != getattr(DRAWN, f)]
         assert changed, step
     assert any(s.head_dim == 8 for s in steps) and any(s.data_seed == 0 for s in steps)
+    # a campaign draws one dtype: its cause's shrink keeps it
+    half = DRAWN.replace(dtype="float16")
+    assert all(s.dtype == "float16" for s in candidates(half, MULTI_DTYPE))
 
 
 def test_a_cause_shrinks_to_its_smallest_case_and_keeps_its_trigger():

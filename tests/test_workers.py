@@ -437,7 +437,10 @@ def _regressions(tmp_path, names) -> Path:
     return directory
 
 
-def test_the_gate_replays_over_its_workers_with_the_rows_of_one_process(capsys, tmp_path):
+def test_the_gate_replays_over_its_workers_with_the_rows_of_one_process(capsys, monkeypatch,
+                                                                       tmp_path):
+    from fuzzattn.cli import gate
+    monkeypatch.setattr(gate, "REPLAY_SHARE", float("inf"))     # every file, then no fuzzing
     directory = _regressions(tmp_path, CONFIGURED)
     rows = {}
     for n in (1, 2):
@@ -480,7 +483,7 @@ def test_a_replay_over_workers_stopped_reports_the_files_it_finished(capsys, mon
     back are printed, in the files' order."""
     directory = _regressions(tmp_path, CONFIGURED)
 
-    def each(self, function, tasks, status, results):
+    def each(self, function, tasks, status, results, deadline=None):
         for i in (3, 0):                    # 065944617799, 79368643515d, broken.json, e8f8cbe29ab9
             results[i] = function(tasks[i])
         raise cli.common.Terminated()
@@ -502,7 +505,7 @@ def test_a_replay_over_workers_sends_isolated_files_first_and_reports_in_the_fil
     hang.write_text(json.dumps({**json.loads(hang.read_text()), "check": "hang"}))
     submitted = []
 
-    def each(self, function, tasks, status, results):
+    def each(self, function, tasks, status, results, deadline=None):
         for i, task in enumerate(tasks):
             submitted.append(Path(task.path).name)
             results[i] = [Outcome("replay", f"{submitted[-1]} on triton_fa2", OK, True)]

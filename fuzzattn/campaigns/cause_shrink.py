@@ -5,8 +5,8 @@ be cut short (by the time cap, or by the share of it one shrink may take so that
 thousands of times does not starve the search for rarer ones), and a failure met while another
 shrank is reported as drawn. This shrink finishes those, on the case itself: it tries one
 simplification at a time, the largest first (one batch element and head, the shortest lengths,
-the smallest declared head dim, then each layout, value profile, scale, dtype, mask and
-configuration choice set plain, then data seed 0), and keeps each candidate that still fails
+the smallest declared head dim, then each layout, value profile, scale, mask and configuration
+choice set plain, then data seed 0; never the dtype, which a campaign holds fixed), and keeps each candidate that still fails
 *through the same cause*: DefectBook.assign names this defect as its owner, so a candidate
 that loses the trigger, or fails for another reason too, is not taken. Greedy, restarting after
 each success, and bounded by judged cases and seconds: it ends at a case no single step
@@ -19,7 +19,6 @@ import time
 
 from fuzzattn.contract.capabilities import Capabilities
 from fuzzattn.contract.case import AttentionCase, CaseError
-from fuzzattn.contract.dtypes import DTYPES
 
 # Judged candidates one cause's shrink may spend: a few passes over ~20 steps from a drawn case
 # of hundreds of rows (each success restarts the pass); a shrink that needs more is reported
@@ -92,9 +91,6 @@ def candidates(case: AttentionCase, caps: Capabilities) -> list[AttentionCase]:
         steps.append(dict(values="normal"))
     if c.scale is not None:
         steps.append(dict(scale=None))
-    simplest = next((d for d in DTYPES if d in caps.dtypes), c.dtype)
-    if c.dtype != simplest:
-        steps.append(dict(dtype=simplest))
     if c.causal != "none":
         steps.append(dict(causal="none"))
     first = {name: choices[0] for name, choices in caps.configs}

@@ -77,7 +77,8 @@ def replay_all(paths, subjects, *, only_given: bool, progress, isolate: bool = F
     unless `one_file_too` (the gate, whose workers start for its campaigns anyway): in a worker,
     a crash costs that worker, not the command and the campaigns after it. `recorded`: a file
     whose kernel is not among the subjects is also replayed on it, loaded by its impl_spec.
-    `deadline` (time.perf_counter()): files not begun by then are one skip row each."""
+    `deadline` (time.monotonic(), one clock for every process of the machine): a file, or a
+    file's judgement on one implementation, not begun by then is a skip row."""
     from fuzzattn.isolation.pool import DEFAULT_TIMEOUT, WorkerPool
     outcomes = [] if outcomes is None else outcomes      # filled as files are replayed
     if processes is not None and processes.n > 1 and (len(paths) > 1 or one_file_too and paths):
@@ -90,8 +91,8 @@ def replay_all(paths, subjects, *, only_given: bool, progress, isolate: bool = F
                            deadline=deadline)
 
 
-def not_replayed(path) -> Outcome:
-    return Outcome("replay", path.name, SKIP, True, skipped=True,
+def not_replayed(subject: str) -> Outcome:
+    return Outcome("replay", subject, SKIP, True, skipped=True,
                    detail="not replayed: the replay's share of the budget was spent")
 
 
@@ -107,6 +108,7 @@ class ReplayTask:
     cwd: str
     env: dict
     recorded: bool = False          # replay_all's
+    deadline: float | None = None   # replay_all's
 
 
 _isolated = None            # a worker's isolated judges, kept across its tasks
@@ -126,7 +128,7 @@ def replay_task(task: ReplayTask) -> list[Outcome]:
         util.Finalize(None, _isolated.close, exitpriority=10)
     return _replay_all([Path(task.path)], subjects, only_given=task.only_given,
                        progress=_Silent(), pool=_isolated, isolate=task.isolate, outcomes=[],
-                       recorded=task.recorded)
+                       recorded=task.recorded, deadline=task.deadline)
 
 
 class _Silent:
@@ -159,7 +161,7 @@ def _replay_over(processes, paths, subjects, *, only_given, progress, isolate, t
     order = _slow_first(paths, subjects)
     paths = [paths[i] for i in order]               # submitted in this order, reported in the files'
     tasks = [ReplayTask(str(path), tuple(given), only_given, isolate, probe_isolated, timeout,
-                        os.getcwd(), dict(os.environ), recorded) for path in paths]
+                        os.getcwd(), dict(os.environ), recorded, deadline) for path in paths]
     results: list = [None] * len(paths)         # None: not replayed (stopped before it)
     try:
         processes.each(replay_task, tasks, lambda done: f"replay {done}/{len(paths)} "
@@ -180,8 +182,8 @@ def _replay_over(processes, paths, subjects, *, only_given, progress, isolate, t
             elif isinstance(result, BaseException):     # the task raised; verdicts are rows already
                 text = f"{path.name}: {common.one_line(result)}"
                 outcomes.append(Outcome("replay", path.name, FAIL, False, detail=text, message=text))
-            elif deadline is not None and time.perf_counter() > deadline:
-                outcomes.append(not_replayed(path))
+            elif deadline is not None and time.monotonic() > deadline:
+                outcomes.append(not_replayed(path.name))
         progress.clear()
     return outcomes
 
@@ -195,8 +197,8 @@ def _replay_all(paths, subjects, *, only_given, progress, pool, isolate, outcome
     flight.set_context()        # no campaign: a crash here is the file's row, not a case to shrink
     for n, path in enumerate(paths, 1):
         name = path.name
-        if deadline is not None and time.perf_counter() > deadline:
-            outcomes.append(not_replayed(path))
+        if deadline is not None and time.monotonic() > deadline:
+            outcomes.append(not_replayed(name))
             continue
         progress.status(f"replay {n}/{len(paths)} {name}")
         try:
@@ -222,6 +224,9 @@ def _replay_all(paths, subjects, *, only_given, progress, pool, isolate, outcome
             if why is not None:       # named with --impl but outside its declaration
                 outcomes.append(Outcome("replay", f"{name} on {impl.name}", SKIP, True, skipped=True,
                                         detail=f"{impl.name} does not declare {why}"))
+                continue
+            if deadline is not None and time.monotonic() > deadline:
+                outcomes.append(not_replayed(f"{name} on {impl.name}"))   # each one a compile
                 continue
             start = time.perf_counter()
             try:

@@ -309,12 +309,12 @@ class Pool:
         task's index as it comes (so a caller stopped by ^C keeps what finished): its result,
         the exception it raised, or DIED where its worker died (the pool is then closed, and
         started again by its next use). `status(done)` is the progress line's text. Tasks not
-        started by `deadline` (time.perf_counter()) are not run: their results stay as given."""
+        started by `deadline` (time.monotonic()) are not run: their results stay as given."""
         executor = self._ensure()
         futures = {executor.submit(function, task): i for i, task in enumerate(tasks)}
         pending, broken = set(futures), False
         while pending:
-            if deadline is not None and time.perf_counter() > deadline:
+            if deadline is not None and time.monotonic() > deadline:
                 pending = {f for f in pending if not f.cancel()}     # the running ones finish
             done, pending = concurrent.futures.wait(pending, timeout=POLL)
             for future in done:
