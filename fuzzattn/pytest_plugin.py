@@ -223,7 +223,7 @@ def cuda_context_lost() -> str | None:
         torch.cuda.synchronize()
     except Exception as exc:       # torch.AcceleratorError, RuntimeError on older torch
         from fuzzattn.run.execute import one_line
-        return f"{type(exc).__name__}: {one_line(exc)}"
+        return one_line(exc)             # 'TypeName: first line of the message'
     return None
 
 

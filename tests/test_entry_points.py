@@ -104,7 +104,7 @@ def test_an_internal_error_in_the_watched_child_keeps_its_status(tmp_path):
         "from fuzzattn.kernels.sdpa import sdpa_forward\n\n"
         "def _broken(*args, **kwargs):\n"
         "    raise KeyError('campaign table')\n\n"
-        "fuzzattn.cli.common.run_campaign = _broken\n\n"
+        "fuzzattn.cli.common.campaign_outcome = _broken\n\n"
         "def mine(q, k, v, *, causal, scale):\n"
         "    return sdpa_forward(q, k, v, causal=causal, scale=scale)\n")
     done = run_installed("fuzz", "--impl", "sabotage.py:mine", "--dtype", "float32",

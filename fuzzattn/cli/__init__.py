@@ -30,7 +30,7 @@ import sys
 import warnings
 
 from fuzzattn.cli import explain, fuzz, gate, mutants, replay, triage
-from fuzzattn.cli.common import CLIError, one_line
+from fuzzattn.cli.common import CLIError, flattened
 from fuzzattn.platform.mps import SharedDeviceFault
 
 SHARED_DEVICE_FAULT_STATUS = 3
@@ -123,7 +123,7 @@ def internal_error(exc: BaseException, argv=None) -> int:
         where = f"traceback written to {path}"
     except OSError as write_error:
         where = f"its traceback could not be written ({write_error}); FUZZATTN_DEBUG=1 shows it"
-    print(f"fuzzattn: error: internal error: {type(exc).__name__}: {one_line(exc)} ({where})",
+    print(f"fuzzattn: error: internal error: {type(exc).__name__}: {flattened(exc)} ({where})",
           file=sys.stderr)
     return INTERNAL_ERROR_STATUS
 
@@ -143,7 +143,7 @@ def _main(argv) -> int:
     try:
         args = parser.parse_args(argv)
     except CLIError as exc:
-        print(f"fuzzattn: error: {one_line(exc)}", file=sys.stderr)
+        print(f"fuzzattn: error: {flattened(exc)}", file=sys.stderr)
         return 2
     except SystemExit as exc:          # --help, --version
         return exc.code if isinstance(exc.code, int) else 0
@@ -158,19 +158,19 @@ def _main(argv) -> int:
             _check_environment()
             return args.run(args)
         except (CLIError, settings.BackendError) as exc:
-            print(f"fuzzattn: error: {one_line(exc)}", file=sys.stderr)
+            print(f"fuzzattn: error: {flattened(exc)}", file=sys.stderr)
             return 2
         except KeyboardInterrupt:
             print("\nfuzzattn: error: interrupted", file=sys.stderr)
             return 130
         except SharedDeviceFault as exc:      # no verdict could be trusted (fuzzattn/platform/mps.py)
-            print(f"fuzzattn: error: {one_line(exc)}", file=sys.stderr)
+            print(f"fuzzattn: error: {flattened(exc)}", file=sys.stderr)
             return SHARED_DEVICE_FAULT_STATUS
         except Exception as exc:
             from fuzzattn.inputs.budget import CaseTooLargeError
             if isinstance(exc, BrokenPipeError) and _reader_gone():
                 return READER_GONE_STATUS
             if isinstance(exc, CaseTooLargeError):
-                print(f"fuzzattn: error: {one_line(exc)}", file=sys.stderr)
+                print(f"fuzzattn: error: {flattened(exc)}", file=sys.stderr)
                 return 2
             raise

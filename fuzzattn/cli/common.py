@@ -25,7 +25,8 @@ class CLIError(Exception):
     """A problem with what was asked: printed as one line, exit status 2."""
 
 
-def one_line(text) -> str:
+def flattened(text) -> str:
+    """The text on one line: every run of whitespace one space."""
     return " ".join(str(text).split())
 
 
@@ -169,7 +170,7 @@ def stop_option(p: argparse.ArgumentParser) -> None:
                         "with the number of cases that hit it)")
 
 
-def run_campaign(impl, dtype: str | None, *, profile, max_examples: int | None, seconds: float | None,
+def campaign_outcome(impl, dtype: str | None, *, profile, max_examples: int | None, seconds: float | None,
                  hypothesis_seed: int, save: bool, regressions_dir, progress, stage: str = "fuzz",
                  shrink: bool = True, isolate: bool = False, timeout: float | None = None,
                  database=None, stop_at_first: bool = False) -> Outcome:
@@ -194,7 +195,7 @@ def run_campaign(impl, dtype: str | None, *, profile, max_examples: int | None, 
         strategy = attention_cases(caps, dtype=dtype, profile=profile,
                                    palette=campaign_palette(impl, hypothesis_seed))
     except HypothesisException as exc:
-        return Outcome(stage, label, ERROR, False, detail=one_line(exc), message=one_line(exc))
+        return Outcome(stage, label, ERROR, False, detail=flattened(exc), message=flattened(exc))
     from fuzzattn.campaigns import campaign as campaigns
     judged_before, drawn_before = campaigns.judged_total, campaigns.drawn_counts[impl.name]
     refused_before = sum(n for (name, _), n in campaigns.refusal_counts.items() if name == impl.name)
@@ -234,14 +235,14 @@ def run_campaign(impl, dtype: str | None, *, profile, max_examples: int | None, 
                       database_key=example_db.key(impl.cli_name, dtype, profile.name))
     except Exception as exc:   # e.g. a drawn case the harness cannot judge here: report, go on
         progress.clear()
-        text = f"{type(exc).__name__}: {one_line(exc)}"
+        text = f"{type(exc).__name__}: {flattened(exc)}"
         return Outcome(stage, label, ERROR, False, seconds=time.perf_counter() - start,
                        detail=text, message=f"{text}\n  run: {rerun}")
     progress.clear()
     refusals = result.refusal_note()
     if result.error is not None:
         outcome = Outcome(stage, label, ERROR, False, result.cases, result.seconds,
-                          detail=one_line(result.error), message=f"{result.error}\n  run: {rerun}")
+                          detail=flattened(result.error), message=f"{result.error}\n  run: {rerun}")
     elif result.counterexample is not None:
         found = result.counterexample
         failure = found.judged.first_failure

@@ -140,7 +140,7 @@ def merge(stage: str, label: str, parts: list, problems: list[str], wall: float,
                           message=message + "".join("\n" + p for p in problems), judged=found.judged)
     elif errors:
         messages = [o.message for o in parts if o.verdict == ERROR] + problems
-        outcome = Outcome(stage, label, ERROR, False, cases, wall, detail=common.one_line(errors[0]),
+        outcome = Outcome(stage, label, ERROR, False, cases, wall, detail=common.flattened(errors[0]),
                           message="\n".join(messages))
     elif parts and all(o.skipped for o in parts):
         outcome = Outcome(stage, label, SKIP, True, cases, wall, detail=parts[0].detail, skipped=True)

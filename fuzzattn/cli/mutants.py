@@ -76,7 +76,7 @@ def run_mutants(selected, *, profile, max_examples, seconds, hypothesis_seed, pr
             runs = []
             declared = common.dtypes_of(mutant, None)
             for one in ([dtype] if dtype in declared else [] if dtype else declared):
-                o = common.run_campaign(mutant, one, profile=profile, max_examples=max_examples,
+                o = common.campaign_outcome(mutant, one, profile=profile, max_examples=max_examples,
                                         seconds=seconds, hypothesis_seed=hypothesis_seed,
                                         save=False, regressions_dir=scratch, progress=progress,
                                         stage="mutant", shrink=shrink, isolate=isolate,

@@ -180,7 +180,7 @@ def _replay_over(processes, paths, subjects, *, only_given, progress, isolate, t
             if isinstance(result, list):
                 outcomes += result
             elif isinstance(result, BaseException):     # the task raised; verdicts are rows already
-                text = f"{path.name}: {common.one_line(result)}"
+                text = f"{path.name}: {common.flattened(result)}"
                 outcomes.append(Outcome("replay", path.name, FAIL, False, detail=text, message=text))
             elif deadline is not None and time.monotonic() > deadline:
                 outcomes.append(not_replayed(path.name))
@@ -204,7 +204,7 @@ def _replay_all(paths, subjects, *, only_given, progress, pool, isolate, outcome
         try:
             record = load(path)
         except RegressionFileError as exc:
-            text = common.one_line(exc)
+            text = common.flattened(exc)
             outcomes.append(Outcome("replay", name, FAIL, False, detail=text, message=text))
             continue
         targets = [impl for impl in subjects

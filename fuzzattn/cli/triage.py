@@ -71,7 +71,7 @@ def triage(paths: list[Path], given: dict) -> tuple[list[Cause], list[tuple[Path
         try:
             record = load(path)
         except RegressionFileError as exc:
-            apart.append((path, f"unreadable: {common.one_line(exc)}"))
+            apart.append((path, f"unreadable: {common.flattened(exc)}"))
             continue
         impl = _implementation(record, given, cache)
         if impl is None:

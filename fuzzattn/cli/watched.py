@@ -56,7 +56,7 @@ def console_main(argv=None) -> int:
 
 def _console_main(argv: list[str]) -> int:
     from fuzzattn.cli import build_parser, main
-    from fuzzattn.cli.common import CLIError, one_line
+    from fuzzattn.cli.common import CLIError, flattened
     from fuzzattn.isolation import watchdog
     from fuzzattn.platform import compile_pools, flight
 
@@ -69,7 +69,7 @@ def _console_main(argv: list[str]) -> int:
     try:
         args = build_parser().parse_args(argv)
     except CLIError as exc:
-        print(f"fuzzattn: error: {one_line(exc)}", file=sys.stderr)
+        print(f"fuzzattn: error: {flattened(exc)}", file=sys.stderr)
         return 2
     except SystemExit as exc:          # --help, --version
         return exc.code if isinstance(exc.code, int) else 0

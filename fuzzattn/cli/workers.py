@@ -4,7 +4,7 @@ processes that draw different cases, reported as one campaign.
 Worker i of N draws with Hypothesis seed `seed * N + i` and judges its share of --max-examples;
 --seconds is the campaign's wall time, every worker's from when its implementation is loaded. Every
 worker replays and saves in the same example database (fuzzattn/campaigns/example_db.py), judges
-exactly as the single-process path does (common.run_campaign: the profile, gradients on every
+exactly as the single-process path does (common.campaign_outcome: the profile, gradients on every
 case, the compile palette of its seed) and shrinks and saves what it finds; the parent shows one
 progress line, merges the parts into one Outcome, and lists each distinct failure once (two
 workers that shrink to the same case share its regression file). The "found by" command of a
@@ -121,7 +121,7 @@ class Share:
     timeout: float | None
     database: str | None            # an example_db spec, opened in the worker
     stage: str
-    options: dict                   # further keyword arguments of common.run_campaign
+    options: dict                   # further keyword arguments of common.campaign_outcome
     cwd: str                        # the parent's, and its environment: a fork server's
     env: dict                       # children start with the server's own
 
@@ -218,7 +218,7 @@ def _run_share(share: Share) -> Outcome:
     impl = resolved(share.spec, share.isolate, share.timeout)
     seconds = None if share.deadline is None else max(share.deadline - picked_up, 0.01)
     database = example_db.open_database(share.database) if share.database else None
-    outcome = common.run_campaign(
+    outcome = common.campaign_outcome(
         impl, share.dtype, profile=profile, max_examples=share.max_examples, seconds=seconds,
         hypothesis_seed=share.hypothesis_seed, save=share.save, regressions_dir=share.regressions_dir,
         progress=_SharedCounts(share.slot), stage=share.stage, isolate=share.isolate,
@@ -333,7 +333,7 @@ class Pool:
                      hypothesis_seed: int, save: bool, regressions_dir, progress, database: str | None,
                      isolate: bool = False, timeout: float | None = None, stage: str = "fuzz",
                      **options) -> Outcome:
-        """common.run_campaign's Outcome for one campaign judged by the pool's workers."""
+        """common.campaign_outcome's Outcome for one campaign judged by the pool's workers."""
         label = f"{impl.name} {dtype or 'all dtypes'}"
         n = self.n if max_examples is None else min(self.n, max_examples)
         executor = self._ensure()           # start-up is not the campaign's time
@@ -363,7 +363,7 @@ class Pool:
             except _Broken:
                 lost.append(share)
             except Exception as exc:        # e.g. the implementation could not be loaded there
-                problems.append(f"worker {share.slot}: {type(exc).__name__}: {common.one_line(exc)}")
+                problems.append(f"worker {share.slot}: {type(exc).__name__}: {common.flattened(exc)}")
         if lost:
             # One death breaks the whole executor: every unfinished share is lost with it.
             from fuzzattn.platform import flight
@@ -396,5 +396,5 @@ def run_campaign(pool: Pool | None, impl, dtype, *, database: tuple, **kw) -> Ou
     """The campaign in this process (no pool, or one worker) or over the pool's workers;
     `database` as open_database gives it."""
     if pool is None or pool.n == 1:
-        return common.run_campaign(impl, dtype, database=database[0], **kw)
+        return common.campaign_outcome(impl, dtype, database=database[0], **kw)
     return pool.run_campaign(impl, dtype, database=database[1], **kw)

@@ -31,7 +31,7 @@ from fuzzattn.inputs.materialize import materialize, materialize_dout
 # The forward relations' transformed inputs, and the machinery every relation shares: the same
 # verdict shape, crash and refusal handling.
 from fuzzattn.relations.forward import _transformed
-from fuzzattn.relations.runs import (Refused, RunFailed, as_relation, case_generator,
+from fuzzattn.relations.runs import (RunRefused, RunFailed, as_relation, case_generator,
                                            relation_verdict, row_errors, run_once)
 from fuzzattn.judging.oracle import visible_keys
 from fuzzattn.judging.tolerance import grad_noise
@@ -43,7 +43,7 @@ def _gradients(impl: Implementation, q, k, v, dout, case: AttentionCase, which: 
     out, lse = run_once(impl, q, k, v, case, f"{which} forward")
     call = execute.call_gradients(impl, q, k, v, dout, case, out=out, lse=lse)
     if call.declared_refusal:
-        raise Refused(call.summary)
+        raise RunRefused(call.summary)
     if not call.answered:
         raise RunFailed(f"{which} gradient run raised {call.summary}")
     grads = dict(zip(NAMES, call.grads))

@@ -29,7 +29,7 @@ class RunFailed(Exception):
     """The implementation raised in one of a relation's runs: the relation fails, so detailed."""
 
 
-class Refused(Exception):
+class RunRefused(Exception):
     """A run refused the way the implementation declares (Capabilities.refusals; FLASH on CUDA:
     causal with Nq != Nk): the relation does not apply, as a campaign counts such a draw."""
 
@@ -41,7 +41,7 @@ def case_generator(case: AttentionCase) -> torch.Generator:
 def run_once(impl: Implementation, q, k, v, case: AttentionCase, which: str):
     call = execute.call(impl, q, k, v, case)
     if call.declared_refusal:
-        raise Refused(call.summary)
+        raise RunRefused(call.summary)
     if not call.answered:   # a crash on a declared case is a failed relation, not a harness error
         raise RunFailed(f"{which} run raised {call.summary}")
     return call.out, call.lse
@@ -115,7 +115,7 @@ def as_relation(name: str):
             except RunFailed as exc:
                 return Verdict(impl=impl.name, case=case, check=PREFIX + name, passed=False,
                                detail=str(exc))
-            except Refused:
+            except RunRefused:
                 return None
         relation.__name__ = name
         relation.__doc__ = body.__doc__
