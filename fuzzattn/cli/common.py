@@ -211,7 +211,7 @@ def campaign_outcome(impl, dtype: str | None, *, profile, max_examples: int | No
     if stage == "mutant":
         command = f"mutants --impl {impl.spec}" if impl.spec else f"mutants --only {impl.name}"
     else:
-        command = f"fuzz --impl {impl.cli_name}"
+        command = f"fuzz --impl {impl.cli_name} --workers 1"   # this one worker's draws
     rerun = (f"fuzzattn {command}{' --dtype ' + dtype if dtype else ''} --hypothesis-seed "
              f"{hypothesis_seed}{' --max-examples %d' % max_examples if max_examples else ''}"
              f"{' --seconds %g' % seconds if seconds else ''} --profile {profile.name}"

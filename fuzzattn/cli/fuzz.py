@@ -22,7 +22,7 @@ def add_parser(commands) -> None:
     p.add_argument("--regressions-dir", type=Path, metavar="DIR",
                    help="where counterexamples are saved (default: FUZZATTN_REGRESSIONS_DIR, else ./regressions)")
     p.add_argument("--no-save", action="store_true", help="do not write counterexamples as regression files")
-    workers.add_options(p, default=1)
+    workers.add_options(p, default=workers.AUTO_ON_GPU)
     common.stop_option(p)
     common.isolation_options(p)
     p.set_defaults(run=run)

@@ -10,11 +10,9 @@ progress line, merges the parts into one Outcome, and lists each distinct failur
 workers that shrink to the same case share its regression file). The "found by" command of a
 failure reruns the one worker that found it, in one process.
 
-The processes come from concurrent.futures.ProcessPoolExecutor, started once per command (every
-worker up before the first campaign's clock) and reused by every campaign: by a fork server that
-has imported fuzzattn on a machine without CUDA, by spawn where CUDA is visible (a process that
-has touched CUDA cannot fork; seconds a start). Each worker on a CUDA host sees one GPU,
-round robin. Under the watchdog (fuzzattn/cli/watched.py) each worker keeps its own flight record
+The processes come from a ProcessPoolExecutor started once per command and reused by every
+campaign: a fork server without CUDA, spawn where CUDA is visible (a process that has touched CUDA
+cannot fork). Each worker on a CUDA host sees one GPU, round robin, and keeps its own flight record
 (flight.adopt): a worker that dies or hangs is a segfault / hang verdict, its case saved and shrunk.
 """
 from __future__ import annotations
@@ -40,7 +38,7 @@ from fuzzattn.cli import common, merged
 # (benchmarks/REPORT.md, "Worker processes": benchmarks/throughput.py --cli-workers).
 PER_GPU = 16
 # --workers auto without CUDA: one process per core up to this (past a handful, the fork server's
-# start-up and each worker's shrink of a shared failure cost more than they return).
+# start-up and each worker's shrink of a shared failure cost more than they return)
 CPU_CAP = 8
 POLL = 0.1              # seconds between looks at the workers (and progress redraws)
 START_LIMIT = 300.0     # seconds a worker waits for the others to start (CUDA, imports)
@@ -48,8 +46,8 @@ DIED = "died"           # Pool.each's answer for a task whose worker process die
 
 
 def workers_arg(text: str):
-    """argparse type: a whole number >= 1, or 'auto'."""
-    if text == "auto":
+    """argparse type: a whole number >= 1, or 'auto' (or fuzz's default, AUTO_ON_GPU)."""
+    if text in ("auto", AUTO_ON_GPU):
         return text
     try:
         value = int(text)
@@ -95,14 +93,19 @@ def cores() -> int:
     return max(1, count)
 
 
+# fuzz's default: compile-bound in one process on a GPU host (a Triton kernel compiles per
+# variant), so the machine; on the CPU one process, for debugging as for the interpreter.
+AUTO_ON_GPU = "auto on a GPU host, else 1"
+
+
 def resolve_count(value) -> int:
     """The number of worker processes `--workers VALUE` asks for here."""
+    if value == AUTO_ON_GPU:
+        value = "auto" if visible_gpus() else 1
     if value != "auto":
         return int(value)
     gpus = visible_gpus()
-    if gpus:
-        return max(1, min(PER_GPU * len(gpus), cores()))
-    return max(1, min(cores(), CPU_CAP))
+    return max(1, min(PER_GPU * len(gpus), cores()) if gpus else min(cores(), CPU_CAP))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,19 +145,16 @@ def _start(watched: bool, gpus: list[str], counter, counts, all_up, n: int = 1) 
         flight.adopt()
         watchdog.install_fault_log()
     with counter.get_lock():
-        index = counter.value
-        counter.value += 1
+        index, counter.value = counter.value, counter.value + 1
     if gpus:
         os.environ["CUDA_VISIBLE_DEVICES"] = gpus[index % len(gpus)]
-    # ^C on a terminal reaches the whole process group: the parent stops the workers itself
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)   # ^C reaches the group: the parent stops us
     if watched:     # a broken pool terminates its other workers: their calls are no findings
         flight.abandon_on_sigterm()
     compile_pools.release_at_exit()
     settings.choose_backend()
     settings.check_environment()
-    threads = settings.threads_per_process(n)
-    if threads:
+    if threads := settings.threads_per_process(n):
         import torch
         torch.set_num_threads(threads)
     warnings.filterwarnings("ignore", category=RuntimeWarning, module=r"triton\.runtime\.interpreter")
@@ -168,8 +168,8 @@ def _start(watched: bool, gpus: list[str], counter, counts, all_up, n: int = 1) 
 def _ready(limit: float) -> int:
     """Hold this worker until every worker has set itself up (each of the n start-up tasks has
     its own process); its pid. The barrier comes through the initializer, not in a task."""
-    with contextlib.suppress(threading.BrokenBarrierError):    # one did not start: its death
-        _all_up.wait(limit)                                      # is the campaign's to report
+    with contextlib.suppress(threading.BrokenBarrierError):    # one did not start: its death,
+        _all_up.wait(limit)                                      # the campaign's to report
     # one case judged before any campaign's clock: a forked worker's first judgement pays for
     # the pages it shares with the fork server, a spawned one's for torch's lazy set-up
     from fuzzattn.isolation import preload
@@ -190,8 +190,8 @@ class _SharedCounts:
             return case
         return strategy.map(note)
 
-    def clear(self) -> None:
-        pass
+    def clear(self) -> None:          # nothing drawn on a worker's terminal
+        return None
 
 
 def adopt(cwd: str, env: dict) -> None:
