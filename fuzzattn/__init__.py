@@ -44,9 +44,9 @@ from fuzzattn.campaigns.campaign import Counterexample, check_case
 from fuzzattn.judging.judge import JudgedCase, judge
 from fuzzattn.judging.verdict import Verdict
 from fuzzattn.strategies import attention_cases
-from fuzzattn.campaigns import explain_phase
+from fuzzattn.campaigns import hypothesis_internals
 
-explain_phase.install()
+hypothesis_internals.install()
 # pytest's one-line summary of a failure starts with the exception's module path: the public one
 Counterexample.__module__ = __name__
 

@@ -141,6 +141,9 @@ def check_environment() -> None:
     for check in (palette_mode, host_judge_macs, host_check_elements, mps_mode,
                   lambda: palette_size(Capabilities())):
         check()
+    from fuzzattn.campaigns.hypothesis_internals import campaign_internals_supported
+    if (unsupported := campaign_internals_supported()) is not None:
+        raise ValueError(unsupported)          # a campaign would run with settings it did not mean
 
 
 def backend_description() -> str:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import textwrap
 
+import pytest
+
 import fuzzattn
 from fuzzattn import AttentionCase, judge
 
@@ -306,3 +308,17 @@ def test_a_script_judging_its_own_bf16_triton_kernel_gets_the_interpreter_repair
                           timeout=300, env=env, cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.startswith("[ok] mine_bf16"), done.stdout
+
+
+def test_the_hypothesis_internals_campaigns_use_are_fenced_by_version(monkeypatch):
+    import hypothesis
+    from fuzzattn.campaigns import hypothesis_internals
+    from fuzzattn.settings import check_environment
+    assert hypothesis_internals.campaign_internals_supported() is None      # the installed one
+    assert hypothesis_internals.applies("6.100.0", hypothesis_internals.CAMPAIGN_TESTED)
+    assert not hypothesis_internals.applies("7.0.0", hypothesis_internals.CAMPAIGN_TESTED)
+    monkeypatch.setattr(hypothesis, "__version__", "7.1.0")
+    why = hypothesis_internals.campaign_internals_supported()
+    assert why.startswith("hypothesis 7.1.0 is outside") and "< 7" in why
+    with pytest.raises(ValueError, match="hypothesis 7.1.0"):
+        check_environment()                # the CLI's one-line usage error, before anything runs

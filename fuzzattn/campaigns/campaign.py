@@ -35,6 +35,7 @@ from hypothesis import Phase, given, reject, seed as hypothesis_seed, settings, 
 from hypothesis.control import current_build_context, currently_in_test_context
 from hypothesis.errors import FlakyFailure, HypothesisException
 
+from fuzzattn.campaigns import hypothesis_internals
 from fuzzattn.campaigns.defects import DefectBook, check_key, failure_keys, same_symptom
 from fuzzattn.campaigns.flaky import flaky_or_consistent
 from fuzzattn.campaigns.found import (Campaign, Counterexample, Refused,  # noqa: F401 (public)
@@ -200,6 +201,8 @@ def fuzz(impl: Implementation, strategy: st.SearchStrategy[AttentionCase], *, ma
     replayed first. Each defect left cut short or unshrunk gets its own shrink (found.py)."""
     if gradient_every < 1:
         raise ValueError(f"gradient_every={gradient_every} must be at least 1")
+    if (unsupported := hypothesis_internals.campaign_internals_supported()) is not None:
+        raise RuntimeError(unsupported)
     if timeout is not None and not isolate:
         raise ValueError("timeout needs isolate=True: a call in this process cannot be interrupted")
     if max_examples is None and seconds is None:
@@ -317,13 +320,13 @@ def _fuzz(impl, strategy, *, max_examples, seconds, hypothesis_seed_value, save_
                 state["forward_failed"] = not (first and first.check.startswith("grad_"))
             raise
 
-    campaign._hypothesis_internal_database_key = database_key or impl.cli_name.encode()
+    hypothesis_internals.use_database_key(campaign, database_key or impl.cli_name.encode())
     if hypothesis_seed_value is not None:
         campaign = hypothesis_seed(hypothesis_seed_value)(campaign)
         # @seed turns the example database off; a seeded campaign keeps the one it was given
         # (a derandomized one has none: Hypothesis refuses the pair)
-        campaign._hypothesis_internal_use_settings = settings(
-            campaign._hypothesis_internal_use_settings, database=database)
+        hypothesis_internals.use_settings(campaign, settings(
+            hypothesis_internals.settings_of(campaign), database=database))
 
     def finished(**kw) -> Campaign:
         report_stashed(book, stash, variant_judge, save_to_file, regressions_dir,
@@ -357,7 +360,7 @@ def _fuzz(impl, strategy, *, max_examples, seconds, hypothesis_seed_value, save_
             state["judged"] += 1
         state["drawn"] += 1
         drawn_counts[impl.name] += 1
-    base = campaign._hypothesis_internal_use_settings
+    base = hypothesis_internals.settings_of(campaign)
     for round_number in itertools.count():
         # Each round draws anew (its own seed) with the budget left, and shrinks the first
         # failure that no defect found so far explains; known ones are tallied and pass.
@@ -369,10 +372,10 @@ def _fuzz(impl, strategy, *, max_examples, seconds, hypothesis_seed_value, save_
         later = {"phases": [p for p in base.phases if p != Phase.reuse]} if round_number else {}
         if round_number and hypothesis_seed_value is None:
             later["derandomize"] = False
-        campaign._hypothesis_internal_use_settings = settings(
-            base, max_examples=limit - state["drawn"], **later)
+        hypothesis_internals.use_settings(campaign, settings(
+            base, max_examples=limit - state["drawn"], **later))
         if round_number:
-            campaign._hypothesis_internal_use_seed = (hypothesis_seed_value or 0) + round_number
+            hypothesis_internals.use_seed(campaign, (hypothesis_seed_value or 0) + round_number)
         try:
             campaign()
         except _TimeIsUp:

@@ -1,6 +1,14 @@
-"""Keep fuzzattn's own lines out of Hypothesis's explain phase.
+"""Every Hypothesis internal fuzzattn relies on, in one module, each fenced by version.
 
-After shrinking a failure, Hypothesis traces the test again and reports the lines "always and
+**A campaign's test** (campaign.py). A campaign runs one @given test in rounds, each with its own
+settings and seed, and keeps its failures in the example database under the implementation's
+name, not the test function's source (which changes with every edit of the harness). Hypothesis
+has no public way to change a decorated test's settings or seed after decoration, or to name its
+database key: it keeps them in three attributes of the wrapped test, unchanged through 6.x.
+Outside CAMPAIGN_TESTED, `campaign_internals_supported` says no and a campaign refuses with one
+line naming the version, rather than run with settings it did not mean.
+
+**The explain phase.** After shrinking a failure, Hypothesis traces the test again and reports the lines "always and
 only run by failing test cases". In a test that calls `check_case`, the lines that describe,
 save and raise a failure are such lines in every failure: reported, they point the reader at
 the harness instead of at the kernel. Hypothesis leaves its own files out of that trace with
@@ -23,15 +31,47 @@ from fuzzattn.triton_interpreter.fence import release
 
 # Read against hypothesis 6.170's scrutineer; the predicate has kept its shape within 6.x since.
 TESTED = ((6, 170), (7,))
+# The three attributes of a @given test a campaign sets: names unchanged from 6.100 through 6.x.
+CAMPAIGN_TESTED = ((6, 100), (7,))
 _PACKAGE = str(Path(__file__).resolve().parent.parent) + os.sep
 _MARK = "_fuzzattn_untraced"
 
 
-def applies(version: str) -> bool:
-    """Whether a Hypothesis of this version gets the wrap (TESTED's lower bound included)."""
+def applies(version: str, tested=TESTED) -> bool:
+    """Whether a Hypothesis of this version is inside `tested` (its lower bound included)."""
     have = release(version)
-    low, high = TESTED
+    low, high = tested
     return bool(have) and low <= have[:len(low)] and have[:len(high)] < high
+
+
+def campaign_internals_supported() -> str | None:
+    """None, or why this Hypothesis cannot run a campaign (one line naming its version)."""
+    import hypothesis
+    if applies(hypothesis.__version__, CAMPAIGN_TESTED):
+        return None
+    low, high = (".".join(map(str, v)) for v in CAMPAIGN_TESTED)
+    return (f"hypothesis {hypothesis.__version__} is outside the range fuzzattn's campaigns are "
+            f"tested with (>= {low}, < {high}): install one inside it")
+
+
+def settings_of(test):
+    """The settings a @given test runs with."""
+    return test._hypothesis_internal_use_settings
+
+
+def use_settings(test, value) -> None:
+    """Run a @given test with other settings from its next call on."""
+    test._hypothesis_internal_use_settings = value
+
+
+def use_seed(test, seed: int) -> None:
+    """Draw a @given test's next run from this seed (what @seed sets at decoration)."""
+    test._hypothesis_internal_use_seed = seed
+
+
+def use_database_key(test, key: bytes) -> None:
+    """Keep a @given test's failures in the example database under `key`."""
+    test._hypothesis_internal_database_key = key
 
 
 def ours(filename: str) -> bool:
