@@ -107,124 +107,162 @@ def add_parser(commands) -> None:
     p.set_defaults(run=run)
 
 
-def run(args) -> int:
-    from fuzzattn.campaigns.regression_file import default_dir, discover, display_path
-    started = time.perf_counter()
-    profile = common.load_profile(args.profile)
-    isolate, timeout = common.isolation(args)
-    regressions_dir = args.regressions_dir or default_dir()
-    paths = discover(regressions_dir)
-    probe_isolated = isolate or replay.any_needs_isolation(paths)
-    given = [common.resolve(spec, probe_isolated, timeout) for spec in args.impl]
-    subjects = common.registered() + given
-    to_fuzz, notes = changes.plan(args.changed_since, subjects)   # a bad REV stops here
-    outside = frozenset(impl.name for impl in given)
-    interpreted = common.triton_interpreted()
-    max_examples = args.max_examples or (GATE_INTERPRETED_EXAMPLES if interpreted else profile.max_examples)
-    seconds = args.seconds or (GATE_INTERPRETED_SECONDS if interpreted else GATE_COMPILED_SECONDS)
-    budget = args.budget or (GATE_BUDGET_CUDA if workers.visible_gpus() else GATE_BUDGET_CPU)
-    deadline = time.perf_counter() + budget     # from here: loading the implementations is not in it
-    database = workers.open_database(args.database, regressions_dir)
-    n_workers = workers.resolve_count(args.workers)
-    progress = tables.Progress()
-    header = (f"fuzzattn gate: profile={profile.name} hypothesis_seed={args.hypothesis_seed} "
-              f"budget={budget:g} s for replay and fuzzing, up to {max_examples} cases per campaign"
-              f"{', at most %g s each' % args.seconds if args.seconds else ''}; "
-              f"{n_workers} worker(s); triton {'interpreted' if interpreted else 'compiled'}; "
-              f"regressions {display_path(regressions_dir)}"
-              f"{'; isolated' if isolate else ''}{' timeout=%g s' % timeout if timeout else ''}")
-    print(header, flush=True)
+class _Gate:
+    """One gate run, its steps in the order they spend the budget: replay, fuzz, mutants, report."""
 
-    with workers.Pool(n_workers, progress) as pool:
-        # (1) every known bug stays fixed, on every implementation that can run its case; the
-        # files side by side over the workers, whose start-up the fuzzing then does not pay
-        print(f"gate: replaying {len(paths)} regression file(s)", flush=True)
-        replay_ends = time.monotonic() + REPLAY_SHARE * budget     # a clock every worker reads
-        outcomes = replay.replay_all(paths, subjects, only_given=False, progress=progress,
-                                     isolate=isolate, timeout=timeout, processes=pool,
-                                     given=tuple(args.impl), probe_isolated=probe_isolated,
-                                     one_file_too=True, deadline=replay_ends)
-        cut = len({o.subject.partition(" on ")[0] for o in outcomes
-                   if o.detail.startswith("not replayed")})
-        if cut:
-            notes.append(f"{cut} regression file(s) not replayed in full: the replay's share "
-                         f"({REPLAY_SHARE * budget:.0f} s of the {budget:g} s budget) was spent "
-                         f"(fuzzattn replay {display_path(regressions_dir)} replays them all)")
-        if not paths and not args.allow_empty:
-            outcomes.append(Outcome("replay", display_path(regressions_dir), FAIL, False,
-                                    detail="no regression files to replay (wrong directory? "
-                                           "--regressions-dir DIR, or --allow-empty)",
-                                    message=f"{display_path(regressions_dir)} holds no *.json regression "
-                                            "file: the gate would replay nothing. Run it from the "
-                                            "repository root, pass --regressions-dir, or --allow-empty."))
+    def __init__(self, args):
+        from fuzzattn.campaigns.regression_file import default_dir, discover, display_path
+        self.args, self.started = args, time.perf_counter()
+        self.profile = common.load_profile(args.profile)
+        self.isolate, self.timeout = common.isolation(args)
+        self.regressions_dir = args.regressions_dir or default_dir()
+        self.shown_dir = display_path(self.regressions_dir)
+        self.paths = discover(self.regressions_dir)
+        self.probe_isolated = self.isolate or replay.any_needs_isolation(self.paths)
+        given = [common.resolve(spec, self.probe_isolated, self.timeout) for spec in args.impl]
+        self.subjects = common.registered() + given
+        self.to_fuzz, self.notes = changes.plan(args.changed_since, self.subjects)  # a bad REV stops here
+        self.outside = frozenset(impl.name for impl in given)
+        self.interpreted = common.triton_interpreted()
+        self.max_examples = args.max_examples or (GATE_INTERPRETED_EXAMPLES if self.interpreted
+                                                  else self.profile.max_examples)
+        self.seconds = args.seconds or (GATE_INTERPRETED_SECONDS if self.interpreted
+                                        else GATE_COMPILED_SECONDS)
+        self.budget = args.budget or (GATE_BUDGET_CUDA if workers.visible_gpus() else GATE_BUDGET_CPU)
+        self.deadline = time.perf_counter() + self.budget   # loading the implementations is not in it
+        self.database = workers.open_database(args.database, self.regressions_dir)
+        self.n_workers = workers.resolve_count(args.workers)
+        self.progress = tables.Progress()
+        self.outcomes: list[Outcome] = []
+        self.cut = 0                    # files not replayed in full
+        self.header = (
+            f"fuzzattn gate: profile={self.profile.name} hypothesis_seed={args.hypothesis_seed} "
+            f"budget={self.budget:g} s for replay and fuzzing, up to {self.max_examples} cases per "
+            f"campaign{', at most %g s each' % args.seconds if args.seconds else ''}; "
+            f"{self.n_workers} worker(s); triton {'interpreted' if self.interpreted else 'compiled'}; "
+            f"regressions {self.shown_dir}"
+            f"{'; isolated' if self.isolate else ''}"
+            f"{' timeout=%g s' % self.timeout if self.timeout else ''}")
 
-        # (2) look for new bugs; counterexamples become regression files for step (1) next time
+    def replay(self, pool) -> None:
+        """(1) every known bug stays fixed, on every implementation that can run its case; the
+        files side by side over the workers, whose start-up the fuzzing then does not pay."""
+        print(f"gate: replaying {len(self.paths)} regression file(s)", flush=True)
+        ends = time.monotonic() + REPLAY_SHARE * self.budget     # a clock every worker reads
+        self.outcomes = replay.replay_all(
+            self.paths, self.subjects, only_given=False, progress=self.progress,
+            isolate=self.isolate, timeout=self.timeout, processes=pool,
+            given=tuple(self.args.impl), probe_isolated=self.probe_isolated, one_file_too=True,
+            deadline=ends)
+        self.cut = len({o.subject.partition(" on ")[0] for o in self.outcomes
+                        if o.detail.startswith("not replayed")})
+        if self.cut:
+            self.notes.append(
+                f"{self.cut} regression file(s) not replayed in full: the replay's share "
+                f"({REPLAY_SHARE * self.budget:.0f} s of the {self.budget:g} s budget) was spent "
+                f"(fuzzattn replay {self.shown_dir} replays them all)")
+        if not self.paths and not self.args.allow_empty:
+            self.outcomes.append(Outcome(
+                "replay", self.shown_dir, FAIL, False,
+                detail="no regression files to replay (wrong directory? --regressions-dir DIR, "
+                       "or --allow-empty)",
+                message=f"{self.shown_dir} holds no *.json regression file: the gate would replay "
+                        "nothing. Run it from the repository root, pass --regressions-dir, or "
+                        "--allow-empty."))
+
+    def plan(self) -> list:
+        """The campaigns to fuzz, in the order they spend the budget; the rest are skip rows."""
         plan = []
-        for impl in subjects:
-            if impl.name not in to_fuzz:
-                outcomes.append(Outcome("fuzz", impl.name, SKIP, True, skipped=True,
-                                        detail=f"unchanged since {args.changed_since}: replayed only"))
+        for impl in self.subjects:
+            if impl.name not in self.to_fuzz:
+                self.outcomes.append(Outcome(
+                    "fuzz", impl.name, SKIP, True, skipped=True,
+                    detail=f"unchanged since {self.args.changed_since}: replayed only"))
                 continue
             plan += [(impl, dtype) for dtype in common.dtypes_of(impl, None)]
-        plan = fuzz_order(plan, interpreted, outside)
-        unfuzzed = 0
-        if plan and deadline - time.perf_counter() > MIN_SHARE * len(plan):
+        return fuzz_order(plan, self.interpreted, self.outside)
+
+    def fuzz(self, pool) -> None:
+        """(2) look for new bugs; counterexamples become regression files for (1) next time."""
+        plan, unfuzzed = self.plan(), 0
+        if plan and self.deadline - time.perf_counter() > MIN_SHARE * len(plan):
             pool.start()        # unless the replay did: start-up is spent before the shares
-        print(f"gate: fuzzing {len(plan)} campaign(s) in the {max(0, deadline - time.perf_counter()):.0f} s "
-              "left of the budget", flush=True)
-        brought = [c for c in plan if c[0].name in outside]
-        brought_ends = (time.perf_counter() + BROUGHT_SHARE * (deadline - time.perf_counter())
-                        if brought and len(brought) < len(plan) else deadline)
+        print(f"gate: fuzzing {len(plan)} campaign(s) in the "
+              f"{max(0, self.deadline - time.perf_counter()):.0f} s left of the budget", flush=True)
+        brought = [c for c in plan if c[0].name in self.outside]
+        brought_ends = (time.perf_counter() + BROUGHT_SHARE * (self.deadline - time.perf_counter())
+                        if brought and len(brought) < len(plan) else self.deadline)
         for i, (impl, dtype) in enumerate(plan):
             # the brought kernels go first (fuzz_order), sharing their part; the rest share
             # what is left, so time one campaign leaves unused passes to the next
-            mine = impl.name in outside
-            left = sum(1 for c in plan[i:] if (c[0].name in outside) == mine)
-            share = ((brought_ends if mine else deadline) - time.perf_counter()) / left
-            compiling = _compiles_per_shape(impl) and impl.name not in outside
+            mine = impl.name in self.outside
+            left = sum(1 for c in plan[i:] if (c[0].name in self.outside) == mine)
+            share = ((brought_ends if mine else self.deadline) - time.perf_counter()) / left
+            compiling = _compiles_per_shape(impl) and not mine
             if share < (FIRST_COMPILES if compiling else MIN_SHARE):
                 unfuzzed += 1
-                wanted = budget + SUGGESTED_SHARE * (len(plan) - i)
-                why = (f"its {share:.0f} s share is shorter than its first compiles (~{FIRST_COMPILES:g} s)"
-                       if compiling and share >= MIN_SHARE else
-                       f"the {budget:g} s budget was spent; --budget {wanted:.0f} gives it "
-                       f"~{SUGGESTED_SHARE:g} s")
-                outcomes.append(Outcome("fuzz", f"{impl.name} {dtype}", SKIP, True, skipped=True,
-                                        detail=f"not fuzzed: {why}"))
+                self.outcomes.append(Outcome("fuzz", f"{impl.name} {dtype}", SKIP, True,
+                                             skipped=True, detail=self._not_fuzzed(
+                                                 share, compiling, len(plan) - i)))
                 continue
-            outcomes.append(workers.run_campaign(
-                pool, impl, dtype, profile=profile, max_examples=max_examples,
-                seconds=min(share, args.seconds) if args.seconds else share,
-                hypothesis_seed=args.hypothesis_seed, save=True, regressions_dir=regressions_dir,
-                progress=progress, isolate=isolate, timeout=timeout, database=database,
-                stop_at_first=args.stop_at_first))
-    if unfuzzed:
-        notes.append(f"{unfuzzed} campaign(s) not fuzzed: the {budget:g} s budget was spent "
-                     "before them, or what was left was shorter than a per-shape compiler's first "
-                     "compiles (--budget S)")
+            self.outcomes.append(workers.run_campaign(
+                pool, impl, dtype, profile=self.profile, max_examples=self.max_examples,
+                seconds=min(share, self.args.seconds) if self.args.seconds else share,
+                hypothesis_seed=self.args.hypothesis_seed, save=True,
+                regressions_dir=self.regressions_dir, progress=self.progress,
+                isolate=self.isolate, timeout=self.timeout, database=self.database,
+                stop_at_first=self.args.stop_at_first))
+        if unfuzzed:
+            self.notes.append(
+                f"{unfuzzed} campaign(s) not fuzzed: the {self.budget:g} s budget was spent "
+                "before them, or what was left was shorter than a per-shape compiler's first "
+                "compiles (--budget S)")
 
-    # (3) the fuzzer still catches every seeded bug
+    def _not_fuzzed(self, share: float, compiling: bool, left: int) -> str:
+        if compiling and share >= MIN_SHARE:
+            return (f"not fuzzed: its {share:.0f} s share is shorter than its first compiles "
+                    f"(~{FIRST_COMPILES:g} s)")
+        wanted = self.budget + SUGGESTED_SHARE * left
+        return (f"not fuzzed: the {self.budget:g} s budget was spent; --budget {wanted:.0f} "
+                f"gives it ~{SUGGESTED_SHARE:g} s")
+
+    def mutants(self) -> None:
+        """(3) the fuzzer still catches every seeded bug."""
+        runs = mutants.run_mutants(mutants.select([]), profile=self.profile,
+                                   max_examples=self.max_examples, seconds=self.seconds,
+                                   hypothesis_seed=self.args.hypothesis_seed,
+                                   progress=self.progress, isolate=self.isolate,
+                                   timeout=self.timeout)
+        self.outcomes += runs
+        self.notes.append(mutants.mutation_score(runs) if runs else "no mutants registered")
+
+    def report(self) -> int:
+        wall = time.perf_counter() - self.started
+        self.notes.append(f"{len(self.paths) - self.cut} of {len(self.paths)} regression file(s) "
+                          f"replayed in full; wall time {wall:.0f} s")
+        for note in self.notes:
+            print(note)
+        print(tables.gate_table(self.outcomes, verbose=self.args.verbose))
+        common.print_after_table(self.outcomes)
+        passed = all(o.passed for o in self.outcomes)
+        print(f"\ngate {'passed' if passed else 'FAILED'}: {tables.totals(self.outcomes)} "
+              f"in {wall:.0f} s")
+        if self.args.junit_xml:
+            tables.write_text(self.args.junit_xml, tables.junit_xml(self.outcomes))
+            print(f"JUnit XML: {self.args.junit_xml}")
+        if self.args.markdown:
+            tables.write_text(self.args.markdown, tables.markdown(
+                self.outcomes, notes=[self.header] + self.notes))
+            print(f"markdown summary: {self.args.markdown}")
+        return 0 if passed else 1
+
+
+def run(args) -> int:
+    gate = _Gate(args)
+    print(gate.header, flush=True)
+    with workers.Pool(gate.n_workers, gate.progress) as pool:
+        gate.replay(pool)
+        gate.fuzz(pool)
     if args.mutants:
-        selected = mutants.select([])
-        runs = mutants.run_mutants(selected, profile=profile, max_examples=max_examples,
-                                   seconds=seconds, hypothesis_seed=args.hypothesis_seed,
-                                   progress=progress, isolate=isolate, timeout=timeout)
-        outcomes += runs
-        notes.append(mutants.mutation_score(runs) if runs else "no mutants registered")
-
-    wall = time.perf_counter() - started
-    notes.append(f"{len(paths) - cut} of {len(paths)} regression file(s) replayed in full; "
-                 f"wall time {wall:.0f} s")
-    for note in notes:
-        print(note)
-    print(tables.gate_table(outcomes, verbose=args.verbose))
-    common.print_after_table(outcomes)
-    passed = all(o.passed for o in outcomes)
-    print(f"\ngate {'passed' if passed else 'FAILED'}: {tables.totals(outcomes)} in {wall:.0f} s")
-    if args.junit_xml:
-        tables.write_text(args.junit_xml, tables.junit_xml(outcomes))
-        print(f"JUnit XML: {args.junit_xml}")
-    if args.markdown:
-        tables.write_text(args.markdown, tables.markdown(outcomes, notes=[header] + notes))
-        print(f"markdown summary: {args.markdown}")
-    return 0 if passed else 1
+        gate.mutants()
+    return gate.report()
