@@ -276,10 +276,10 @@ def pytest_runtest_logreport(report):
 
 
 def pytest_sessionfinish(session):
-    from fuzzattn.campaigns import campaign
+    from fuzzattn.campaigns import verdicts
     workeroutput = getattr(session.config, "workeroutput", None)
     if workeroutput is not None:            # an xdist worker: hand the counts to the controller
-        workeroutput["fuzzattn_judged"] = campaign.judged_total
+        workeroutput["fuzzattn_judged"] = verdicts.judged_total
         workeroutput["fuzzattn_unjudged"] = [[*key, n] for key, n in _unjudged_here().items()]
 
 
@@ -295,8 +295,8 @@ def pytest_testnodedown(node, error):
 
 
 def pytest_terminal_summary(terminalreporter, config):
-    from fuzzattn.campaigns import campaign
-    judged = config.stash.get(_JUDGED_KEY, 0) + campaign.judged_total
+    from fuzzattn.campaigns import verdicts
+    judged = config.stash.get(_JUDGED_KEY, 0) + verdicts.judged_total
     if judged:
         seconds = time.perf_counter() - config.stash.get(_START_KEY, time.perf_counter())
         terminalreporter.write_line(f"fuzzattn: {judged} cases judged in {seconds:.1f} s "
@@ -311,12 +311,12 @@ def pytest_terminal_summary(terminalreporter, config):
 
 def _unjudged_here() -> collections.Counter:
     """(implementation, what, summary) -> draws or cases, in this process."""
-    from fuzzattn.campaigns import campaign
+    from fuzzattn.campaigns import verdicts
     from fuzzattn.contract.known_defects import kind
     counts = collections.Counter()
-    for (impl, summary), n in campaign.refusal_counts.items():
+    for (impl, summary), n in verdicts.refusal_counts.items():
         counts[(impl, f"draws {kind(summary)}", summary)] += n
-    for (impl, summary), n in campaign.forward_only_counts.items():
+    for (impl, summary), n in verdicts.forward_only_counts.items():
         counts[(impl, "cases judged without gradients", summary)] += n
     return counts
 

@@ -4,24 +4,15 @@
 example one last time with `is_final` set after shrinking; only that run writes a file, so
 `regressions/` receives the shrunk case and never the intermediate ones.
 
-A case is judged once per process: the verdict is remembered by (implementation, case key), so
-Hypothesis's replays of a case get the same answer and a kernel whose result changes between calls
-(an autotuner's first call, a race) cannot end it with a FlakyFailure. The failing case reported
-(Hypothesis's final run, or a failure judged outside it) is rerun instead (campaigns/flaky.py): if
-any rerun passes, it fails as `flaky`, saying how many runs failed and how. The shrinker's
-intermediate failures are not rerun: never reported, rerunning each would triple shrinking's cost.
-
-Cases an implementation refuses with one of its declared errors (`Capabilities.refusals`) are
-counted per campaign and rejected (Hypothesis draws another), never counted as passes; so are
-cases covered by a known upstream defect it declares (`Capabilities.known_defects`) that cannot
-be judged here (a backward's device fault keeps only the gradients from running). Failures that
-a judged known defect explains are tallied to it (judge_once).
+A case is judged once per process (campaigns/verdicts.py: judge_once). Cases an implementation
+refuses with one of its declared errors (`Capabilities.refusals`) are counted per campaign and
+rejected (Hypothesis draws another), never counted as passes; so are cases a known upstream
+defect covers that cannot be judged here.
 
 `fuzz` runs a campaign outside pytest (the CLI's commands) within a case and/or time budget.
 
 Isolation (fuzzattn.isolation.supervisor): `fuzz(isolate=True)` or `use_workers(pool)` judge in
-worker processes, with the memo keyed as in-process; hang/segfault/device_fault verdicts are not
-rerun for flakiness (a rerun would cost a worker restart, a hang its whole timeout).
+worker processes, with the memo keyed as in-process.
 """
 from __future__ import annotations
 
@@ -37,94 +28,22 @@ from hypothesis.errors import FlakyFailure, HypothesisException
 
 from fuzzattn.campaigns import hypothesis_internals
 from fuzzattn.campaigns.defects import DefectBook, check_key, failure_keys, same_symptom
-from fuzzattn.campaigns.flaky import flaky_or_consistent
 from fuzzattn.campaigns.found import (Campaign, Counterexample, Refused,  # noqa: F401 (public)
                                       finish_shrinks, fold_mixtures, record, report_stashed, save)
 from fuzzattn.campaigns.pooled import run_judge, use_workers  # noqa: F401 (public)
 from fuzzattn.campaigns.pruned import Pruned as _Pruned
+from fuzzattn.campaigns.verdicts import (drawn_counts, forward_only_counts,  # noqa: F401 (public)
+                                         forget_verdicts, is_final_run, judge_once, refusal_counts)
 from fuzzattn.contract.case import AttentionCase
 from fuzzattn.contract.implementation import Implementation
-from fuzzattn.contract.known_defects import covering
-from fuzzattn.judging.judge import JudgedCase, default_device, judge
-from fuzzattn.judging.verdict import PROCESS_CHECKS
+from fuzzattn.judging.judge import JudgedCase
 from fuzzattn.platform.gc_tuning import freeze_long_lived
 from fuzzattn.run.loader import findable_spec
 
-_MEMO_SIZE = 20_000       # remembered verdicts per process (a few hundred bytes each)
 # Shrinking's shares of a time cap: a round's shrink may take a quarter (a cause met early must
 # not starve the search), and the causes left cut short or unshrunk share 15% more past the cap.
 ROUND_SHRINK_SHARE = 0.25
 FINISH_SHRINK_SHARE = 0.15
-
-
-def _is_final_run() -> bool:
-    # called directly (replay, a unit test): every failure is final
-    return not currently_in_test_context() or current_build_context().is_final
-
-
-_memo: collections.OrderedDict[tuple[str, str], JudgedCase] = collections.OrderedDict()
-_rerun: set = set()      # memo keys whose failure was rerun for flakiness
-refusal_counts: collections.Counter[tuple[str, str]] = collections.Counter()  # (impl, summary)
-# cases judged without their gradients, a known defect keeping them from this process
-forward_only_counts: collections.Counter[tuple[str, str]] = collections.Counter()
-judged_total = 0      # cases judged by this process (reruns for flakiness not counted)
-# cases drawn by campaigns (max_examples counts them), per implementation; shrinking draws none
-drawn_counts: collections.Counter[str] = collections.Counter()
-
-
-def forget_verdicts() -> None:
-    """Empty this process's memo of verdicts: the same cases are judged again (a benchmark)."""
-    _memo.clear()
-    _rerun.clear()
-
-
-def judge_once(impl: Implementation, case: AttentionCase, device=None, *,
-               judge_fn=None, gradients: bool = True) -> JudgedCase:
-    """judge(), remembered per (implementation, case, gradients judged or not), with failures
-    rerun for flakiness. `judge_fn(case, gradients=...) -> JudgedCase` judges instead of judge()
-    in this process (an isolated worker's); the memo key is the same either way."""
-    key = (impl.cli_name, case.key(), gradients)
-    defects = covering(impl.caps.known_defects, case, device or default_device(), gradients)
-    # One covering defect that cannot be judged here keeps the case from running, whatever the
-    # others allow: a sliced bf16 bottom-right sdpa case is cuDNN's judged mask leak and the
-    # backward's device fault, which in this process would poison the CUDA context of every
-    # later case. When all such defects are the backward's, the forward alone is judged.
-    unjudged = [d for d in defects if not d.judged(isolated=judge_fn is not None)]
-    if unjudged and gradients and all(d.backward for d in unjudged):
-        forward = judge_once(impl, case, device, judge_fn=judge_fn, gradients=False)
-        return dataclasses.replace(forward, forward_only=unjudged[0].summary())
-    if unjudged:
-        # counted and rejected by the callers, like a refusal
-        return JudgedCase(impl=impl.name, case=case, verdicts=[], refused=unjudged[0].summary(),
-                          cli_name=impl.cli_name)
-    if judge_fn is not None:
-        run = lambda c: judge_fn(c, gradients=gradients)  # noqa: E731
-    else:
-        run = lambda c: judge(impl, c, device=device, gradients=gradients)  # noqa: E731
-    if key in _memo:
-        _memo.move_to_end(key)
-    else:
-        global judged_total
-        _memo[key] = run(case)
-        judged_total += 1
-        if len(_memo) > _MEMO_SIZE:
-            _rerun.discard(_memo.popitem(last=False)[0])
-    if _is_final_run():
-        _memo[key] = _checked_for_flakiness(case, run, key, _memo[key])
-    hit = next((d for d in defects if d.matches(_memo[key])), None)
-    if hit is not None:
-        # a known defect's own failure: tallied to it by the callers, never a finding
-        return dataclasses.replace(_memo[key], refused=hit.tally())
-    return _memo[key]
-
-
-def _checked_for_flakiness(case, run, key, judged: JudgedCase) -> JudgedCase:
-    """`judged`, or its flaky version if a rerun of its failure passes (once per key)."""
-    if (not judged.failures or key in _rerun
-            or judged.first_failure.check in ("inputs_drifted",) + PROCESS_CHECKS):
-        return judged
-    _rerun.add(key)
-    return flaky_or_consistent(case, run, judged)
 
 
 def check_case(impl: Implementation, case: AttentionCase, *, save_to_file: bool = True,
@@ -156,7 +75,7 @@ def _raise_unless_passed(impl: Implementation, case: AttentionCase, judged: Judg
         forward_only_counts[(impl.name, judged.forward_only)] += 1
     if not judged.passed:
         written = None
-        if save_to_file and _is_final_run():    # file and replay name it as --impl finds it
+        if save_to_file and is_final_run():    # file and replay name it as --impl finds it
             judged = dataclasses.replace(judged, cli_name=findable_spec(impl))
             written = save(judged, regressions_dir)
         raise Counterexample(judged, written)
@@ -212,12 +131,14 @@ def fuzz(impl: Implementation, strategy: st.SearchStrategy[AttentionCase], *, ma
             from fuzzattn.isolation.supervisor import DEFAULT_TIMEOUT, IsolatedJudge
             judge_fn = stack.enter_context(IsolatedJudge(
                 impl, timeout=timeout or DEFAULT_TIMEOUT, device=device)).judge
-        return _fuzz(impl, strategy, max_examples=max_examples, seconds=seconds,
-                     hypothesis_seed_value=hypothesis_seed_value, save_to_file=save_to_file,
-                     regressions_dir=regressions_dir, device=device, shrink=shrink,
-                     stop_at_first=stop_at_first, first_cases=tuple(first_cases),
-                     judge_fn=judge_fn, gradient_every=gradient_every, database=database,
-                     database_key=database_key)
+        rounds = _Rounds(impl, strategy, max_examples=max_examples, seconds=seconds,
+                         hypothesis_seed_value=hypothesis_seed_value, save_to_file=save_to_file,
+                         regressions_dir=regressions_dir, device=device, shrink=shrink,
+                         stop_at_first=stop_at_first, judge_fn=judge_fn,
+                         gradient_every=gradient_every, database=database,
+                         database_key=database_key)
+        rounds.judge_first(first_cases)
+        return rounds.run()
 
 
 UNBOUNDED = 2**31 - 1     # Hypothesis's max_examples for a campaign only its time cap ends
@@ -229,168 +150,209 @@ class _TimeIsUp(BaseException):
     max_examples). A BaseException, so that Hypothesis propagates it, never shrinks it."""
 
 
-def _fuzz(impl, strategy, *, max_examples, seconds, hypothesis_seed_value, save_to_file,
-          regressions_dir, device, shrink, stop_at_first, first_cases, judge_fn, gradient_every,
-          database=None, database_key=None) -> Campaign:
-    # drawn: cases judged outside shrinking (the case budget); target: the symptom (check key,
-    # failure keys) the round's shrink holds to (defects.same_symptom), None before the round's
-    # first new failure; cut: the round's shrink wound down early (the cap or its share of it)
-    state = {"judged": 0, "first": None, "over": False, "forward_failed": False, "drawn": 0,
-             "target": None, "raised": False, "cut": False, "shrink_start": 0.0}
-    with_gradients: dict[str, bool] = {}
-    refused: collections.Counter[str] = collections.Counter()
-    forward_only: collections.Counter[str] = collections.Counter()
-    def variant_judge(variant, gradients):    # a defect's trigger and cure tests (defects.py)
-        return judge_once(impl, variant, device=device, judge_fn=judge_fn, gradients=gradients)
+class _Rounds:
+    """One campaign's search, its steps in order: the first cases, then rounds (each a Hypothesis
+    run with the budget left and its own seed) until the budget ends or a round finds nothing
+    new, then what it found (fuzz's docstring). `body` is the @given test's body: it judges a
+    case, tallies a known defect's hit, and lets a new failure be shrunk."""
 
-    book = DefectBook(impl.caps, variant_judge)
-    pruned = _Pruned()
-    tallied: set[str] = set()           # case keys already counted as a known defect's hit
-    stash: dict[str, JudgedCase] = {}   # new failures met while shrinking another (by check key)
-    freeze_long_lived()        # before the clock: once per process (fuzzattn/platform/gc_tuning.py)
-    start = time.perf_counter()
+    def __init__(self, impl, strategy, *, max_examples, seconds, hypothesis_seed_value,
+                 save_to_file, regressions_dir, device, shrink, stop_at_first, judge_fn,
+                 gradient_every, database=None, database_key=None):
+        self.impl, self.seconds, self.seed = impl, seconds, hypothesis_seed_value
+        self.save_to_file, self.regressions_dir, self.device = save_to_file, regressions_dir, device
+        self.shrink, self.stop_at_first, self.judge_fn = shrink, stop_at_first, judge_fn
+        self.gradient_every = gradient_every
+        self.limit = UNBOUNDED if max_examples is None else max_examples
+        self.judged = self.drawn = 0        # drawn: judged outside shrinking (the case budget)
+        self.first: int | None = None       # cases judged when the first defect was found
+        self.over = False                   # the time cap is spent
+        # the round's: the symptom (check key, failure keys) its shrink holds to
+        # (defects.same_symptom), None before its first new failure; whether its first failure
+        # was raised and was the forward's; whether its shrink wound down early
+        self.target, self.raised, self.forward_failed, self.cut = None, False, False, False
+        self.shrink_start = 0.0
+        self.with_gradients: dict[str, bool] = {}
+        self.refused: collections.Counter[str] = collections.Counter()
+        self.forward_only: collections.Counter[str] = collections.Counter()
+        self.book = DefectBook(impl.caps, self.variant_judge)
+        self.pruned = _Pruned()
+        self.tallied: set[str] = set()      # case keys already counted as a known defect's hit
+        self.stash: dict[str, JudgedCase] = {}   # new failures met while shrinking another
+        self.test = self._decorated(strategy, database, database_key)
+        freeze_long_lived()     # before the clock: once per process (fuzzattn/platform/gc_tuning.py)
+        self.start = time.perf_counter()
 
-    def over_budget() -> bool:
-        state["over"] = state["over"] or (seconds is not None and time.perf_counter() - start > seconds)
-        return state["over"]
+    def variant_judge(self, variant, gradients):     # a defect's trigger and cure tests
+        return judge_once(self.impl, variant, device=self.device, judge_fn=self.judge_fn,
+                          gradients=gradients)
 
-    phases = None if shrink else [Phase.explicit, Phase.reuse, Phase.generate]
-    limit = UNBOUNDED if max_examples is None else max_examples
+    def over_budget(self) -> bool:
+        self.over = self.over or (self.seconds is not None
+                                  and time.perf_counter() - self.start > self.seconds)
+        return self.over
 
-    # report_multiple_bugs off: one campaign reports one counterexample; shrink it at once.
-    @settings(max_examples=limit, database=None, deadline=None, print_blob=False,
-              derandomize=hypothesis_seed_value is None, report_multiple_bugs=False,
-              **({"phases": phases} if phases else {}))
-    @given(strategy)
-    def campaign(case):
+    def _winding_down(self) -> bool:
+        """The cap is spent, or the round's shrink has taken its share of it."""
+        return self.over_budget() or (
+            self.target is not None and self.seconds is not None
+            and time.perf_counter() - self.shrink_start > ROUND_SHRINK_SHARE * self.seconds)
+
+    def _decorated(self, strategy, database, database_key):
+        phases = None if self.shrink else [Phase.explicit, Phase.reuse, Phase.generate]
+        # report_multiple_bugs off: one campaign reports one counterexample; shrink it at once.
+        def campaign(case):               # a plain function: what @given expects to wrap
+            return self.body(case)
+
+        test = settings(max_examples=self.limit, database=None, deadline=None, print_blob=False,
+                        derandomize=self.seed is None, report_multiple_bugs=False,
+                        **({"phases": phases} if phases else {}))(given(strategy)(campaign))
+        hypothesis_internals.use_database_key(test, database_key or self.impl.cli_name.encode())
+        if self.seed is not None:
+            test = hypothesis_seed(self.seed)(test)
+            # @seed turns the example database off; a seeded campaign keeps the one it was given
+            # (a derandomized one has none: Hypothesis refuses the pair)
+            hypothesis_internals.use_settings(test, settings(
+                hypothesis_internals.settings_of(test), database=database))
+        return test
+
+    def body(self, case):
         final = currently_in_test_context() and current_build_context().is_final
-        if not final and (over_budget() or state["target"] is not None and seconds is not None and
-                          time.perf_counter() - state["shrink_start"] > ROUND_SHRINK_SHARE * seconds):
-            if state["target"] is None:
+        if not final and self._winding_down():
+            if self.target is None:
                 raise _TimeIsUp          # before any new failure: the search ends here
             # While shrinking, unjudged draws pass: no candidate can improve on the smallest
             # failure so far, so the shrink winds down and its final replay is still judged.
-            state["cut"] = True
+            self.cut = True
             return
-        if pruned.seen(case):
+        if self.pruned.seen(case):
             reject()                     # a configuration already seen not to compile for it
         # Decided once per case: Hypothesis's replays of a case must meet the same judgement.
         key = case.key()
-        if key not in with_gradients:
-            with_gradients[key] = not state["forward_failed"] and (
+        if key not in self.with_gradients:
+            self.with_gradients[key] = not self.forward_failed and (
                 # the key is a sha256 prefix: the same choice in every process and run
-                gradient_every == 1 or int(key, 16) % gradient_every == 0)
-        gradients = with_gradients[key]
+                self.gradient_every == 1 or int(key, 16) % self.gradient_every == 0)
         # One memo lookup a case: check_case's verdict on the judgement made here.
-        judged = judge_once(impl, case, device=device, judge_fn=judge_fn, gradients=gradients)
+        judged = judge_once(self.impl, case, device=self.device, judge_fn=self.judge_fn,
+                            gradients=self.with_gradients[key])
         if judged.refused is not None:
-            if not pruned.record(case, judged.refused):
-                refused[judged.refused] += 1
+            if not self.pruned.record(case, judged.refused):
+                self.refused[judged.refused] += 1
             reject()
         if judged.forward_only is not None:
-            forward_only[judged.forward_only] += 1
-        state["judged"] += 1
-        if state["target"] is None:
-            state["drawn"] += 1
-            drawn_counts[impl.name] += 1
-        if judged.failures and judged.skipped is None and not final:
-            owner, alone = book.assign(judged)
-            if owner is not None:        # a defect found already: tallied, not shrunk again
-                if state["target"] is None and key not in tallied:
-                    tallied.add(key)
-                    owner.hits += 1
-                    if alone:
-                        owner.showed(judged)
-                return
-            if state["target"] is None:
-                state["target"] = (check_key(judged), failure_keys(judged))
-                state["shrink_start"] = time.perf_counter()
-            elif not same_symptom(judged, *state["target"]):
-                stash.setdefault(check_key(judged), judged)   # another new defect: later
-                return
+            self.forward_only[judged.forward_only] += 1
+        self.judged += 1
+        if self.target is None:
+            self._count_drawn()
+        if judged.failures and judged.skipped is None and not final and not self._new(judged):
+            return
         try:
-            _raise_unless_passed(impl, case, judged, save_to_file=save_to_file,
-                                 regressions_dir=regressions_dir)
+            _raise_unless_passed(self.impl, case, judged, save_to_file=self.save_to_file,
+                                 regressions_dir=self.regressions_dir)
         except Counterexample as found:
-            if state["first"] is None:
-                state["first"] = state["judged"]
-            if not state["raised"]:      # the round's first: what its shrink holds to
-                state["raised"] = True
+            self.first = self.first or self.judged
+            if not self.raised:          # the round's first: what its shrink holds to
+                self.raised = True
                 first = found.judged.first_failure
-                state["forward_failed"] = not (first and first.check.startswith("grad_"))
+                self.forward_failed = not (first and first.check.startswith("grad_"))
             raise
 
-    hypothesis_internals.use_database_key(campaign, database_key or impl.cli_name.encode())
-    if hypothesis_seed_value is not None:
-        campaign = hypothesis_seed(hypothesis_seed_value)(campaign)
-        # @seed turns the example database off; a seeded campaign keeps the one it was given
-        # (a derandomized one has none: Hypothesis refuses the pair)
-        hypothesis_internals.use_settings(campaign, settings(
-            hypothesis_internals.settings_of(campaign), database=database))
+    def _new(self, judged) -> bool:
+        """Whether a failure is for this round's shrink: not a known defect's (tallied to it),
+        not another new one met while shrinking (kept for later)."""
+        owner, alone = self.book.assign(judged)
+        if owner is not None:            # a defect found already: tallied, not shrunk again
+            if self.target is None and judged.case.key() not in self.tallied:
+                self.tallied.add(judged.case.key())
+                owner.hits += 1
+                if alone:
+                    owner.showed(judged)
+            return False
+        if self.target is None:
+            self.target = (check_key(judged), failure_keys(judged))
+            self.shrink_start = time.perf_counter()
+        elif not same_symptom(judged, *self.target):
+            self.stash.setdefault(check_key(judged), judged)
+            return False
+        return True
 
-    def finished(**kw) -> Campaign:
-        report_stashed(book, stash, variant_judge, save_to_file, regressions_dir,
-                       state["judged"])
+    def _count_drawn(self) -> None:
+        self.drawn += 1
+        drawn_counts[self.impl.name] += 1
+
+    def judge_first(self, cases) -> None:
+        """Cases judged before any draw, saved unshrunk when they fail (the load probe's)."""
+        for case in cases:
+            try:
+                check_case(self.impl, case, save_to_file=self.save_to_file,
+                           regressions_dir=self.regressions_dir, device=self.device,
+                           judge_fn=self.judge_fn)
+            except Refused as exc:
+                if not self.pruned.record(case, str(exc)):
+                    self.refused[str(exc)] += 1
+            except Counterexample as found:
+                self.judged += 1
+                if self.book.owner(found.judged) is None:
+                    self.first = self.first or self.judged
+                    record(self.book, found, self.variant_judge, shrunk=False,
+                           found_at=self.judged)
+            else:
+                self.judged += 1
+            self._count_drawn()
+
+    def run(self) -> Campaign:
+        base = hypothesis_internals.settings_of(self.test)
+        for round_number in itertools.count():
+            # Each round draws anew (its own seed) with the budget left, and shrinks the first
+            # failure that no defect found so far explains; known ones are tallied and pass.
+            if (self.stop_at_first and self.book.defects or self.drawn >= self.limit
+                    or self.over_budget()):
+                break
+            self.target, self.forward_failed, self.raised, self.cut = None, False, False, False
+            # Later rounds skip the database's replay: it deletes every saved failure that does
+            # not fail again, and the ones found so far now pass, tallied.
+            later = {"phases": [p for p in base.phases if p != Phase.reuse]} if round_number else {}
+            if round_number and self.seed is None:
+                later["derandomize"] = False
+            hypothesis_internals.use_settings(self.test, settings(
+                base, max_examples=self.limit - self.drawn, **later))
+            if round_number:
+                hypothesis_internals.use_seed(self.test, (self.seed or 0) + round_number)
+            try:
+                self.test()
+            except _TimeIsUp:
+                return self.finished(budget_hit=True)
+            except Counterexample as found:
+                defect = record(self.book, found, self.variant_judge, found_at=self.judged)
+                if self.cut and defect.counterexample is found:
+                    defect.shrink_note = "cut short"     # finish_shrinks goes on from it
+            except FlakyFailure as exc:
+                # judge_once makes every case's verdict stable, so this means the strategy or
+                # the harness changed between Hypothesis's runs: reported, never an internal error.
+                return self.finished(error=f"FlakyFailure: {' '.join(str(exc).split())[:300]}")
+            except HypothesisException as exc:
+                return self.finished(
+                    error=f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}")
+            else:
+                break                   # a round without a new defect: its budget is spent
+        return self.finished()
+
+    def finished(self, **kw) -> Campaign:
+        book = self.book
+        report_stashed(book, self.stash, self.variant_judge, self.save_to_file,
+                       self.regressions_dir, self.judged)
         fold_mixtures(book)
-        if shrink:
-            finish_shrinks(book, variant_judge, save_to_file, regressions_dir,
-                           seconds=None if seconds is None else FINISH_SHRINK_SHARE * seconds)
-        kw.setdefault("budget_hit", state["over"])
-        kw.setdefault("ended", "time" if state["over"] else "first failure" if stop_at_first
-                      and book.defects else "cases" if state["drawn"] >= limit else "exhausted")
-        return Campaign(cases=state["judged"], seconds=time.perf_counter() - start,
-                        refused=dict(refused), forward_only=dict(forward_only), impl=impl.name, **kw,
+        if self.shrink:
+            finish_shrinks(book, self.variant_judge, self.save_to_file, self.regressions_dir,
+                           seconds=None if self.seconds is None
+                           else FINISH_SHRINK_SHARE * self.seconds)
+        kw.setdefault("budget_hit", self.over)
+        kw.setdefault("ended", "time" if self.over else "first failure" if self.stop_at_first
+                      and book.defects else "cases" if self.drawn >= self.limit else "exhausted")
+        return Campaign(cases=self.judged, seconds=time.perf_counter() - self.start,
+                        refused=dict(self.refused), forward_only=dict(self.forward_only),
+                        impl=self.impl.name, **kw,
                         counterexample=book.defects[0].counterexample if book.defects else None,
-                        cases_to_first_failure=state["first"] if book.defects else None,
-                        defects=list(book.defects), pruned=pruned.report())
-
-    for case in first_cases:            # judged before any draw, not shrunk (the load probe's)
-        try:
-            check_case(impl, case, save_to_file=save_to_file, regressions_dir=regressions_dir,
-                       device=device, judge_fn=judge_fn)
-        except Refused as exc:
-            if not pruned.record(case, str(exc)):
-                refused[str(exc)] += 1
-        except Counterexample as found:
-            state["judged"] += 1
-            if book.owner(found.judged) is None:
-                state["first"] = state["first"] or state["judged"]
-                record(book, found, variant_judge, shrunk=False, found_at=state["judged"])
-        else:
-            state["judged"] += 1
-        state["drawn"] += 1
-        drawn_counts[impl.name] += 1
-    base = hypothesis_internals.settings_of(campaign)
-    for round_number in itertools.count():
-        # Each round draws anew (its own seed) with the budget left, and shrinks the first
-        # failure that no defect found so far explains; known ones are tallied and pass.
-        if stop_at_first and book.defects or state["drawn"] >= limit or over_budget():
-            break
-        state.update(target=None, forward_failed=False, raised=False, cut=False)
-        # Later rounds skip the database's replay: it deletes every saved failure that does not
-        # fail again, and the ones found so far now pass, tallied.
-        later = {"phases": [p for p in base.phases if p != Phase.reuse]} if round_number else {}
-        if round_number and hypothesis_seed_value is None:
-            later["derandomize"] = False
-        hypothesis_internals.use_settings(campaign, settings(
-            base, max_examples=limit - state["drawn"], **later))
-        if round_number:
-            hypothesis_internals.use_seed(campaign, (hypothesis_seed_value or 0) + round_number)
-        try:
-            campaign()
-        except _TimeIsUp:
-            return finished(budget_hit=True)
-        except Counterexample as found:
-            defect = record(book, found, variant_judge, found_at=state["judged"])
-            if state["cut"] and defect.counterexample is found:
-                defect.shrink_note = "cut short"     # finish_shrinks goes on from it
-        except FlakyFailure as exc:
-            # judge_once makes every case's verdict stable, so this means the strategy or the
-            # harness changed between Hypothesis's runs: report it, never as an internal error.
-            return finished(error=f"FlakyFailure: {' '.join(str(exc).split())[:300]}")
-        except HypothesisException as exc:
-            return finished(error=f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}")
-        else:
-            break                       # a round without a new defect: its budget is spent
-    return finished()
-
+                        cases_to_first_failure=self.first if book.defects else None,
+                        defects=list(book.defects), pruned=self.pruned.report())

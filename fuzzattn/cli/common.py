@@ -196,14 +196,14 @@ def campaign_outcome(impl, dtype: str | None, *, profile, max_examples: int | No
                                    palette=campaign_palette(impl, hypothesis_seed))
     except HypothesisException as exc:
         return Outcome(stage, label, ERROR, False, detail=flattened(exc), message=flattened(exc))
-    from fuzzattn.campaigns import campaign as campaigns
-    judged_before, drawn_before = campaigns.judged_total, campaigns.drawn_counts[impl.name]
-    refused_before = sum(n for (name, _), n in campaigns.refusal_counts.items() if name == impl.name)
+    from fuzzattn.campaigns import verdicts
+    judged_before, drawn_before = verdicts.judged_total, verdicts.drawn_counts[impl.name]
+    refused_before = sum(n for (name, _), n in verdicts.refusal_counts.items() if name == impl.name)
 
     def counts():
-        refused = sum(n for (name, _), n in campaigns.refusal_counts.items() if name == impl.name)
-        return (campaigns.judged_total - judged_before, refused - refused_before,
-                campaigns.drawn_counts[impl.name] - drawn_before)
+        refused = sum(n for (name, _), n in verdicts.refusal_counts.items() if name == impl.name)
+        return (verdicts.judged_total - judged_before, refused - refused_before,
+                verdicts.drawn_counts[impl.name] - drawn_before)
 
     strategy = progress.track(strategy, f"{stage} {label}", max_examples, cap=seconds, counts=counts)
     # A command that works as printed: an outside mutant is named by its spec (--only knows
