@@ -53,7 +53,22 @@ def test_a_row_that_is_not_made_of_others_stays(tmp_path):
     # needs more than the two together: its own cause
     more = _row(tmp_path, PLAIN.replace(seq_q=2, values="below_sentinel", causal="top_left"),
                 {"values": "below_sentinel", "lengths": "Nq>Nk", "causal": "top_left"})
-    # needs nothing, but holds only one other row's trigger: a plain bug of its own
+    # needs nothing, holds one other row's trigger but fails another check: a plain bug
     plain = _row(tmp_path, PLAIN.replace(seq_q=2, data_seed=3), {})
+    plain[1].check_key, plain[1].checks = "nonfinite", ["nonfinite"]
     kept = _fold_mixtures([lengths, sentinel, more, plain], CAPS)
     assert len(kept) == 4 and len(list(tmp_path.iterdir())) == 4
+
+
+def test_a_plain_row_holding_one_causes_trigger_and_symptom_is_that_cause(tmp_path):
+    # a nondeterministic kernel's case whose cure test did not hold: it needs "nothing", yet
+    # holds the lengths cause's trigger and fails its check
+    lengths = _row(tmp_path, PLAIN.replace(seq_q=2, causal="top_left"), {"lengths": "Nq>Nk"})
+    lengths[1].checks = ["unwritten_output"]
+    racy = _row(tmp_path, PLAIN.replace(seq_q=2, data_seed=1), {}, hits=149)
+    racy[1].check_key, racy[1].checks = "unwritten_output", ["unwritten_output", "out"]
+    # needing nothing with another check: a plain bug of its own
+    other = _row(tmp_path, PLAIN.replace(seq_q=2, data_seed=2), {})
+    kept = _fold_mixtures([lengths, racy, other], CAPS)
+    assert [r[1] for r in kept] == [lengths[1], other[1]]
+    assert lengths[1].hits == 150 and not racy[0].written.path.exists()

@@ -12,7 +12,10 @@ needing the union of two other rows' triggers (`values=below_sentinel lengths=Nq
 Its own process folds such a row into the causes once it finds them (DefectBook.fold_mixtures,
 by the cure test); across workers, where the causes were found elsewhere, a row is folded by
 its triggers alone: when two or more other rows' triggers are all in its case and, for a row
-with a trigger, together make it up exactly. Its file goes with it.
+with a trigger, together make it up exactly. A row needing nothing whose case holds exactly one
+other row's trigger and first fails a check that row showed is that cause, met where its cure
+test did not hold (a kernel whose output changes between calls: an autotuner's, a race); a plain
+bug's shrunk case keeps no predicate it does not need. Its file goes with it.
 """
 from __future__ import annotations
 
@@ -88,7 +91,8 @@ def _fold_mixtures(distinct: list[tuple], caps) -> list[tuple]:
             parts = [p for p, _ in kept]
             if set().union(*(piece for _, piece in kept)) != mine:
                 continue
-        if len(parts) < 2:
+        if len(parts) < 2 and not (not mine and len(parts) == 1
+                                   and defect.check_key in parts[0].checks):
             continue
         folded.append(i)
         parts[0].hits += defect.hits
