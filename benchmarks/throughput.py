@@ -57,7 +57,7 @@ from fuzzattn.strategies import attention_cases
 # (module, attribute, stage): each attribute is wrapped where its callers look it up. Nested
 # stages count in their parents too (`judge` holds everything below it).
 STAGES = (
-    ("fuzzattn.campaigns.campaign", "judge", "judge"),
+    ("fuzzattn.campaigns.verdicts", "judge", "judge"),
     ("fuzzattn.judging.judge", "materialize", "materialise"),
     ("fuzzattn.run.runs", "launch", "runs: launch"),
     ("fuzzattn.run.runs", "deliver", "runs: read-back"),
