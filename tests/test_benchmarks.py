@@ -268,13 +268,13 @@ def test_warm_up_cases_are_judged_before_the_clock_and_counted_nowhere(tmp_path,
 
 
 def test_stage_times_are_written_printed_and_removed_after(tmp_path, restored, capsys):
-    from fuzzattn.campaigns import campaign as campaign_module
-    judge_before = campaign_module.judge
+    from fuzzattn.campaigns import verdicts as memo
+    judge_before = memo.judge
     timers = tmp_path / "stages.json"
     assert _script("gpu_campaign").main(["--seconds", "1.5", "--out", str(tmp_path), "--profile", "ci",
                                          "--impl", "sdpa", "--dtype", "float32", "--gradient-every",
                                          "2", "--stage-times", str(timers)]) == 0
-    assert campaign_module.judge is judge_before
+    assert memo.judge is judge_before
     record = json.loads(timers.read_text())
     stages = record["stages"]
     assert record["cases"] > 0 and 0 < stages["judge"] <= record["seconds"]
