@@ -42,7 +42,7 @@ class GradReference:
 
 
 def _mask(case: AttentionCase, device) -> torch.Tensor:
-    mask = visible_keys(case.seq_q, case.seq_k, case.causal, device)
+    mask = visible_keys(case.seq_q, case.seq_k, case.causal, device, case.window)
     if mask is None:
         mask = torch.ones(case.seq_q, case.seq_k, dtype=torch.bool, device=device)
     return mask

@@ -157,5 +157,7 @@ def check_grad_relations(impl: Implementation, case: AttentionCase, device=None)
     """The verdict of every gradient relation that applies (implementations declaring backward)."""
     if not impl.caps.backward:
         return []
-    return [v for relation in GRAD_RELATIONS.values()
-            if (v := relation(impl, case, device)) is not None]
+    # Under a window or softcap only batch independence still holds (relations/forward.py).
+    return [v for name, relation in GRAD_RELATIONS.items()
+            if not (case.variants and name != "grad_batch_independence")
+            and (v := relation(impl, case, device)) is not None]
