@@ -1,0 +1,188 @@
+"""Sliding windows and softcaps: the case's fields, the oracle's definitions, the draws, the
+tiled kernel that declares them, and the mutants that get them wrong."""
+from __future__ import annotations
+
+import itertools
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import find, settings
+from hypothesis.errors import NoSuchExample
+
+from fuzzattn import AttentionCase
+from fuzzattn.campaigns.campaign import fuzz
+from fuzzattn.campaigns.defects import one_change_variants
+from fuzzattn.contract import Capabilities, profiles
+from fuzzattn.contract.capabilities import UnsupportedCaseError
+from fuzzattn.contract.case import CaseError
+from fuzzattn.inputs.materialize import materialize
+from fuzzattn.judging.judge import judge
+from fuzzattn.judging.oracle import oracle, some_row_empty, visibility, visible_keys
+from fuzzattn.kernels.torch_tiled import IMPL as TILED, torch_tiled_forward
+from fuzzattn.run.registry import mutants
+from fuzzattn.strategies.cases import attention_cases
+
+REGRESSIONS = Path(__file__).resolve().parent.parent / "regressions"
+VARIANT_MUTANTS = ("mutant_window_edge_off_by_one", "mutant_window_top_left",
+                   "mutant_softcap_after_mask", "mutant_softcap_unscaled")
+
+
+def case(seq_q, seq_k, **kw) -> AttentionCase:
+    return AttentionCase(batch=1, heads=1, kv_heads=1, seq_q=seq_q, seq_k=seq_k, head_dim=4, **kw)
+
+
+def tensors(c: AttentionCase):
+    return [t.double() for t in materialize(c).tensors()]
+
+
+# -- the oracle on hand-computed cases ---------------------------------------------------------
+def test_a_zero_window_sees_only_the_bottom_right_diagonal():
+    c = case(2, 4, window=(0, 0))
+    q, k, v = tensors(c)
+    ref = oracle(q, k, v, c)
+    for i in range(2):                       # row i sees key i + Nk - Nq alone: weight 1
+        assert torch.allclose(ref.out[0, 0, i], v[0, 0, i + 2], rtol=0, atol=1e-12)
+        score = c.softmax_scale * float(q[0, 0, i] @ k[0, 0, i + 2])
+        assert ref.lse[0, 0, i].item() == pytest.approx(score, abs=1e-12)
+
+
+def test_a_window_past_every_key_gives_empty_rows():
+    # Nq = 3, Nk = 1, window (0, 0): row i sees key i - 2, so rows 0 and 1 see nothing.
+    c = case(3, 1, window=(0, 0))
+    ref = oracle(*tensors(c), c)
+    assert ref.empty_rows.tolist() == [True, True, False] and ref.some_empty
+    assert ref.out[0, 0, :2].abs().max().item() == 0.0
+    assert ref.lse[0, 0, :2].tolist() == [-math.inf, -math.inf]
+    assert math.isfinite(ref.lse[0, 0, 2].item())
+
+
+def test_window_and_causal_masks_intersect():
+    # Nq = 3, Nk = 5: top-left causal keeps j <= i, the window (1, -1) (bottom-right, shift 2)
+    # keeps j >= i + 1: nothing. Bottom-right causal keeps j <= i + 2: keys i + 1 and i + 2.
+    assert visible_keys(3, 5, "top_left", window=(1, -1)).int().tolist() == [
+        [0, 0, 0, 0, 0], [0, 0, 0, 0, 0], [0, 0, 0, 0, 0]]
+    assert visible_keys(3, 5, "bottom_right", window=(1, -1)).int().tolist() == [
+        [0, 1, 1, 0, 0], [0, 0, 1, 1, 0], [0, 0, 0, 1, 1]]
+    assert visible_keys(2, 4, "none", window=(-1, 0)).int().tolist() == [
+        [1, 1, 1, 0], [1, 1, 1, 1]]
+
+
+def test_empty_rows_are_known_from_the_lengths_for_every_window():
+    for seq_q, seq_k, causal, left, right in itertools.product(
+            range(0, 5), range(0, 5), ("none", "top_left", "bottom_right"), range(-1, 4),
+            range(-1, 4)):
+        c = case(seq_q, seq_k, causal=causal, window=(left, right))
+        seen = visibility(c, "cpu")
+        assert some_row_empty(seq_q, seq_k, causal, (left, right)) == bool(seen.empty.any()), c
+
+
+def test_softcap_bounds_the_scores_before_the_softmax():
+    c = case(1, 2, values="large", softcap=2.0)
+    q, k, v = tensors(c)
+    scores = [c.softmax_scale * float(q[0, 0, 0] @ k[0, 0, j]) for j in range(2)]
+    assert max(abs(s) for s in scores) > 100      # far beyond the cap
+    capped = [2.0 * math.tanh(s / 2.0) for s in scores]
+    ref = oracle(q, k, v, c)
+    assert ref.lse[0, 0, 0].item() == pytest.approx(math.log(sum(map(math.exp, capped))), abs=1e-12)
+    assert abs(ref.lse[0, 0, 0].item()) <= 2.0 + math.log(2)
+
+
+# -- the case's fields ---------------------------------------------------------------------------
+def test_saved_regressions_keep_their_keys_and_files():
+    matched = 0
+    for path in sorted(REGRESSIONS.glob("*.json")):
+        loaded = AttentionCase.from_dict(json.loads(path.read_text())["case"])
+        assert not loaded.variants and "window" not in loaded.to_dict(), path.name
+        assert "softcap" not in loaded.to_dict(), path.name
+        matched += loaded.key() == path.stem
+    assert matched >= 44          # the files named by their case's key before the variants
+
+
+def test_variants_round_trip_and_print_only_when_set():
+    c = case(3, 5, window=(2, -1), softcap=5.0)
+    d = c.to_dict()
+    assert d["window"] == [2, -1] and d["softcap"] == 5.0
+    assert AttentionCase.from_dict(json.loads(json.dumps(d))) == c
+    assert "window=2,-1 softcap=5" in str(c)
+    assert "window" not in str(case(3, 5)) and "softcap" not in str(case(3, 5))
+    assert case(3, 5, window=(2, -1)).key() != case(3, 5).key()
+
+
+@pytest.mark.parametrize("kw", [dict(window=(-2, 0)), dict(window=(0,)), dict(window=(1.5, 0)),
+                                dict(window=(True, 0)), dict(window="1,1"), dict(softcap=-1.0),
+                                dict(softcap=math.inf), dict(softcap=math.nan),
+                                dict(softcap=1e9), dict(softcap=True)],
+                         ids=lambda kw: repr(kw))
+def test_bad_variants_are_one_line_errors_naming_the_value(kw):
+    with pytest.raises(CaseError) as excinfo:
+        case(2, 2, **kw)
+    message = str(excinfo.value)
+    assert "\n" not in message and message.startswith(next(iter(kw)) + "=")
+
+
+def test_capabilities_refuse_undeclared_variants():
+    plain = Capabilities(head_dims=None)
+    assert plain.why_not(case(2, 2, window=(1, 1))) == "window=(1, 1)"
+    assert plain.why_not(case(2, 2, softcap=3.0)) == "softcap=3"
+    assert TILED.caps.why_not(case(2, 2, window=(1, 1), softcap=3.0)) is None
+    q = k = v = torch.zeros(1, 1, 2, 4)
+    with pytest.raises(UnsupportedCaseError, match="window"):
+        torch_tiled_forward(q, k, v, causal=False, scale=1.0, window=(-3, 0))
+    with pytest.raises(UnsupportedCaseError, match="softcap"):
+        torch_tiled_forward(q, k, v, causal=False, scale=1.0, softcap=-2.0)
+
+
+def test_one_change_predicates_undo_each_variant():
+    c = case(2, 4, window=(1, 0), softcap=2.5)
+    found = {name: (value, variants) for name, value, variants in
+             one_change_variants(c, TILED.caps)}
+    assert found["window"] == ("1,0", [c.replace(window=(-1, -1))])
+    assert found["softcap"] == ("2.5", [c.replace(softcap=0.0)])
+
+
+# -- draws ---------------------------------------------------------------------------------------
+def test_only_declaring_implementations_draw_variants():
+    profile = profiles.PROFILES["ci"]
+    fast = settings(max_examples=300, database=None)
+    plain = attention_cases(Capabilities(head_dims=None), profile=profile)
+    with pytest.raises(NoSuchExample):
+        find(plain, lambda c: bool(c.variants), settings=fast)
+    declared = attention_cases(TILED.caps, profile=profile)
+    both = find(declared, lambda c: c.windowed and c.softcap, settings=fast)
+    assert both.window != (-1, -1) and both.softcap > 0
+    edge = find(declared, lambda c: c.window[1] == c.seq_k and c.seq_k > 2, settings=fast)
+    assert edge.window[1] == edge.seq_k
+    # Shrinking moves toward no variant: the minimal windowed case keeps the other side unbounded.
+    assert find(declared, lambda c: c.windowed, settings=fast).window in ((0, -1), (-1, 0))
+    assert find(declared, lambda c: c.softcap > 0, settings=fast).softcap == 1.0
+
+
+# -- the correct kernel, and the mutants ---------------------------------------------------------
+def test_tiled_kernel_matches_the_oracle_on_variant_edges():
+    for seq_q, seq_k, causal, window, softcap in itertools.product(
+            (1, 5, 17), (0, 3, 18), ("none", "top_left", "bottom_right"),
+            ((0, 0), (2, -1), (-1, 1), (17, 0)), (0.0, 1.0)):
+        c = AttentionCase(batch=1, heads=2, kv_heads=1, seq_q=seq_q, seq_k=seq_k, head_dim=8,
+                          causal=causal, window=window, softcap=softcap)
+        report = judge(TILED, c)
+        assert report.passed, report.describe()
+
+
+def test_a_short_campaign_with_variants_passes_the_tiled_kernel():
+    profile = profiles.PROFILES["ci"]
+    result = fuzz(TILED, attention_cases(TILED.caps, dtype="float32", profile=profile),
+                  max_examples=40, save_to_file=False)
+    assert result.counterexample is None and result.cases >= 40
+
+
+@pytest.mark.parametrize("name", VARIANT_MUTANTS)
+def test_a_small_campaign_kills_each_variant_mutant(name):
+    mutant = mutants()[name]
+    profile = profiles.PROFILES["ci"]
+    result = fuzz(mutant, attention_cases(mutant.caps, dtype="float32", profile=profile),
+                  max_examples=60, save_to_file=False)
+    assert result.counterexample is not None, f"{name} survived {result.cases} cases"
+    assert result.counterexample.judged.case.variants, result.counterexample.judged.case
