@@ -20,8 +20,10 @@ from fuzzattn.contract.capabilities import UnsupportedCaseError
 from fuzzattn.contract.case import CaseError
 from fuzzattn.inputs.materialize import materialize
 from fuzzattn.judging.judge import judge
+from fuzzattn.gradients.oracle import oracle_gradients
 from fuzzattn.judging.oracle import oracle, some_row_empty, visibility, visible_keys
 from fuzzattn.kernels.torch_tiled import IMPL as TILED, torch_tiled_forward
+from fuzzattn.relations.forward import RELATIONS
 from fuzzattn.run.registry import mutants
 from fuzzattn.strategies.cases import attention_cases
 
@@ -88,6 +90,43 @@ def test_softcap_bounds_the_scores_before_the_softmax():
     ref = oracle(q, k, v, c)
     assert ref.lse[0, 0, 0].item() == pytest.approx(math.log(sum(map(math.exp, capped))), abs=1e-12)
     assert abs(ref.lse[0, 0, 0].item()) <= 2.0 + math.log(2)
+
+
+def test_gradient_oracle_differentiates_through_the_softcap_and_window():
+    c = AttentionCase(batch=1, heads=2, kv_heads=1, seq_q=3, seq_k=5, head_dim=4,
+                      causal="bottom_right", window=(1, 0), softcap=1.5, data_seed=7)
+    q, k, v = tensors(c)
+    dout = torch.randn(q.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    got = oracle_gradients(q, k, v, dout, c).grads
+    # Textbook autograd, written out here: mask from the definition, cap before it.
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    lq, lk, lv = leaves
+    lk, lv = lk.repeat_interleave(2, dim=1), lv.repeat_interleave(2, dim=1)
+    s = 1.5 * torch.tanh(c.softmax_scale * (lq @ lk.transpose(-1, -2)) / 1.5)
+    i, j = torch.arange(3)[:, None], torch.arange(5)[None, :]
+    seen = (j <= i + 2) & (j >= i + 2 - 1) & (j <= i + 2 + 0)
+    out = torch.softmax(s.masked_fill(~seen, -math.inf), dim=-1) @ lv
+    want = torch.autograd.grad(out, leaves, dout)
+    for name, expected in zip(("dq", "dk", "dv"), want):
+        assert torch.allclose(got[name], expected, rtol=1e-10, atol=1e-12), name
+
+
+def test_tiled_gradients_are_judged_under_a_softcap():
+    report = judge(TILED, case(4, 6, causal="top_left", window=(3, 1), softcap=2.0))
+    assert report.passed, report.describe()
+    assert {"grad_dq", "grad_dk", "grad_dv"} <= {v.check for v in report.verdicts}
+
+
+def test_relations_a_variant_breaks_do_not_apply():
+    windowed = AttentionCase(batch=2, heads=1, kv_heads=1, seq_q=4, seq_k=6, head_dim=4,
+                             window=(1, 1))
+    capped = windowed.replace(window=(-1, -1), softcap=2.0)
+    assert RELATIONS["key_permutation"](TILED, windowed, "cpu") is None
+    assert RELATIONS["score_shift"](TILED, capped, "cpu") is None
+    for relation in ("value_shift", "batch_independence"):
+        for c in (windowed, capped):
+            verdict = RELATIONS[relation](TILED, c, "cpu")
+            assert verdict is not None and verdict.passed, verdict
 
 
 # -- the case's fields ---------------------------------------------------------------------------

@@ -211,10 +211,7 @@ def _judge(impl: Implementation, case: AttentionCase, device, *, expected_sha256
     judged.verdicts, computed = _judge_runs(impl, case, device, first, pristine, here, second,
                                             references=references, computed=computed,
                                             margins=margins)
-    # The gradient references do not differentiate through a softcap's tanh: such cases are
-    # judged on their forward only.
-    if gradients and impl.caps.backward and not case.softcap and \
-            all(v.passed for v in judged.verdicts):
+    if gradients and impl.caps.backward and all(v.passed for v in judged.verdicts):
         # The forward's outputs as read back (the same bits, already where the explicit
         # backward's inputs are built: no second read from the device).
         forward = first.delivered[1:] if first.delivered is not None else (first.out, first.lse)

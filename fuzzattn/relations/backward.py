@@ -55,7 +55,9 @@ def _row_noise(impl, q, k, v, out, dout, case: AttentionCase) -> dict[str, torch
     qf, kf = q.to(torch.float32), k.to(torch.float32)
     ke = kf.repeat_interleave(case.group_size, dim=1) if case.group_size > 1 else kf
     s = (qf @ ke.transpose(-1, -2)) * case.softmax_scale
-    mask = visible_keys(case.seq_q, case.seq_k, case.causal, q.device)
+    if case.softcap:
+        s = case.softcap * torch.tanh(s / case.softcap)
+    mask = visible_keys(case.seq_q, case.seq_k, case.causal, q.device, case.window)
     magnitude = qf.abs() @ ke.abs().transpose(-1, -2)
     if mask is not None:
         s = s.masked_fill(~mask, float("-inf"))
@@ -157,7 +159,5 @@ def check_grad_relations(impl: Implementation, case: AttentionCase, device=None)
     """The verdict of every gradient relation that applies (implementations declaring backward)."""
     if not impl.caps.backward:
         return []
-    # Under a window or softcap only batch independence still holds (relations/forward.py).
-    return [v for name, relation in GRAD_RELATIONS.items()
-            if not (case.variants and name != "grad_batch_independence")
-            and (v := relation(impl, case, device)) is not None]
+    return [v for relation in GRAD_RELATIONS.values()
+            if (v := relation(impl, case, device)) is not None]

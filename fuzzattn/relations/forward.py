@@ -330,19 +330,11 @@ RELATIONS: dict[str, Callable[..., Verdict | None]] = {
 }
 
 
-# What still holds under a window or a softcap: permuting keys moves them across the window's
-# edges, a softcap's tanh does not commute with shifting scores, and the others read the plain
-# causal mask.
-VARIANT_RELATIONS = ("batch_independence",)
-
-
 def check_relations(impl: Implementation, case: AttentionCase, device=None) -> list[Verdict]:
     """The verdict of every relation that applies to this implementation and case."""
     device = device or default_device()
     verdicts = []
-    for name, relation in RELATIONS.items():
-        if case.variants and name not in VARIANT_RELATIONS:
-            continue
+    for relation in RELATIONS.values():
         verdict = relation(impl, case, device)
         if verdict is not None:
             verdicts.append(verdict)
