@@ -7,9 +7,9 @@ of any strides, with what the article left out:
 * ragged tails: N need not be a multiple of 16 (slicing simply yields a short last tile);
 * causal masking in both alignments, top-left (j <= i) and bottom-right (j <= i + Nk - Nq);
 * a sliding window (left, right), bottom-right aligned, and a softcap applied before the mask;
-* rows with no visible key (bottom-right with Nq > Nk, or Nk == 0) give out 0 and lse -inf,
-  without NaN: masked scores are -inf and a safe max (0 for a row that has seen nothing) is
-  subtracted, so exp never sees -inf - (-inf);
+* rows with no visible key (bottom-right with Nq > Nk, a window, or Nk == 0) give out 0 and
+  lse -inf, without NaN: masked scores are -inf and a safe max (0 for a row that has seen
+  nothing) is subtracted, so exp never sees -inf - (-inf);
 * GQA: q is viewed as (B, Hkv, G, Nq, D) and k, v as (B, Hkv, 1, Nk, D), so query head h reads
   kv head h // G through broadcasting, with no copy of k or v;
 * zero lengths: Nq == 0 gives empty outputs, Nk == 0 gives out 0 and lse -inf.
@@ -84,7 +84,8 @@ def torch_tiled_forward(q, k, v, *, causal, scale, window=(-1, -1), softcap=0.0)
                 s = softcap * torch.tanh(s / softcap)       # before the mask: hidden stays -inf
             if masked:
                 cols = torch.arange(k0, k0 + k_j.shape[-2], device=q.device)[None, :]
-                visible = torch.ones(rows.shape[0], cols.shape[1], dtype=torch.bool, device=q.device)
+                visible = torch.ones(rows.shape[0], cols.shape[1], dtype=torch.bool,
+                                     device=q.device)
                 if causal != "none":
                     visible = cols <= rows[:, None] + offset
                 if left >= 0:

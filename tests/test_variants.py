@@ -13,7 +13,10 @@ from hypothesis import find, settings
 from hypothesis.errors import NoSuchExample
 
 from fuzzattn import AttentionCase
-from fuzzattn.campaigns.campaign import fuzz
+from fuzzattn.campaigns.campaign import Counterexample, check_case, fuzz
+from fuzzattn.campaigns.cause_shrink import candidates
+from fuzzattn.campaigns.regression_file import load
+from fuzzattn.campaigns.replay import replay_one
 from fuzzattn.campaigns.defects import one_change_variants
 from fuzzattn.contract import Capabilities, profiles
 from fuzzattn.contract.capabilities import UnsupportedCaseError
@@ -133,11 +136,15 @@ def test_relations_a_variant_breaks_do_not_apply():
 def test_saved_regressions_keep_their_keys_and_files():
     matched = 0
     for path in sorted(REGRESSIONS.glob("*.json")):
-        loaded = AttentionCase.from_dict(json.loads(path.read_text())["case"])
-        assert not loaded.variants and "window" not in loaded.to_dict(), path.name
-        assert "softcap" not in loaded.to_dict(), path.name
+        saved = json.loads(path.read_text())["case"]
+        loaded = AttentionCase.from_dict(saved)
+        # A file without the fields is a plain case, and writes none back: its key is unchanged.
+        assert ("window" in saved, "softcap" in saved) == (loaded.windowed, bool(loaded.softcap))
+        assert ("window" in loaded.to_dict(), "softcap" in loaded.to_dict()) == \
+            ("window" in saved, "softcap" in saved), path.name
         matched += loaded.key() == path.stem
-    assert matched >= 44          # the files named by their case's key before the variants
+    # The 44 files named by their case's key before the variants, and the four variant mutants'.
+    assert matched >= 48
 
 
 def test_variants_round_trip_and_print_only_when_set():
@@ -174,6 +181,25 @@ def test_capabilities_refuse_undeclared_variants():
         torch_tiled_forward(q, k, v, causal=False, scale=1.0, softcap=-2.0)
 
 
+def test_a_variant_failure_is_saved_with_its_fields_and_replays(tmp_path):
+    mutant = mutants()["mutant_window_top_left"]
+    c = case(1, 3, window=(0, 0))
+    with pytest.raises(Counterexample) as excinfo:
+        check_case(mutant, c, regressions_dir=tmp_path)
+    saved = json.loads(excinfo.value.path.read_text())["case"]
+    assert saved["window"] == [0, 0] and "softcap" not in saved
+    fixture = load(excinfo.value.path)
+    assert fixture.case == c and fixture.case.key() == excinfo.value.path.stem
+    assert "window=0,0" in fixture.covers
+    assert not replay_one(fixture, mutant).passed and replay_one(fixture, TILED).passed
+
+
+def test_cause_shrinking_tries_each_variant_off():
+    simpler = candidates(case(2, 4, window=(1, 2), softcap=3.0), TILED.caps)
+    assert {(s.window, s.softcap) for s in simpler} >= {
+        ((-1, -1), 3.0), ((-1, 2), 3.0), ((1, -1), 3.0), ((1, 2), 0.0)}
+
+
 def test_one_change_predicates_undo_each_variant():
     c = case(2, 4, window=(1, 0), softcap=2.5)
     found = {name: (value, variants) for name, value, variants in
@@ -185,7 +211,7 @@ def test_one_change_predicates_undo_each_variant():
 # -- draws ---------------------------------------------------------------------------------------
 def test_only_declaring_implementations_draw_variants():
     profile = profiles.PROFILES["ci"]
-    fast = settings(max_examples=300, database=None)
+    fast = settings(max_examples=300, database=None, derandomize=True)
     plain = attention_cases(Capabilities(head_dims=None), profile=profile)
     with pytest.raises(NoSuchExample):
         find(plain, lambda c: bool(c.variants), settings=fast)

@@ -61,8 +61,8 @@ MAX_SIZE = {"batch": 4096, "heads": 4096, "kv_heads": 4096, "seq_q": 1 << 20, "s
             "head_dim": 4096}
 MAX_DATA_SEED = 2**63 - 1       # torch.Generator.manual_seed takes 64-bit seeds
 MAX_ABS_SCALE = 1024.0          # 1/sqrt(D) is <= 1; a scale past 1e3 saturates every softmax
-# A softcap bounds every score to (-cap, cap): past ~1e4 it is the identity on any score fp32
-# softmax keeps apart, so a larger one is a typo, not a case.
+# A softcap bounds every score to (-cap, cap); caps in use are tens (Gemma 2 uses 50), and one
+# past every value profile's scores (~1e4) bends nothing: a typo, not a case.
 MAX_SOFTCAP = 1e4
 NO_WINDOW = (-1, -1)
 
@@ -276,5 +276,5 @@ class AttentionCase:
         window = "" if not self.windowed else f" window={self.window[0]},{self.window[1]}"
         softcap = "" if not self.softcap else f" softcap={self.softcap:g}"
         return (f"B={self.batch} {heads} Nq={self.seq_q} Nk={self.seq_k} D={self.head_dim} "
-                f"{BY_NAME[self.dtype].short}{causal}{window}{softcap}{scale}{layout}{values}{config} "
-                f"data_seed={self.data_seed}{generator}")
+                f"{BY_NAME[self.dtype].short}{causal}{window}{softcap}{scale}{layout}{values}"
+                f"{config} data_seed={self.data_seed}{generator}")

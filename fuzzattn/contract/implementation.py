@@ -9,8 +9,9 @@ q is (B, Hq, Nq, D); k and v are (B, Hkv, Nk, D); out is (B, Hq, Nq, D) in q's d
 or the alignment string "top_left" / "bottom_right" (truthy, so a kernel with one alignment may
 treat it as a bool). Implementations declaring `out_buffer` also accept `out=` and `lse=` tensors
 to write into; those declaring `window` / `softcap` get `window=(left, right)` / `softcap=float`
-(AttentionCase's definitions). `Implementation.__call__` is the one place the contract's calling convention is
-spoken: it translates a case into that call and checks the answer's shape and dtype.
+(AttentionCase's definitions), the explicit backward too. `Implementation.__call__` is the one
+place the contract's calling convention is spoken: it translates a case into that call and checks
+the answer's shape and dtype.
 
 Gradients (`Capabilities.backward=True`: "judge my gradients") come one of two ways:
 
