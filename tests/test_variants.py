@@ -17,7 +17,7 @@ from fuzzattn.campaigns.campaign import Counterexample, check_case, fuzz
 from fuzzattn.campaigns.cause_shrink import candidates
 from fuzzattn.campaigns.regression_file import load
 from fuzzattn.campaigns.replay import replay_one
-from fuzzattn.campaigns.defects import one_change_variants
+from fuzzattn.campaigns.defects import match_class, one_change_variants
 from fuzzattn.contract import Capabilities, profiles
 from fuzzattn.contract.capabilities import UnsupportedCaseError
 from fuzzattn.contract.case import CaseError
@@ -206,6 +206,9 @@ def test_one_change_predicates_undo_each_variant():
              one_change_variants(c, TILED.caps)}
     assert found["window"] == ("1,0", [c.replace(window=(-1, -1))])
     assert found["softcap"] == ("2.5", [c.replace(softcap=0.0)])
+    # A bug needing a softcap (or a window) at one value is one cause met at any other.
+    for name, one, other in (("softcap", "2.5", "50"), ("window", "1,0", "-1,3")):
+        assert match_class(name, one, TILED.caps) == match_class(name, other, TILED.caps)
 
 
 # -- draws ---------------------------------------------------------------------------------------

@@ -21,13 +21,13 @@ its *cause*, the way crash triagers tell bugs apart by where they strike, not by
                 (the plainest case fails), and what a round's shrink holds to.
 
 Two failures with the same non-empty trigger are one cause, whatever checks fired: a crash and a
-wrong value cured by the same change are one bug. A failing case belongs to a known defect when
-it has every predicate of the defect's trigger and undoing them cures it (judged: the cure
-test); a case that still fails once cured holds another cause too, and is new. A defect with an
-empty trigger owns the cases that show its symptom. Predicate values are matched by class
-(`match_class`): a configuration axis by being off its first choice at all, since a bug needing
-BLOCK_M > BLOCK_N needs it at 32 and at 64 alike; the value profiles that put scores past a
-finite sentinel as one class; every other predicate by its value, so a bug of each causal
+wrong value cured by the same change are one bug. A failing case belongs to a known defect when it
+has every predicate of the defect's trigger and undoing them cures it (judged: the cure test); a
+case that still fails once cured holds another cause too, and is new. A defect with an empty
+trigger owns the cases that show its symptom. Predicate values are matched by class
+(`match_class`): a configuration axis, window or softcap by being off its plain choice at all (a
+bug needing BLOCK_M > BLOCK_N needs it at 32 and 64 alike); the value profiles that put scores past
+a finite sentinel as one class; every other predicate by its value, so a bug of each causal
 alignment stays its own, unless it fails the other alignment the same way (causal=either).
 
 Known limits: a cause is named by the predicates in this vocabulary, so two bugs needing the same
@@ -55,7 +55,7 @@ _VALUE_CLASSES = {"below_sentinel": "past a finite sentinel",
 
 def match_class(name: str, value: str, caps: Capabilities) -> str:
     """What two defects' factor values must share to be the same factor (module docstring)."""
-    if name in dict(caps.configs):
+    if name in dict(caps.configs) or name in ("window", "softcap"):
         return "off its first choice"
     if name == "values":
         return _VALUE_CLASSES.get(value, value)
