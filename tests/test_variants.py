@@ -18,6 +18,7 @@ from fuzzattn.campaigns.cause_shrink import candidates
 from fuzzattn.campaigns.regression_file import load
 from fuzzattn.campaigns.replay import replay_one
 from fuzzattn.campaigns.defects import match_class, one_change_variants
+from fuzzattn.cli.explain import variants as explain_variants
 from fuzzattn.contract import Capabilities, profiles
 from fuzzattn.contract.capabilities import UnsupportedCaseError
 from fuzzattn.contract.case import CaseError
@@ -209,6 +210,13 @@ def test_one_change_predicates_undo_each_variant():
     # A bug needing a softcap (or a window) at one value is one cause met at any other.
     for name, one, other in (("softcap", "2.5", "50"), ("window", "1,0", "-1,3")):
         assert match_class(name, one, TILED.caps) == match_class(name, other, TILED.caps)
+
+
+def test_explain_judges_each_variant_off():
+    c = case(2, 4, window=(1, 0), softcap=2.5)
+    changed = {row.changed_to: row.case for row in explain_variants(TILED, c)}
+    assert changed["window=-1,-1"] == c.replace(window=(-1, -1))
+    assert changed["softcap=0"] == c.replace(softcap=0.0)
 
 
 # -- draws ---------------------------------------------------------------------------------------
