@@ -29,7 +29,7 @@ from fuzzattn.judging.oracle import oracle, some_row_empty, visibility, visible_
 from fuzzattn.kernels.torch_tiled import IMPL as TILED, torch_tiled_forward
 from fuzzattn.relations.forward import RELATIONS
 from fuzzattn.run.registry import mutants
-from fuzzattn.strategies.cases import attention_cases
+from fuzzattn.strategies.cases import UNCAPPED_VALUES, attention_cases
 
 REGRESSIONS = Path(__file__).resolve().parent.parent / "regressions"
 VARIANT_MUTANTS = ("mutant_window_edge_off_by_one", "mutant_window_top_left",
@@ -234,6 +234,9 @@ def test_only_declaring_implementations_draw_variants():
     # Shrinking moves toward no variant: the minimal windowed case keeps the other side unbounded.
     assert find(declared, lambda c: c.windowed, settings=fast).window in ((0, -1), (-1, 0))
     assert find(declared, lambda c: c.softcap > 0, settings=fast).softcap == 1.0
+    # Scores meant to pass a mask sentinel stay uncapped; a softcap would pull them back.
+    with pytest.raises(NoSuchExample):
+        find(declared, lambda c: c.softcap > 0 and c.values in UNCAPPED_VALUES, settings=fast)
 
 
 # -- the correct kernel, and the mutants ---------------------------------------------------------
