@@ -6,9 +6,10 @@ of any strides, with what the article left out:
 
 * ragged tails: N need not be a multiple of 16 (slicing simply yields a short last tile);
 * causal masking in both alignments, top-left (j <= i) and bottom-right (j <= i + Nk - Nq);
-* rows with no visible key (bottom-right with Nq > Nk, or Nk == 0) give out 0 and lse -inf,
-  without NaN: masked scores are -inf and a safe max (0 for a row that has seen nothing) is
-  subtracted, so exp never sees -inf - (-inf);
+* a sliding window (left, right), bottom-right aligned, and a softcap applied before the mask;
+* rows with no visible key (bottom-right with Nq > Nk, a window, or Nk == 0) give out 0 and
+  lse -inf, without NaN: masked scores are -inf and a safe max (0 for a row that has seen
+  nothing) is subtracted, so exp never sees -inf - (-inf);
 * GQA: q is viewed as (B, Hkv, G, Nq, D) and k, v as (B, Hkv, 1, Nk, D), so query head h reads
   kv head h // G through broadcasting, with no copy of k or v;
 * zero lengths: Nq == 0 gives empty outputs, Nk == 0 gives out 0 and lse -inf.
@@ -43,12 +44,15 @@ CAPS = Capabilities(
     fp32_matmul="ieee",   # torch fp32 matmul (TF32 is off by default, and off on CPU)
     deterministic=True,
     out_buffer=False,
+    window=True,
+    softcap=True,
 )
 
 
-def torch_tiled_forward(q, k, v, *, causal, scale):
+def torch_tiled_forward(q, k, v, *, causal, scale, window=(-1, -1), softcap=0.0):
     """(out (B,Hq,Nq,D) in q's dtype, lse (B,Hq,Nq) float32) by the tiled online softmax."""
     causal, scale = CAPS.check_inputs(q, k, v, causal=causal, scale=scale)
+    (left, right), softcap = CAPS.check_variants(window=window, softcap=softcap)
     batch, heads, seq_q, head_dim = q.shape
     kv_heads, seq_k = k.shape[1], k.shape[2]
 
@@ -61,6 +65,9 @@ def torch_tiled_forward(q, k, v, *, causal, scale):
     lse = torch.empty(batch, kv_heads, group, seq_q, dtype=torch.float32, device=q.device)
     # Bottom-right shifts the diagonal right by Nk - Nq: query i sees keys j <= i + offset.
     offset = seq_k - seq_q if causal == "bottom_right" else 0
+    # The window is bottom-right aligned whatever the causal alignment (FlashAttention's).
+    diagonal = seq_k - seq_q
+    masked = causal != "none" or left >= 0 or right >= 0
 
     for q0 in range(0, seq_q, TILE):                  # outer loop: query tiles
         q_i = q5[..., q0:q0 + TILE, :].float()
@@ -73,9 +80,18 @@ def torch_tiled_forward(q, k, v, *, causal, scale):
             k_j = k5[..., k0:k0 + TILE, :].float()
             v_j = v5[..., k0:k0 + TILE, :].float()
             s = (q_i @ k_j.transpose(-1, -2)) * scale                 # (..., rows, keys) fp32
-            if causal != "none":
-                cols = torch.arange(k0, k0 + k_j.shape[-2], device=q.device)
-                visible = cols[None, :] <= rows[:, None] + offset
+            if softcap:
+                s = softcap * torch.tanh(s / softcap)       # before the mask: hidden stays -inf
+            if masked:
+                cols = torch.arange(k0, k0 + k_j.shape[-2], device=q.device)[None, :]
+                visible = torch.ones(rows.shape[0], cols.shape[1], dtype=torch.bool,
+                                     device=q.device)
+                if causal != "none":
+                    visible = cols <= rows[:, None] + offset
+                if left >= 0:
+                    visible = visible & (cols >= rows[:, None] + diagonal - left)
+                if right >= 0:
+                    visible = visible & (cols <= rows[:, None] + diagonal + right)
                 s = s.masked_fill(~visible, -math.inf)
 
             m_new = torch.maximum(m_i, s.amax(dim=-1))

@@ -14,9 +14,14 @@ from .lengths import head_dims, seq_lens, seq_shapes
 from .palette import subset
 from .shape_palette import entries as palette_entries, palette_size
 from .values import value_profiles
+from .variants import softcaps, windows
 
 # Softmax scales other than the default 1/sqrt(D) (None), drawn in half the cases.
 OTHER_SCALES = (1.0, 0.5, 0.125, 2.0, 0.3)
+# Value profiles that put scores past a mask sentinel: a softcap would pull them back to
+# (-cap, cap), so they are drawn uncapped (a finite-sentinel bug stays findable in a kernel
+# declaring softcaps).
+UNCAPPED_VALUES = ("below_sentinel", "sentinel_sweep")
 
 
 def attention_cases(caps: Capabilities = Capabilities(), *, dtype: str | None = None,
@@ -67,6 +72,7 @@ class _Parts:
             self.layout = st.sampled_from(subset(layout_choices(caps), palette, "layout"))
         self.values = {dtype: value_profiles(dtype) for dtype in dtypes}
         self.data_seed = st.integers(0, 2**31 - 1)
+        self.softcap = softcaps() if caps.softcap else None
         # A kernel compiled per shape: whole shapes (with scale and layout) from a few entries.
         self.entry = None if shapes is None else st.sampled_from(
             palette_entries(caps, profile, palette, shapes))
@@ -110,6 +116,10 @@ def _cases(draw, caps: Capabilities, dtypes: tuple[str, ...], profile: Profile,
     case = AttentionCase(batch=batch, heads=kv_heads * group, kv_heads=kv_heads, seq_q=seq_q,
                          seq_k=seq_k, head_dim=head_dim, dtype=dtype, causal=causal, scale=scale,
                          layout=layout, values=values, data_seed=data_seed)
+    if caps.window:
+        case = case.replace(window=draw(windows(seq_q, seq_k)))
+    if parts.softcap is not None and values not in UNCAPPED_VALUES:
+        case = case.replace(softcap=draw(parts.softcap))
     case = case.replace(config=draw(configs(caps, case, parts.palette)),
                         generator=_generator(profile, case))
     _label(case)
@@ -179,6 +189,10 @@ def _label(case: AttentionCase) -> None:
     event(f"values={case.values}")
     for name, value in case.config:
         event(f"config {name}={value}")
+    if case.windowed:
+        event("window")
+    if case.softcap:
+        event("softcap")
 
 
 # -- cases outside a declaration: the refusal property ------------------------------------------

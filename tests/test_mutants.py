@@ -90,6 +90,12 @@ CAUGHT_BY = {
     # Shape-family bugs: decode under top-left sees key 0 only; a chunk's alignment decides all.
     "mutant_decode_ignores_causal": (case(seq_k=2, causal="top_left"), "out"),
     "mutant_chunk_wrong_alignment": (case(seq_q=2, seq_k=4, causal="bottom_right"), {"out", "lse"}),
+    # Variant bugs (tests/test_variants.py fuzzes each too). One query, three keys: the window
+    # (1, -1) keeps keys 1 and 2, (0, 0) key 2 alone.
+    "mutant_window_edge_off_by_one": (case(seq_k=3, window=(1, -1)), {"out", "lse"}),
+    "mutant_window_top_left": (case(seq_k=3, window=(0, 0)), {"out", "lse"}),
+    "mutant_softcap_after_mask": (case(2, 2, causal="top_left", softcap=2.0), {"out", "lse"}),
+    "mutant_softcap_unscaled": (case(seq_k=2, softcap=2.0), {"out", "lse"}),
     # around SDPA
     "mutant_staging_buffer_aliasing": (case(), "lse"),
     "mutant_empty_rows_mean_v": (case(seq_q=2, causal="bottom_right"), "empty_rows"),

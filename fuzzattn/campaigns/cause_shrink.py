@@ -93,6 +93,11 @@ def candidates(case: AttentionCase, caps: Capabilities) -> list[AttentionCase]:
         steps.append(dict(scale=None))
     if c.causal != "none":
         steps.append(dict(causal="none"))
+    if c.windowed:      # the window off, else one side unbounded
+        steps += [dict(window=w) for w in ((-1, -1), (-1, c.window[1]), (c.window[0], -1))
+                  if w != c.window]
+    if c.softcap:
+        steps.append(dict(softcap=0.0))
     first = {name: choices[0] for name, choices in caps.configs}
     for name, value in c.config:
         if name in first and value != first[name]:

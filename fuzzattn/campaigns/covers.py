@@ -52,6 +52,10 @@ def salient(case: AttentionCase) -> str:
         found.append(f"values={case.values}")
     if case.scale is not None:
         found.append(f"scale={case.scale:g}")
+    if case.windowed:
+        found.append(f"window={case.window[0]},{case.window[1]}")
+    if case.softcap:
+        found.append(f"softcap={case.softcap:g}")
     if case.dtype != "float32":
         found.append(BY_NAME[case.dtype].short)
     return " and ".join(found)

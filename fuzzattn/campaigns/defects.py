@@ -10,31 +10,30 @@ its *cause*, the way crash triagers tell bugs apart by where they strike, not by
     trigger     the one-change predicates its shrunk case needs, found as `fuzzattn explain`
                 finds them: each predicate the case satisfies (a causal alignment, a layout off
                 contiguous, two tensors laid out differently, a value profile, a custom scale,
-                GQA, unequal lengths, an odd Nk, a dtype other than the simplest declared, each
-                configuration axis off its first choice) is undone alone and the case judged
-                again; a predicate whose undoing makes the failure go away is needed. Two
-                tensors laid out differently, when needed, stands for the per-tensor layouts it
-                implies (a layout[v]!=layout[k] bug needs layout[k] off contiguous on one case
-                and layout[v] on another: one cause).
+                a window, a softcap, GQA, unequal lengths, an odd Nk, a dtype other than the
+                simplest declared, each configuration axis off its first choice) is undone alone
+                and the case judged again; a predicate whose undoing makes the failure go away is
+                needed. Two tensors laid out differently, when needed, stands for the per-tensor
+                layouts it implies (layout[v]!=layout[k] needs layout[k] off contiguous on one
+                case and layout[v] on another: one cause).
     symptom     the first failing check (with the exception type for a crash) and the keys of
                 every check its case failed: what tells causes apart when the trigger is empty
                 (the plainest case fails), and what a round's shrink holds to.
 
 Two failures with the same non-empty trigger are one cause, whatever checks fired: a crash and a
-wrong value cured by the same change are one bug. A failing case belongs to a known defect when
-it has every predicate of the defect's trigger and undoing them cures it (judged: the cure
-test); a case that still fails once cured holds another cause too, and is new. A defect with an
-empty trigger owns the cases that show its symptom. Predicate values are matched by class
-(`match_class`): a configuration axis by being off its first choice at all, since a bug needing
-BLOCK_M > BLOCK_N needs it at 32 and at 64 alike; the value profiles that put scores past a
-finite sentinel as one class; every other predicate by its value, so a bug of each causal
+wrong value cured by the same change are one bug. A failing case belongs to a known defect when it
+has every predicate of the defect's trigger and undoing them cures it (judged: the cure test); a
+case that still fails once cured holds another cause too, and is new. A defect with an empty
+trigger owns the cases that show its symptom. Predicate values are matched by class
+(`match_class`): a configuration axis, window or softcap by being off its plain choice at all (a
+bug needing BLOCK_M > BLOCK_N needs it at 32 and 64 alike); the value profiles that put scores past
+a finite sentinel as one class; every other predicate by its value, so a bug of each causal
 alignment stays its own, unless it fails the other alignment the same way (causal=either).
 
 Known limits: a cause is named by the predicates in this vocabulary, so two bugs needing the same
-predicates (two different causal-mask bugs that both need causal=bottom_right and nothing else)
-are one row, each case of them owned by whichever was found first only when its cure test
-passes; a bug needing a relation between two configuration axes may be reported once per axis it
-was found needing; workers each find their causes, and their rows merge when the triggers agree.
+ones (two causal-mask bugs both needing causal=bottom_right alone) are one row, each case owned
+by whichever was found first only when its cure test passes; a bug needing a relation between
+two configuration axes may be reported once per axis; workers' rows merge when triggers agree.
 """
 from __future__ import annotations
 
@@ -42,7 +41,7 @@ import dataclasses
 import functools
 
 from fuzzattn.contract.capabilities import Capabilities
-from fuzzattn.contract.case import AttentionCase, CaseError
+from fuzzattn.contract.case import NO_WINDOW, AttentionCase, CaseError
 from fuzzattn.contract.dtypes import DTYPES
 
 _CRASHES = ("crash", "grad_crash")
@@ -56,7 +55,7 @@ _VALUE_CLASSES = {"below_sentinel": "past a finite sentinel",
 
 def match_class(name: str, value: str, caps: Capabilities) -> str:
     """What two defects' factor values must share to be the same factor (module docstring)."""
-    if name in dict(caps.configs):
+    if name in dict(caps.configs) or name in ("window", "softcap"):
         return "off its first choice"
     if name == "values":
         return _VALUE_CLASSES.get(value, value)
@@ -100,7 +99,7 @@ def _key(first) -> str:
 # Predicates are factors with no value: the table names them alone ("Nk odd").
 PREDICATE = ""
 # Tensors a kernel may address alike, the likeliest first: when undoing two of these relations
-# makes the same case (v laid out apart from q and k, which agree), the first names the cause.
+# makes one case (v laid out apart from q and k, which agree), the first names the cause.
 _RELATED = (("k", "v"), ("q", "k"), ("q", "v"))
 
 
@@ -115,9 +114,8 @@ def factors(case: AttentionCase, caps: Capabilities) -> dict[str, str]:
 
 def _off_plain(case: AttentionCase, caps: Capabilities) -> dict[str, tuple[str, list]]:
     """Each predicate the case satisfies -> (its value, the cases with it undone: one, or for
-    unequal lengths two, Nk set to Nq and Nq to Nk, so that a bug needing more than one key, or
-    more than one query, is not mistaken for one needing unequal lengths; for two tensors laid
-    out differently, each given the other's layout)."""
+    unequal lengths two, Nk set to Nq and Nq to Nk, so a bug needing more than one key or query
+    is not taken for one needing unequal lengths; for two tensors laid out apart, swapped)."""
     found: dict[str, tuple[str, list]] = {}
     simplest_dtype = next((d for d in DTYPES if d in caps.dtypes), None)
     if case.dtype != simplest_dtype:
@@ -126,6 +124,10 @@ def _off_plain(case: AttentionCase, caps: Capabilities) -> dict[str, tuple[str, 
         found["causal"] = (case.causal, [case.replace(causal="none")])
     if case.values != "normal":
         found["values"] = (case.values, [case.replace(values="normal")])
+    if case.windowed:
+        found["window"] = (f"{case.window[0]},{case.window[1]}", [case.replace(window=NO_WINDOW)])
+    if case.softcap:
+        found["softcap"] = (f"{case.softcap:g}", [case.replace(softcap=0.0)])
     tensors = dict(zip("qkv", case.layout))
 
     def laid_out(**changes) -> AttentionCase | None:

@@ -50,6 +50,10 @@ class Capabilities:
     # (FlashAttention's single-pass form) adds in scheduling order and declares False.
     deterministic_backward: bool = True
     out_buffer: bool = False                             # accepts out= / lse= to write into
+    # -- attention variants (AttentionCase.window / .softcap): declared, the call gets them as
+    # window=(left, right) and softcap=float keyword arguments; undeclared, never drawn.
+    window: bool = False
+    softcap: bool = False
     # -- length constraints real kernels have (strategies draw inside them directly) ------------
     equal_lengths: bool = False                          # Nq == Nk only
     # Nq == Nk for causal cases only (FLASH through SDPA on CUDA raises for is_causal otherwise)
@@ -148,6 +152,10 @@ class Capabilities:
             return f"causal={case.causal} with seq_q={case.seq_q} != seq_k={case.seq_k}"
         if case.kv_heads != case.heads and not self.gqa:
             return f"kv_heads={case.kv_heads} < heads={case.heads}"
+        if case.windowed and not self.window:
+            return f"window={case.window}"
+        if case.softcap and not self.softcap:
+            return f"softcap={case.softcap:g}"
         if not self.zero_length and (case.seq_q == 0 or case.seq_k == 0):
             return f"zero length (seq_q={case.seq_q}, seq_k={case.seq_k})"
         why = self.why_not_lengths(case.seq_q, case.seq_k)
@@ -256,6 +264,22 @@ class Capabilities:
         if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
             refuse("scale", scale, "a finite float")
         return causal, float(scale)
+
+    def check_variants(self, *, window, softcap) -> tuple[tuple[int, int], float]:
+        """Refuse, in one line, a window or softcap this declaration does not take or that is
+        malformed; return them as (left, right) ints and a float (0.0: off)."""
+        if not isinstance(window, (tuple, list)) or len(window) != 2 or any(
+                not isinstance(w, int) or isinstance(w, bool) or w < -1 for w in window):
+            refuse("window", window, "(left, right), ints >= -1")
+        window = (int(window[0]), int(window[1]))
+        if window != (-1, -1) and not self.window:
+            refuse("window", window, "(-1, -1): no sliding window")
+        if (isinstance(softcap, bool) or not isinstance(softcap, (int, float))
+                or not math.isfinite(softcap) or softcap < 0):
+            refuse("softcap", softcap, "a finite float >= 0")
+        if softcap and not self.softcap:
+            refuse("softcap", softcap, "0.0: no softcap")
+        return window, float(softcap)
 
     def accepts_strides(self, t: torch.Tensor) -> bool:
         """Whether a tensor's memory layout is inside `strides` (stride-0 broadcasts count as any)."""

@@ -61,6 +61,10 @@ MAX_SIZE = {"batch": 4096, "heads": 4096, "kv_heads": 4096, "seq_q": 1 << 20, "s
             "head_dim": 4096}
 MAX_DATA_SEED = 2**63 - 1       # torch.Generator.manual_seed takes 64-bit seeds
 MAX_ABS_SCALE = 1024.0          # 1/sqrt(D) is <= 1; a scale past 1e3 saturates every softmax
+# A softcap bounds every score to (-cap, cap); caps in use are tens (Gemma 2 uses 50), and one
+# past every value profile's scores (~1e4) bends nothing: a typo, not a case.
+MAX_SOFTCAP = 1e4
+NO_WINDOW = (-1, -1)
 
 
 class CaseError(ValueError):
@@ -87,10 +91,29 @@ class AttentionCase:
     config: tuple[tuple[str, Any], ...] = ()
     # fuzzattn/inputs/sources.py: "torch_cpu" for every case saved before the field existed.
     generator: str = "torch_cpu"
+    # Sliding window (left, right), FlashAttention's: query i sees key j iff
+    # i + Nk - Nq - left <= j <= i + Nk - Nq + right (bottom-right aligned), -1 unbounded on its
+    # side; intersected with the causal mask when causal is set.
+    window: tuple[int, int] = NO_WINDOW
+    # Scores become softcap * tanh(scale * q.k / softcap) before any mask; 0.0: off.
+    softcap: float = 0.0
 
     def __post_init__(self):
         if isinstance(self.layout, list):
             object.__setattr__(self, "layout", tuple(self.layout))
+        if isinstance(self.window, list):
+            object.__setattr__(self, "window", tuple(self.window))
+        if (not isinstance(self.window, tuple) or len(self.window) != 2
+                or any(not isinstance(w, int) or isinstance(w, bool) or w < -1
+                       or w > MAX_SIZE["seq_k"] for w in self.window)):
+            raise CaseError(f"window={self.window!r} must be (left, right), each an int in "
+                            f"-1..{MAX_SIZE['seq_k']} (-1: unbounded)")
+        if (isinstance(self.softcap, bool) or not isinstance(self.softcap, (int, float))
+                or not math.isfinite(self.softcap) or not 0 <= self.softcap <= MAX_SOFTCAP):
+            raise CaseError(f"softcap={self.softcap!r} must be a number in [0, {MAX_SOFTCAP:g}] "
+                            "(0: off)")
+        if isinstance(self.softcap, int):
+            object.__setattr__(self, "softcap", float(self.softcap))
         if isinstance(self.config, dict):
             object.__setattr__(self, "config", tuple(sorted(self.config.items())))
         elif isinstance(self.config, list):
@@ -143,6 +166,15 @@ class AttentionCase:
         return self.causal != "none"
 
     @property
+    def windowed(self) -> bool:
+        return self.window != NO_WINDOW
+
+    @property
+    def variants(self) -> tuple[str, ...]:
+        """The attention variants this case uses ("window", "softcap"): () for plain attention."""
+        return (("window",) if self.windowed else ()) + (("softcap",) if self.softcap else ())
+
+    @property
     def macs(self) -> int:
         """B * Hq * Nq * max(Nk, 1) * D: the multiply-adds of one attention matmul, the size by
         which a case is judged on the host or the device, and given its generator."""
@@ -178,6 +210,12 @@ class AttentionCase:
             del d["config"]       # configless cases keep the same key and file as before configs
         if self.generator == "torch_cpu":
             del d["generator"]    # so do cases of the CPU generator, as before the field existed
+        if self.windowed:
+            d["window"] = list(self.window)
+        else:
+            del d["window"]       # plain cases keep their key and file, as before the variants
+        if not self.softcap:
+            del d["softcap"]
         return d
 
     @classmethod
@@ -197,7 +235,7 @@ class AttentionCase:
             raise CaseError(f"case.{missing[0]} is missing")
         expected = {"batch": int, "heads": int, "kv_heads": int, "seq_q": int, "seq_k": int,
                     "head_dim": int, "data_seed": int, "dtype": str, "causal": str, "values": str,
-                    "layout": list, "config": dict, "generator": str}
+                    "layout": list, "config": dict, "generator": str, "window": list}
         for name, kind in expected.items():
             if name in data and (not isinstance(data[name], kind) or isinstance(data[name], bool)):
                 raise CaseError(f"case.{name}={data[name]!r} should be of type {kind.__name__}")
@@ -235,6 +273,8 @@ class AttentionCase:
         values = "" if self.values == "normal" else f" values={self.values}"
         config = "" if not self.config else " config=" + ",".join(f"{k}:{v}" for k, v in self.config)
         generator = "" if self.generator == "torch_cpu" else f" generator={self.generator}"
+        window = "" if not self.windowed else f" window={self.window[0]},{self.window[1]}"
+        softcap = "" if not self.softcap else f" softcap={self.softcap:g}"
         return (f"B={self.batch} {heads} Nq={self.seq_q} Nk={self.seq_k} D={self.head_dim} "
-                f"{BY_NAME[self.dtype].short}{causal}{scale}{layout}{values}{config} "
-                f"data_seed={self.data_seed}{generator}")
+                f"{BY_NAME[self.dtype].short}{causal}{window}{softcap}{scale}{layout}{values}"
+                f"{config} data_seed={self.data_seed}{generator}")

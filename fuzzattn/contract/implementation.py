@@ -8,8 +8,10 @@ q is (B, Hq, Nq, D); k and v are (B, Hkv, Nk, D); out is (B, Hq, Nq, D) in q's d
 (B, Hq, Nq) float32, the natural-log logsumexp of the scaled, masked scores. `causal` is False
 or the alignment string "top_left" / "bottom_right" (truthy, so a kernel with one alignment may
 treat it as a bool). Implementations declaring `out_buffer` also accept `out=` and `lse=` tensors
-to write into. `Implementation.__call__` is the one place the contract's calling convention is
-spoken: it translates a case into that call and checks the answer's shape and dtype.
+to write into; those declaring `window` / `softcap` get `window=(left, right)` / `softcap=float`
+(AttentionCase's definitions), the explicit backward too. `Implementation.__call__` is the one
+place the contract's calling convention is spoken: it translates a case into that call and checks
+the answer's shape and dtype.
 
 Gradients (`Capabilities.backward=True`: "judge my gradients") come one of two ways:
 
@@ -79,6 +81,10 @@ class Implementation:
         """Call fn the contract's way and return (out, lse or None), checking shapes and dtypes."""
         kwargs = dict(causal=False if case.causal == "none" else case.causal,
                       scale=case.softmax_scale)
+        if self.caps.window:
+            kwargs["window"] = case.window
+        if self.caps.softcap:
+            kwargs["softcap"] = case.softcap
         forward_config = self.caps.pass_config(case, backward=False)
         if forward_config:
             kwargs["config"] = forward_config
@@ -113,6 +119,10 @@ class Implementation:
                 out, lse = self(q, k, v, case)
             kwargs = dict(causal=False if case.causal == "none" else case.causal,
                           scale=case.softmax_scale)
+            if self.caps.window:
+                kwargs["window"] = case.window
+            if self.caps.softcap:
+                kwargs["softcap"] = case.softcap
             backward_config = self.caps.pass_config(case, backward=True)
             if backward_config:
                 kwargs["config"] = backward_config

@@ -3,7 +3,8 @@
 Both take the materialised (already rounded) q, k, v and dO. The oracle is the float64 forward
 oracle (`oracle.oracle`) differentiated by hand: with P = exp(scale q k^T - lse) (0 where masked
 and on rows with no visible key), dV = P^T dO, dS = P (dO V^T - rowsum(dO * O)), dQ = scale dS K,
-dK = scale dS^T Q, each of dK and dV summed over its GQA group. (Autograd of the forward oracle
+dK = scale dS^T Q, each of dK and dV summed over its GQA group; under a softcap c, dS is also
+multiplied by the cap's slope 1 - tanh^2(scale q k^T / c). (Autograd of the forward oracle
 gives the same values to float64 rounding; by hand, P and dO V^T serve the term magnitudes the
 gradient rule needs too, and no graph is built. tests/test_gradients.py checks it against a
 textbook autograd.) It shares no code with any implementation.
@@ -42,7 +43,7 @@ class GradReference:
 
 
 def _mask(case: AttentionCase, device) -> torch.Tensor:
-    mask = visible_keys(case.seq_q, case.seq_k, case.causal, device)
+    mask = visible_keys(case.seq_q, case.seq_k, case.causal, device, case.window)
     if mask is None:
         mask = torch.ones(case.seq_q, case.seq_k, dtype=torch.bool, device=device)
     return mask
@@ -58,14 +59,21 @@ def _expand(t: torch.Tensor, heads: int) -> torch.Tensor:
     return t.repeat_interleave(heads // t.shape[1], dim=1) if t.shape[1] != heads else t
 
 
-def _probabilities(q, k, case: AttentionCase, lse: torch.Tensor, mask) -> torch.Tensor:
-    """P = exp(scale q k^T - lse), masked, in q's (compute) dtype; 0 on rows with no key."""
+def _probabilities(q, k, case: AttentionCase, lse: torch.Tensor, mask):
+    """(P, slope): P = exp(S - lse), masked, in q's (compute) dtype, 0 on rows with no key, where
+    S = scale q k^T, softcapped as the forward does; slope = dS / d(scale q k^T), the softcap's
+    1 - tanh^2 (None without a softcap: 1 everywhere)."""
     # In place on this function's own temporaries (as oracle._attend: fresh float64 pages on the
     # host cost as much as the arithmetic); the same operations, the same bits.
     s = (q @ _expand(k, case.heads).transpose(-1, -2)).mul_(case.softmax_scale)
+    slope = None
+    if case.softcap:
+        t = s.div_(case.softcap).tanh_()
+        slope = 1.0 - t * t
+        s = t.mul_(case.softcap)
     s.masked_fill_(~mask, float("-inf"))
     lse = lse.nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)     # not in place: the caller's lse
-    return s.sub_(lse[..., None]).exp_()
+    return s.sub_(lse[..., None]).exp_(), slope
 
 
 @dataclasses.dataclass
@@ -124,11 +132,13 @@ def oracle_gradients(q, k, v, dout, case: AttentionCase, *, deferred: bool = Fal
         ref = forward or _attend(q64, k64, v64, case, torch.float64, None, deferred=deferred,
                                  out_magnitude=False)
         mask = _mask(case, q.device)
-        p = _probabilities(q64, k64, case, ref.lse, mask)
+        p, slope = _probabilities(q64, k64, case, ref.lse, mask)
         ke, ve = _expand(k64, case.heads), _expand(v64, case.heads)
         dp = dout64 @ ve.transpose(-1, -2)
         delta = (dout64 * ref.out).sum(dim=-1, keepdim=True)
         ds = (dp - delta).mul_(p)
+        if slope is not None:          # through the softcap: d(c tanh(x/c))/dx
+            ds.mul_(slope)
         scale = case.softmax_scale
         grads = {"dq": (ds @ ke).mul_(scale),
                  "dk": _group_sum((ds.transpose(-1, -2) @ q64).mul_(scale), case.kv_heads),
@@ -153,9 +163,11 @@ def same_precision_gradients(q, k, v, dout, case: AttentionCase, fp32_matmul: st
     qf, kf, vf, do = (operand(t.to(torch.float32)) for t in (q, k, v, dout))
     ke, ve = _expand(kf, case.heads), _expand(vf, case.heads)
     mask = _mask(case, q.device)
-    p = _probabilities(qf, kf, case, fwd.lse, mask)
+    p, slope = _probabilities(qf, kf, case, fwd.lse, mask)
     delta = (dout.to(torch.float32) * fwd.out.to(torch.float32)).sum(dim=-1, keepdim=True)
     ds = p * (do @ ve.transpose(-1, -2) - delta)
+    if slope is not None:
+        ds = ds * slope
     scale = case.softmax_scale
     grads = {"dq": (scale * (rounded(ds) @ ke)).to(in_dtype),
              "dk": _group_sum(scale * (rounded(ds).transpose(-1, -2) @ qf), case.kv_heads).to(in_dtype),

@@ -1,9 +1,10 @@
 """Reference attention: the float64 oracle and the same-precision reference the tolerance uses.
 
-Both compute softmax(scale * q k^T, masked) v on the *materialised* (already rounded) inputs, so
-the oracle's only error is float64 rounding. Rows with no visible key (bottom-right alignment
-with Nq > Nk, or Nk == 0) are defined as out = 0 and lse = -inf: the limit of an empty sum, and
-what FlashAttention returns. SDPA's own behaviour for such rows is documented in kernels/sdpa.py.
+Both compute softmax(scale * q k^T, softcapped, masked) v on the *materialised* (already
+rounded) inputs, so the oracle's only error is float64 rounding. Rows with no visible key
+(bottom-right alignment with Nq > Nk, a window past the keys, or Nk == 0) are defined as out = 0
+and lse = -inf: the limit of an empty sum, and what FlashAttention returns. SDPA's own behaviour
+for such rows is documented in kernels/sdpa.py.
 """
 from __future__ import annotations
 
@@ -16,16 +17,29 @@ from fuzzattn.contract.case import AttentionCase
 from fuzzattn.contract.dtypes import reads_tf32
 
 
-def visible_keys(seq_q: int, seq_k: int, causal: str, device=None) -> torch.Tensor | None:
+def visible_keys(seq_q: int, seq_k: int, causal: str, device=None,
+                 window: tuple[int, int] = (-1, -1)) -> torch.Tensor | None:
     """(Nq, Nk) bool mask of the keys each query may see, or None when all are visible.
 
     top_left     (SDPA's is_causal):         key j visible to query i iff j <= i
     bottom_right (FlashAttention >= 2.1):    key j visible to query i iff j <= i + Nk - Nq
+    window (left, right), always bottom-right aligned, -1 unbounded, and-ed with the above:
+                                             i + Nk - Nq - left <= j <= i + Nk - Nq + right
     """
-    if causal == "none":
+    left, right = window
+    if causal == "none" and left < 0 and right < 0:
         return None
-    offset = 0 if causal == "top_left" else seq_k - seq_q
-    return torch.ones(seq_q, seq_k, dtype=torch.bool, device=device).tril(diagonal=offset)
+    i = torch.arange(seq_q, device=device)[:, None]
+    j = torch.arange(seq_k, device=device)[None, :]
+    seen = torch.ones(seq_q, seq_k, dtype=torch.bool, device=device)
+    if causal != "none":
+        seen &= j <= i + (0 if causal == "top_left" else seq_k - seq_q)
+    diagonal = i + (seq_k - seq_q)
+    if left >= 0:
+        seen &= j >= diagonal - left
+    if right >= 0:
+        seen &= j <= diagonal + right
+    return seen
 
 
 def _expand_kv(t: torch.Tensor, heads: int) -> torch.Tensor:
@@ -68,32 +82,54 @@ class Visibility:
     some_empty: bool              # whether `empty` has a True entry, known from the lengths
 
 
-def some_row_empty(seq_q: int, seq_k: int, causal: str) -> bool:
+def some_row_empty(seq_q: int, seq_k: int, causal: str,
+                   window: tuple[int, int] = (-1, -1)) -> bool:
     """Whether any query row sees no key, from the lengths alone: every row when Nk = 0; with
     bottom-right alignment the first Nq - Nk rows (key j is visible to query i iff
     j <= i + Nk - Nq, so row 0 sees key 0 exactly when Nk >= Nq); never otherwise (top-left row i
-    sees key 0). So a check need not read the empty-row mask back to know whether to look."""
+    sees key 0). So a check need not read the empty-row mask back to know whether to look.
+    A window keeps row i the keys [i + s - left, i + s + right] (s = Nk - Nq) within [0, Nk) and
+    the causal bound: some row is empty when the first or last row's interval is (the bounds
+    move by one per row, so an interval empty in the middle is empty at an end too)."""
     if seq_q == 0:
         return False
-    return seq_k == 0 or (causal == "bottom_right" and seq_q > seq_k)
+    if seq_k == 0:
+        return True
+    left, right = window
+    shift = seq_k - seq_q
+    causal_shift = {"none": None, "top_left": 0, "bottom_right": shift}[causal]
+    for i in (0, seq_q - 1):
+        low = 0 if left < 0 else max(0, i + shift - left)
+        high = seq_k - 1
+        if right >= 0:
+            high = min(high, i + shift + right)
+        if causal_shift is not None:
+            high = min(high, i + causal_shift)
+        if low > high:
+            return True
+    return False
 
 
 def visibility(case: AttentionCase, device) -> Visibility:
-    """`case`'s hidden keys and empty rows on `device`: the complement of visible_keys, built
-    as such (key j is hidden from query i iff j > i + offset: the upper triangle above that
-    diagonal, two operations fewer than negating the mask and its rows' any), with Nk = 0 as
-    every row empty."""
+    """`case`'s hidden keys and empty rows on `device`: the complement of visible_keys, with
+    Nk = 0 as every row empty."""
     seq_q, seq_k = case.seq_q, case.seq_k
-    if case.causal == "none" and seq_k > 0:
+    if case.causal == "none" and not case.windowed and seq_k > 0:
         # Every key visible: nothing to mask, and no row is empty; the masking in _attend is
         # skipped rather than done with an all-False mask (the same values, seven operations
         # fewer).
         return Visibility(None, torch.zeros(seq_q, dtype=torch.bool, device=device), False)
-    hidden = torch.ones(seq_q, seq_k, dtype=torch.bool, device=device)
-    if case.causal != "none":
-        offset = 0 if case.causal == "top_left" else seq_k - seq_q
-        hidden = hidden.triu(diagonal=offset + 1)
-    return Visibility(hidden, hidden.all(dim=-1), some_row_empty(seq_q, seq_k, case.causal))
+    if not case.windowed:
+        # Key j is hidden from query i iff j > i + offset: the upper triangle above that
+        # diagonal, built as such (two operations fewer than negating the mask and its rows' any).
+        hidden = torch.ones(seq_q, seq_k, dtype=torch.bool, device=device)
+        if case.causal != "none":
+            offset = 0 if case.causal == "top_left" else seq_k - seq_q
+            hidden = hidden.triu(diagonal=offset + 1)
+    else:
+        hidden = ~visible_keys(seq_q, seq_k, case.causal, device, case.window)
+    return Visibility(hidden, hidden.all(dim=-1),
+                      some_row_empty(seq_q, seq_k, case.causal, case.window))
 
 
 def _attend(q, k, v, case: AttentionCase, compute: torch.dtype, p_dtype: torch.dtype | None,
@@ -107,6 +143,9 @@ def _attend(q, k, v, case: AttentionCase, compute: torch.dtype, p_dtype: torch.d
     # needed): on the host each new float64 tensor of a larger case is fresh pages to fault in,
     # which cost as much as the arithmetic. The same operations, so the same bits.
     scores = (q @ k.transpose(-1, -2)).mul_(case.softmax_scale)
+    if case.softcap:
+        # Capped before the mask, so a hidden key stays -inf whatever the cap.
+        scores = scores.div_(case.softcap).tanh_().mul_(case.softcap)
     seen = seen or visibility(case, q.device)
     hidden, empty = seen.hidden, seen.empty
     if hidden is not None:

@@ -55,7 +55,9 @@ def _row_noise(impl, q, k, v, out, dout, case: AttentionCase) -> dict[str, torch
     qf, kf = q.to(torch.float32), k.to(torch.float32)
     ke = kf.repeat_interleave(case.group_size, dim=1) if case.group_size > 1 else kf
     s = (qf @ ke.transpose(-1, -2)) * case.softmax_scale
-    mask = visible_keys(case.seq_q, case.seq_k, case.causal, q.device)
+    if case.softcap:
+        s = case.softcap * torch.tanh(s / case.softcap)
+    mask = visible_keys(case.seq_q, case.seq_k, case.causal, q.device, case.window)
     magnitude = qf.abs() @ ke.abs().transpose(-1, -2)
     if mask is not None:
         s = s.masked_fill(~mask, float("-inf"))

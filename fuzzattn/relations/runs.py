@@ -49,7 +49,7 @@ def run_once(impl: Implementation, q, k, v, case: AttentionCase, which: str):
 
 def rows_with_keys(case: AttentionCase, device) -> torch.Tensor:
     """(Nq,) bool: rows that see at least one key (the others are out 0, lse -inf)."""
-    mask = visible_keys(case.seq_q, case.seq_k, case.causal, device)
+    mask = visible_keys(case.seq_q, case.seq_k, case.causal, device, case.window)
     if mask is None:
         return torch.full((case.seq_q,), case.seq_k > 0, dtype=torch.bool, device=device)
     return mask.any(dim=-1)
@@ -101,12 +101,21 @@ def all_rows(out: torch.Tensor) -> torch.Tensor:
     return torch.ones(out.shape[:3], dtype=torch.bool, device=out.device)
 
 
+# The identities a variant breaks: permuting keys moves them across a window's edges, and a
+# softcap's tanh does not commute with adding a constant to a row's scores. The others hold
+# (the rows they check come from the case's full mask, window included).
+BROKEN_BY = {"window": ("key_permutation", "grad_key_permutation"), "softcap": ("score_shift",)}
+
+
 def as_relation(name: str):
     """A relation body made a relation: RunFailed is a failed verdict; None (does not apply)
-    for a case outside the declaration or a known upstream defect's, and after a refusal."""
+    for a case outside the declaration or a known upstream defect's, for one using a variant
+    that breaks it (BROKEN_BY), and after a refusal."""
     def wrap(body: Callable) -> Callable:
         def relation(impl: Implementation, case: AttentionCase, device=None) -> Verdict | None:
             device = device or default_device()
+            if any(name in BROKEN_BY[variant] for variant in case.variants):
+                return None
             if skip_reason(impl, case) is not None or covering(
                     impl.caps.known_defects, case, device, gradients=name.startswith("grad_")):
                 return None

@@ -108,6 +108,23 @@ TILED_BUGS = (
     ("mutant_decode_ignores_causal",
      "decode (Nq = 1) skips the causal mask: with top-left alignment the one query sees every key",
      [("if causal != \"none\":", "if causal != \"none\" and seq_q != 1:")]),
+    # Variant bugs: each shows only on cases with a window or a softcap.
+    ("mutant_window_edge_off_by_one",
+     "window's left edge exclusive: query i loses key i + Nk - Nq - left, the window's first",
+     [("(cols >= rows[:, None] + diagonal - left)", "(cols > rows[:, None] + diagonal - left)")]),
+    ("mutant_window_top_left",
+     "window aligned top-left (diagonal j = i) instead of bottom-right (j = i + Nk - Nq)",
+     [("    diagonal = seq_k - seq_q\n", "    diagonal = 0\n")]),
+    ("mutant_softcap_after_mask",
+     "softcap applied after the mask: hidden keys score -softcap, not -inf, and get weight",
+     [("            if softcap:\n                s = softcap * torch.tanh(s / softcap)"
+       "       # before the mask: hidden stays -inf\n", ""),
+      ("            m_new = torch.maximum(m_i, s.amax(dim=-1))\n",
+       "            if softcap:\n                s = softcap * torch.tanh(s / softcap)\n"
+       "            m_new = torch.maximum(m_i, s.amax(dim=-1))\n")]),
+    ("mutant_softcap_unscaled",
+     "softcap's tanh applied to the unscaled q.k: softcap * tanh(q.k / softcap)",
+     [("s = softcap * torch.tanh(s / softcap)", "s = softcap * torch.tanh(s / scale / softcap)")]),
     ("mutant_chunk_wrong_alignment",
      "chunks (1 < Nq < Nk) aligned to the wrong end of the keys: top-left and bottom-right swapped",
      [("offset = seq_k - seq_q if causal == \"bottom_right\" else 0",
