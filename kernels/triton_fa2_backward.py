@@ -332,7 +332,7 @@ def _resolve_config(config, head_dim: int, element_size: int) -> dict:
     if not is_interpreted():
         why = config_invalid(resolved, head_dim, element_size=element_size)
         if why is not None:
-            refuse("config", config, f"a config that fits an H200: {why}")
+            refuse("config", config, f"a config that fits an sm_90 (Hopper) block: {why}")
     return resolved
 
 

@@ -185,7 +185,7 @@ def backward_config_invalid(config: dict, head_dim: int, *, element_size: int = 
     if need > SMEM_LIMIT_BYTES:
         return (f"needs ~{need // 1024} KiB shared memory (BLOCK_M={m}, BLOCK_N={n}, "
                 f"BLOCK_D={padded}, num_stages={stages}, {element_size}-byte elements); "
-                f"an H200 block gets at most {SMEM_LIMIT_BYTES // 1024} KiB")
+                f"an sm_90 (Hopper) block gets at most {SMEM_LIMIT_BYTES // 1024} KiB")
     return None
 
 
