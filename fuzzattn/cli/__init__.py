@@ -128,13 +128,19 @@ def internal_error(exc: BaseException, argv=None) -> int:
     return INTERNAL_ERROR_STATUS
 
 
-def main(argv=None) -> int:
+def guarded(run, argv) -> int:
+    """run(argv), an unexpected exception of fuzzattn's own one line and INTERNAL_ERROR_STATUS
+    (FUZZATTN_DEBUG=1: the traceback), in the command's process as in its watched child."""
     try:
-        return _main(argv)
+        return run(argv)
     except Exception as exc:
         if os.environ.get("FUZZATTN_DEBUG"):
             raise
         return internal_error(exc, argv)
+
+
+def main(argv=None) -> int:
+    return guarded(_main, argv)
 
 
 def _main(argv) -> int:

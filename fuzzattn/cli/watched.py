@@ -44,14 +44,8 @@ SHRINK_SECONDS = 120.0      # the most an isolated shrink of a found crash may t
 def console_main(argv=None) -> int:
     """The `fuzzattn` command; an internal error, here as in the child, is one line and status
     70 (fuzzattn.cli.internal_error), never a traceback with status 1, a finding's."""
-    from fuzzattn.cli import internal_error
-    argv = list(sys.argv[1:] if argv is None else argv)
-    try:
-        return _console_main(argv)
-    except Exception as exc:
-        if os.environ.get("FUZZATTN_DEBUG"):
-            raise
-        return internal_error(exc, argv)
+    from fuzzattn.cli import guarded
+    return guarded(_console_main, list(sys.argv[1:] if argv is None else argv))
 
 
 def _console_main(argv: list[str]) -> int:
