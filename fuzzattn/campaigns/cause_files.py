@@ -30,7 +30,7 @@ def rewrite(path: Path, record: regression_file.RegressionFile) -> None:
         raise
 
 
-def _age(path: Path) -> tuple:
+def age(path: Path) -> tuple:
     try:
         return path.stat().st_mtime_ns, path.name
     except OSError:
@@ -41,7 +41,7 @@ def same_cause(directory: Path, impl: str, cause: str) -> list[Path]:
     """The files of `directory` recording `cause` for `impl`, oldest first."""
     found = [path for path, record in regression_file.loadable(directory)
              if record.impl == impl and record.cause == cause]
-    return sorted(found, key=_age)
+    return sorted(found, key=age)
 
 
 def settle(counterexample, cause: str, *, duplicate_of=None) -> None:

@@ -174,10 +174,6 @@ def one_change_variants(case: AttentionCase, caps: Capabilities) -> list[tuple[s
     return [(name, value, variants) for name, (value, variants) in _off_plain(case, caps).items()]
 
 
-def _judgeable(variants: list, caps: Capabilities) -> list:
-    return [v for v in variants if caps.why_not(v) is None]
-
-
 def needed_factors(judged, caps: Capabilities, judge, owned=None) -> dict[str, str]:
     """The trigger of a failing judgement's case: each predicate undone alone, the case judged
     again (`judge(case, gradients=...) -> JudgedCase`); kept when no variant fails with the same
@@ -193,7 +189,7 @@ def needed_factors(judged, caps: Capabilities, judge, owned=None) -> dict[str, s
     undone = []                        # the variants of the relations found needed so far
     for name, (value, variants) in _off_plain(judged.case, caps).items():
         if value == PREDICATE and name.startswith("layout["):
-            variants = _judgeable(variants, caps)
+            variants = [v for v in variants if caps.why_not(v) is None]   # judgeable
             if not variants or all(v in undone for v in variants):
                 continue               # nothing to judge, or the same cure as a relation kept
         if not any(reproduces(variant, caps, judge, key, keys) for variant in variants):
@@ -273,10 +269,7 @@ class Defect:
         return self.counterexample.judged
 
     def needs(self) -> str:
-        """'causal=bottom_right layout[k]≠layout[v]', or 'nothing special' for a case the
-        shrinker made simplest everywhere."""
-        return " ".join(k if v == PREDICATE else f"{k}={v}"
-                        for k, v in self.factors.items()) or "nothing special"
+        return trigger_text(self.factors)
 
     def showed(self, judged) -> None:
         """Count the symptom of a case tallied to this cause."""
@@ -300,9 +293,13 @@ def cause_of(trigger: dict[str, str], check: str, caps: Capabilities) -> str:
     """'needs layout[k]≠layout[v]' or, with nothing needed, 'fails plainly: nonfinite'."""
     if not trigger:
         return f"fails plainly: {check}"
-    classes = _classes(trigger, caps)
-    return "needs " + " ".join(k if v == PREDICATE else f"{k}={v}"
-                               for k, v in sorted(classes.items()))
+    return "needs " + trigger_text(dict(sorted(_classes(trigger, caps).items())))
+
+
+def trigger_text(trigger: dict[str, str]) -> str:
+    """'causal=bottom_right layout[k]≠layout[v]', or 'nothing special' for an empty trigger."""
+    return " ".join(k if v == PREDICATE else f"{k}={v}" for k, v in trigger.items()) \
+        or "nothing special"
 
 
 class DefectBook:

@@ -124,7 +124,7 @@ def finish_shrinks(book: DefectBook, judge, save_to_file: bool, regressions_dir,
     shrink holding to its cause (campaigns/cause_shrink.py), the causes sharing `seconds` (None:
     each bounded by judged cases alone). A smaller case found replaces the defect's file."""
     unfinished = [d for d in book.defects if not d.shrunk or d.shrink_note]
-    for i, defect in enumerate(unfinished):
+    for defect in unfinished:
         drawn = defect.judged.case
         gradients = defect.check_key.startswith("grad_")
         share = None if seconds is None else seconds / len(unfinished)

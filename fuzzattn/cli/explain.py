@@ -257,7 +257,7 @@ def run(args) -> int:
 def needs(impl, rows: list[Variant]) -> str:
     """The trigger a campaign would report for the recorded case (campaigns/defects.py), from
     the rows' judgements where they judged the same case."""
-    from fuzzattn.campaigns.defects import Defect, needed_factors
+    from fuzzattn.campaigns.defects import needed_factors, trigger_text
     from fuzzattn.judging.judge import judge
     judged = {r.case: r.judged for r in rows if r.judged is not None and r.impl is impl}
 
@@ -265,4 +265,4 @@ def needs(impl, rows: list[Variant]) -> str:
         return judged.get(case) or judge(impl, case, gradients=gradients)
 
     trigger = needed_factors(rows[0].judged, impl.caps, judge_again)
-    return Defect(None, "", frozenset(), trigger).needs()
+    return trigger_text(trigger)

@@ -41,11 +41,6 @@ class Cause:
     files: list[Path]           # oldest first: the first is kept
 
 
-def _age(path: Path) -> tuple:
-    stat = path.stat()
-    return stat.st_mtime_ns, path.name
-
-
 def _implementation(record, given: dict, cache: dict):
     """The implementation a file records (None: not among the --impl ones)."""
     if given:
@@ -58,6 +53,7 @@ def _implementation(record, given: dict, cache: dict):
 
 def triage(paths: list[Path], given: dict) -> tuple[list[Cause], list[tuple[Path, str]]]:
     """(causes, set apart): every file's cause, and the files not grouped with why."""
+    from fuzzattn.campaigns import cause_files
     from fuzzattn.campaigns.campaign import judge_once
     from fuzzattn.campaigns.defects import DefectBook
     from fuzzattn.campaigns.found import Counterexample
@@ -67,7 +63,7 @@ def triage(paths: list[Path], given: dict) -> tuple[list[Cause], list[tuple[Path
     causes: dict[int, Cause] = {}
     apart: list[tuple[Path, str]] = []
     cache: dict = {}
-    for path in sorted(paths, key=_age):
+    for path in sorted(paths, key=cause_files.age):     # the oldest of a cause is kept
         try:
             record = load(path)
         except RegressionFileError as exc:
