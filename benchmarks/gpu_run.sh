@@ -25,13 +25,17 @@
 #               ratio to 1 worker for WORKERS (default 2,4,8,16,32,auto; WORKER_SECONDS each):
 #               what PER_GPU in fuzzattn/cli/workers.py should be
 #   gate        `fuzzattn gate` as a user runs it before a merge (its default budget on a GPU host)
+#   compiled    compile economy: the autotuned example and triton_fa2 fuzzed with default flags
+#               for COMPILED_SECONDS each (cases/s); sdpa bf16 against fp32 in one process
+#               (stage times, and the functions a bf16 case spends its time in)
 #   explain     `fuzzattn explain FILE --impl NAME` for each FILE:NAME in EXPLAIN (default: the
 #               flex strided-last-dim file), to narrow a CUDA-only defect's predicate
 set -uo pipefail
 OUT=${OUT:-gpu-out} CAMPAIGN_SECONDS=${CAMPAIGN_SECONDS:-300} PARTS=${PARTS:-12} ZOO=${ZOO:-16} ZOO_SECONDS=${ZOO_SECONDS:-60}
 FLEX_SECONDS=${FLEX_SECONDS:-60} SDPA_SECONDS=${SDPA_SECONDS:-120} WORKERS=${WORKERS:-2,4,8,16,32,auto} WORKER_SECONDS=${WORKER_SECONDS:-30}
 EXPLAIN=${EXPLAIN:-regressions/208e505db4d8.json:flex}
-STEPS=${*:-suite zoo campaign throughput speed watched flex defects sdpa workers gate}
+COMPILED_SECONDS=${COMPILED_SECONDS:-120}
+STEPS=${*:-suite zoo campaign throughput speed watched flex defects sdpa workers compiled gate}
 NGPU=$(nvidia-smi -L 2>/dev/null | grep -c "^GPU") || { echo "gpu_run.sh: no GPU visible"; exit 2; }
 mkdir -p "$OUT"
 step() { echo; echo "== $1 ($(date +%T))"; }
@@ -156,6 +160,28 @@ workers)
     step "worker scaling: sdpa fp32, $WORKER_SECONDS s per command"
     python3 benchmarks/throughput.py --cli-workers "$WORKERS" --seconds "$WORKER_SECONDS" --profile gpu \
         --impl sdpa --dtype float32 2>&1 | tee "$OUT/workers_scaling.txt" ;;
+compiled)
+    for spec in examples/autotuned_causal_attention.py:AUTOTUNED_CAUSAL triton_fa2; do
+        step "compiled: fuzz --impl $spec, default flags, $COMPILED_SECONDS s"
+        python3 -m fuzzattn.cli fuzz --impl "$spec" --seconds "$COMPILED_SECONDS" --database off \
+            --no-save >"$OUT/compiled_${spec##*:}.txt" 2>&1
+        echo "fuzz exit $?"
+        grep -E "^fuzzattn fuzz:|cases/s" "$OUT/compiled_${spec##*:}.txt"
+        awk '$2 ~ /^(float|bfloat)/ && $5 > 0 {n += $4; s = ($5 > s ? $5 : s); print}
+             END {if (s) printf "%d cases, %.1f cases/s\n", n, n / s}' "$OUT/compiled_${spec##*:}.txt"
+    done
+    for d in float32 bfloat16; do
+        step "sdpa $d, one process, 30 s: stage times and profile"
+        python3 benchmarks/gpu_campaign.py --impl sdpa --dtype "$d" --seconds 30 --gradient-every 4 \
+            --warm-up 5 --stage-times "$OUT/stages_$d.json" --out "$OUT/stages_$d" >/dev/null 2>&1
+        python3 -c "import json,sys; print(json.load(open(sys.argv[1])))" "$OUT/stages_$d.json"
+        FUZZATTN_SUPERVISE=off python3 -m cProfile -o "$OUT/sdpa_$d.prof" -m fuzzattn.cli fuzz --impl sdpa \
+            --dtype "$d" --workers 1 --seconds 30 --max-examples 1000000 --no-save --database off \
+            --profile gpu >"$OUT/sdpa_$d.txt" 2>&1
+        grep -E "^sdpa " "$OUT/sdpa_$d.txt"
+        python3 -c "import pstats,sys; pstats.Stats(sys.argv[1]).sort_stats('tottime').print_stats(25)" \
+            "$OUT/sdpa_$d.prof" | tail -n 40
+    done ;;
 gate)
     step "fuzzattn gate, as typed"
     rm -rf "$OUT/gate"; cp -r regressions "$OUT/gate"      # what it saves stays out of the tree
