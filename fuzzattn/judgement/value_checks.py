@@ -1,7 +1,7 @@
 """The value checks of one run against the references: rows with no visible key, the max rule for
 out and lse, out_rms, and the rows holding NaN or inf where the oracle is finite (named by
-re-running with clean memory). The rules themselves, and their constants: tolerance.py and
-error_statistics.py; where the checks compute: placement.py.
+re-running with clean memory). The rules themselves, and their constants: judging/tolerance.py
+and judging/error_statistics.py; where the checks compute: judging/placement.py.
 """
 from __future__ import annotations
 
