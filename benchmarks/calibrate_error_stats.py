@@ -1,7 +1,7 @@
 """Calibrate the error-statistics check (`out_rms`, fuzzattn/judging/error_statistics.py) on the CPU.
 
 Judges drawn cases (the ci profile's sizes and shape families, every dtype) on the real
-implementations with the full engine (`fuzzattn.judging.judge.judge`), the final rule included,
+implementations with the full engine (`fuzzattn.judgement.judge.judge`), the final rule included,
 and reports, per implementation and dtype:
 
 * cases judged and false positives of `out_rms` (a real kernel failing it; must be 0), with the
@@ -31,7 +31,7 @@ from hypothesis import HealthCheck, given, seed as hypothesis_seed, settings
 
 import fuzzattn  # noqa: F401  (selects the Triton backend before kernels import it)
 from fuzzattn.contract import profiles
-from fuzzattn.judging.judge import judge
+from fuzzattn.judgement.judge import judge
 from fuzzattn.run.registry import implementations, mutants
 from fuzzattn.strategies.cases import attention_cases
 

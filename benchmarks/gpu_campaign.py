@@ -307,7 +307,7 @@ def main(argv=None) -> int:
     import torch
     from fuzzattn import settings
     from fuzzattn.cli import common
-    from fuzzattn.judging.judge import default_device
+    from fuzzattn.judgement.judge import default_device
     from fuzzattn.platform.versions import versions
     from fuzzattn.platform import cuda_waits
     profile = settings.load_profile(args.profile)

@@ -46,7 +46,7 @@ def scan(job):
     impl_name, seed, count = job
     import torch
     import fuzzattn  # noqa: F401  (selects the Triton backend before kernels import it)
-    from fuzzattn.judging.judge import judge
+    from fuzzattn.judgement.judge import judge
     from fuzzattn.run.registry import implementations
     torch.set_num_threads(1)
     impl = implementations()[impl_name]

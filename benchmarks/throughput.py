@@ -48,7 +48,7 @@ from fuzzattn import settings as run_settings
 from fuzzattn.campaigns.campaign import forget_verdicts, fuzz
 from fuzzattn.contract.dtypes import DTYPES
 from fuzzattn.inputs.materialize import materialize
-from fuzzattn.judging.judge import default_device
+from fuzzattn.judgement.judge import default_device
 from fuzzattn.judging.oracle import _attend, oracle
 from fuzzattn.run import execute
 from fuzzattn.run.registry import implementations
@@ -58,15 +58,15 @@ from fuzzattn.strategies import attention_cases
 # stages count in their parents too (`judge` holds everything below it).
 STAGES = (
     ("fuzzattn.campaigns.verdicts", "judge", "judge"),
-    ("fuzzattn.judging.judge", "materialize", "materialise"),
+    ("fuzzattn.judgement.judge", "materialize", "materialise"),
     ("fuzzattn.run.runs", "launch", "runs: launch"),
     ("fuzzattn.run.runs", "deliver", "runs: read-back"),
-    ("fuzzattn.judging.judge", "oracle", "oracle"),
-    ("fuzzattn.judging.judge", "same_precision_reference", "same-precision reference"),
-    ("fuzzattn.judging.judge", "moved_together", "references moved"),
-    ("fuzzattn.judging.judge", "value_verdicts", "value checks"),
-    ("fuzzattn.judging.judge", "same_bits", "determinism compare"),
-    ("fuzzattn.judging.judge", "judge_gradients", "gradients"),
+    ("fuzzattn.judgement.judge", "oracle", "oracle"),
+    ("fuzzattn.judgement.judge", "same_precision_reference", "same-precision reference"),
+    ("fuzzattn.judgement.judge", "moved_together", "references moved"),
+    ("fuzzattn.judgement.judge", "value_verdicts", "value checks"),
+    ("fuzzattn.judgement.judge", "same_bits", "determinism compare"),
+    ("fuzzattn.judgement.judge", "judge_gradients", "gradients"),
     ("fuzzattn.gradients.judge", "run_backward", "gradients: runs"),
     ("fuzzattn.gradients.judge", "oracle_gradients", "gradients: oracle"),
     ("fuzzattn.gradients.judge", "same_precision_gradients", "gradients: reference"),

@@ -27,7 +27,7 @@ import fuzzattn  # noqa: F401  (selects the Triton backend first)
 from hypothesis import HealthCheck, given, seed, settings
 
 from fuzzattn import settings as run_settings
-from fuzzattn.judging.judge import judge
+from fuzzattn.judgement.judge import judge
 from fuzzattn.run.registry import implementations, mutants
 from fuzzattn.strategies import attention_cases
 

@@ -41,7 +41,7 @@ select_backend()
 from fuzzattn.contract import (AttentionCase, Capabilities, Implementation, KnownDefect,
                                UnsupportedCaseError, refuse)
 from fuzzattn.campaigns.campaign import Counterexample, check_case
-from fuzzattn.judging.judge import JudgedCase, judge
+from fuzzattn.judgement.judge import JudgedCase, judge
 from fuzzattn.judging.verdict import Verdict
 from fuzzattn.strategies import attention_cases
 from fuzzattn.campaigns import hypothesis_internals

@@ -83,7 +83,7 @@ class ProbeResult:
 
 
 def _probe_device() -> str:
-    """The device the judge runs on (fuzzattn.judging.judge.default_device, not imported: it loads
+    """The device the judge runs on (fuzzattn.judgement.judge.default_device, not imported: it loads
     the oracle, which implementation code must not)."""
     return "cuda" if torch.cuda.is_available() else "cpu"
 

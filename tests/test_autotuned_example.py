@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from fuzzattn import AttentionCase
-from fuzzattn.judging.judge import judge
+from fuzzattn.judgement.judge import judge
 from fuzzattn.run.loader import load_implementation
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "autotuned_causal_attention.py"

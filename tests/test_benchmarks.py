@@ -20,7 +20,7 @@ import torch
 from fuzzattn.campaigns.regression_file import ExpectedFailure, RegressionFile, write
 from fuzzattn.cli import _profile_restored
 from fuzzattn.contract.case import AttentionCase
-from fuzzattn.judging.judge import default_device
+from fuzzattn.judgement.judge import default_device
 from fuzzattn.settings import device_description
 
 ROOT = Path(__file__).resolve().parent.parent

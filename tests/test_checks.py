@@ -16,7 +16,7 @@ from fuzzattn.run.registry import implementations
 from fuzzattn.kernels.sdpa import sdpa_forward
 from fuzzattn.platform import flight
 
-judge_module = importlib.import_module("fuzzattn.judging.judge")   # the package re-exports judge()
+judge_module = importlib.import_module("fuzzattn.judgement.judge")   # the package re-exports judge()
 runs_module = importlib.import_module("fuzzattn.run.runs")
 
 ANY = Capabilities(dtypes={"float32", "bfloat16", "float16"}, head_dims=None,

@@ -15,7 +15,7 @@ from hypothesis import given, seed, settings, strategies as st
 from fuzzattn import settings as run_settings
 from fuzzattn.campaigns.campaign import check_case
 from fuzzattn.contract.case import DTYPES
-from fuzzattn.judging.judge import skip_reason
+from fuzzattn.judgement.judge import skip_reason
 from fuzzattn.strategies import attention_cases
 from fuzzattn.campaigns.compile_palette import campaign_palette
 

@@ -10,7 +10,7 @@ from hypothesis import given, settings, strategies as st
 from fuzzattn import AttentionCase
 from fuzzattn.contract.dtypes import unit_roundoff
 from fuzzattn.judging.error_statistics import out_rms_bound
-from fuzzattn.judging.judge import judge
+from fuzzattn.judgement.judge import judge
 from fuzzattn.run.registry import implementations, mutants
 from fuzzattn.judging.tolerance import (EPS_ULPS, K_OUT, K_RMS, all_finite, out_bound,
                                        out_noise)

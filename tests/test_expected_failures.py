@@ -22,7 +22,7 @@ from fuzzattn.contract.case import AttentionCase
 from fuzzattn.contract.known_defects import covering
 from fuzzattn.contract.profiles import PROFILES
 from fuzzattn.inputs.materialize import inputs_sha256, materialize
-from fuzzattn.judging.judge import default_device
+from fuzzattn.judgement.judge import default_device
 from fuzzattn.run.loader import load_implementation
 from fuzzattn.relations.forward import RELATIONS
 from fuzzattn.run.registry import implementations

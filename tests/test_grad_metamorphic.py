@@ -16,7 +16,7 @@ from hypothesis import assume, given, settings
 from fuzzattn import AttentionCase, Capabilities, Implementation
 from fuzzattn.contract import profiles
 from fuzzattn.relations.backward import GRAD_RELATIONS, check_grad_relations
-from fuzzattn.judging.judge import default_device
+from fuzzattn.judgement.judge import default_device
 from fuzzattn.run.registry import implementations
 from fuzzattn.triton_interpreter.backend import is_interpreted
 from fuzzattn.kernels.sdpa import sdpa_forward

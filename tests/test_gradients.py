@@ -24,7 +24,7 @@ from fuzzattn.gradients import runs as gradient_runs
 from fuzzattn.gradients.oracle import oracle_gradients, same_precision_gradients
 from fuzzattn.judging.oracle import oracle, same_precision_reference
 from fuzzattn.inputs.materialize import as_bits, inputs_sha256, materialize, materialize_dout
-from fuzzattn.judging.judge import judge, skip_reason
+from fuzzattn.judgement.judge import judge, skip_reason
 from fuzzattn.inputs.nan_fill import prime_allocator
 from fuzzattn.triton_interpreter.backend import is_interpreted
 from fuzzattn.settings import implementations as all_implementations

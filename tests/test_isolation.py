@@ -112,7 +112,7 @@ def test_a_context_left_faulted_pins_the_fault_on_the_case_that_left_it(worker):
     supervisor makes of such a report: the case's crash becomes its device_fault, or a
     device_fault is added to a case that otherwise passed; the worker is replaced either way."""
     from fuzzattn.isolation.worker import context_fault
-    from fuzzattn.judging.judge import JudgedCase
+    from fuzzattn.judgement.judge import JudgedCase
     from fuzzattn.judging.verdict import Verdict
     assert context_fault("cpu") is None
     isolated = worker("CORRECT")

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from fuzzattn import AttentionCase
-from fuzzattn.judging import judge as judge_module
-from fuzzattn.judging import value_checks
+from fuzzattn.judgement import judge as judge_module
+from fuzzattn.judgement import value_checks
 from fuzzattn.gradients.oracle import oracle_gradients
 from fuzzattn.inputs.materialize import materialize, materialize_dout
 from fuzzattn.judging.placement import (CHECK_ENV, ENV, HOST_CHECK_ELEMENTS, HOST_JUDGE_MACS,

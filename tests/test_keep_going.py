@@ -9,7 +9,7 @@ from fuzzattn import AttentionCase, cli
 from fuzzattn.campaigns.campaign import fuzz
 from fuzzattn.campaigns.defects import DefectBook, check_key, factors
 from fuzzattn.campaigns.found import Counterexample
-from fuzzattn.judging.judge import JudgedCase
+from fuzzattn.judgement.judge import JudgedCase
 from fuzzattn.judging.verdict import Verdict
 from fuzzattn.run.loader import load_implementation
 from fuzzattn.strategies.cases import attention_cases

@@ -11,7 +11,7 @@ import torch
 from fuzzattn.contract import AttentionCase, KnownDefect
 from fuzzattn.campaigns.campaign import fuzz, judge_once
 from fuzzattn.contract.known_defects import KNOWN_PREFIX
-from fuzzattn.judging.judge import default_device, judge
+from fuzzattn.judgement.judge import default_device, judge
 from fuzzattn.kernels import sdpa
 from fuzzattn.strategies.cases import attention_cases
 

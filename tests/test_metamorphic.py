@@ -18,7 +18,7 @@ from fuzzattn.contract import profiles
 from fuzzattn.contract.case import AttentionCase
 from fuzzattn.contract import Capabilities, Implementation
 from fuzzattn.triton_interpreter.backend import is_interpreted
-from fuzzattn.judging.judge import default_device, skip_reason
+from fuzzattn.judgement.judge import default_device, skip_reason
 from fuzzattn.relations.forward import RELATIONS, check_relations
 from fuzzattn.run.registry import implementations
 from fuzzattn.strategies import attention_cases

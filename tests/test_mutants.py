@@ -14,7 +14,7 @@ import pytest
 from fuzzattn import AttentionCase, Implementation
 from fuzzattn.contract import profiles
 from fuzzattn.campaigns.campaign import fuzz
-from fuzzattn.judging.judge import judge
+from fuzzattn.judgement.judge import judge
 from fuzzattn.run.registry import implementations, mutants
 from fuzzattn.kernels.mutants import MUTANTS
 from fuzzattn.kernels.mutants.edit import EditError, apply_edits
@@ -173,7 +173,7 @@ def test_a_kill_is_reported_by_the_check_furthest_past_its_bound():
     passing: the table names out_rms, and a check without a bound (non-finite values) before
     either."""
     from fuzzattn.cli.mutants import catching, margin
-    from fuzzattn.judging.judge import JudgedCase
+    from fuzzattn.judgement.judge import JudgedCase
     from fuzzattn.judging.verdict import Verdict
 
     def verdict(check, error=None, allowed=None):

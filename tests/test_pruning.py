@@ -13,7 +13,7 @@ from triton.runtime.errors import OutOfResources, PTXASError
 from fuzzattn import AttentionCase, cli
 from fuzzattn.campaigns.campaign import fuzz
 from fuzzattn.campaigns.pruned import pruned_lines
-from fuzzattn.judging.judge import default_device, judge
+from fuzzattn.judgement.judge import default_device, judge
 from fuzzattn.inputs.materialize import materialize
 from fuzzattn.run import execute, pruning
 from fuzzattn.strategies.cases import attention_cases

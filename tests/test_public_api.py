@@ -150,7 +150,7 @@ PASSED_OVER = textwrap.dedent('''
     import torch
     from hypothesis import given, settings
     from fuzzattn import Capabilities, Implementation, KnownDefect, attention_cases, check_case
-    from fuzzattn.judging.judge import default_device
+    from fuzzattn.judgement.judge import default_device
 
     def attention(q, k, v, *, causal, scale):
         # Fresh memory: on CUDA, SDPA's flash kernel faults with "misaligned address" on the

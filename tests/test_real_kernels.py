@@ -15,7 +15,7 @@ from fuzzattn.campaigns.regression_file import load
 from fuzzattn.campaigns.replay import replay_one
 from fuzzattn.contract import profiles
 from fuzzattn.run.execute import LOG_DIR
-from fuzzattn.judging.judge import judge
+from fuzzattn.judgement.judge import judge
 from fuzzattn.kernels.sdpa import sdpa_forward
 from fuzzattn.strategies import attention_cases, undeclared_cases
 

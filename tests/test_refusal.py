@@ -3,7 +3,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from fuzzattn import AttentionCase, Capabilities, Implementation
-from fuzzattn.judging.judge import check_refusal, refusal_not_applicable
+from fuzzattn.judgement.judge import check_refusal, refusal_not_applicable
 from fuzzattn.settings import implementations as all_implementations
 from fuzzattn.kernels.sdpa import sdpa_forward
 from fuzzattn.strategies import undeclared_cases

@@ -17,7 +17,7 @@ from fuzzattn.contract.dtypes import DTYPES
 from fuzzattn.contract.profiles import PROFILES
 from fuzzattn.judging import tolerance
 from fuzzattn.inputs.materialize import materialize
-from fuzzattn.judging.judge import default_device, judge
+from fuzzattn.judgement.judge import default_device, judge
 from fuzzattn.kernels import IMPLEMENTATIONS, sdpa, sdpa_backends
 from fuzzattn.strategies import attention_cases
 

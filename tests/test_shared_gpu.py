@@ -11,10 +11,10 @@ from hypothesis import strategies as st
 
 from fuzzattn import AttentionCase
 from fuzzattn.campaigns.campaign import forget_verdicts, fuzz
-from fuzzattn.judging import judge as judge_module
+from fuzzattn.judgement import judge as judge_module
 from fuzzattn.platform import mps as shared_gpu
 from fuzzattn.isolation.supervisor import IsolatedJudge
-from fuzzattn.judging.judge import judge
+from fuzzattn.judgement.judge import judge
 from fuzzattn.run.loader import load_implementation
 
 KERNELS = Path(__file__).with_name("isolation_kernels.py")
@@ -140,7 +140,7 @@ import time
 import pytest
 
 from fuzzattn import AttentionCase
-from fuzzattn.judging.judge import judge
+from fuzzattn.judgement.judge import judge
 from fuzzattn.run.loader import load_implementation
 
 KERNEL = load_implementation({str(KERNELS)!r} + ":DEVICE_FAULT", probe=False)

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, assume, given, seed, settings
 
 from fuzzattn import settings as run_settings
 from fuzzattn.contract.known_defects import covering
-from fuzzattn.judging.judge import default_device, judge
+from fuzzattn.judgement.judge import default_device, judge
 from fuzzattn.run.registry import implementations, mutants
 from fuzzattn.strategies import attention_cases
 
@@ -84,7 +84,7 @@ def test_the_gradient_rule_allows_anything_once_recomputed_p_can_leave_fp32s_ran
 
     from fuzzattn.contract.case import AttentionCase
     from fuzzattn.contract.dtypes import U32
-    from fuzzattn.judging.judge import default_device
+    from fuzzattn.judgement.judge import default_device
     from fuzzattn.judging.tolerance import RECOMPUTE_LIMIT, SCORE_ULPS, grad_allowance, grad_noise
     from fuzzattn.relations.backward import GRAD_RELATIONS
 

@@ -111,7 +111,7 @@ def test_packed_inputs_copy_in_one_buffer_and_compare_whole():
 def test_the_judge_names_the_mutated_storage_of_packed_inputs(monkeypatch):
     """The whole-buffer comparison says only that something changed; the verdict still names
     the storage (k), and an implementation that writes nothing passes."""
-    judge_module = importlib.import_module("fuzzattn.judging.judge")
+    judge_module = importlib.import_module("fuzzattn.judgement.judge")
     from fuzzattn import Implementation, judge
     from fuzzattn.kernels.sdpa import sdpa_forward
 

@@ -22,7 +22,7 @@ from fuzzattn.kernels.triton_fa2 import triton_fa2_forward
 from fuzzattn.kernels.triton_fa2_backward import (BACKWARD_CONFIG_SPACE, _COMPILED_DEFAULTS,
                                          config_invalid, triton_fa2_backward)
 
-from fuzzattn.judging.judge import default_device
+from fuzzattn.judgement.judge import default_device
 from fuzzattn.triton_interpreter.backend import is_interpreted
 
 F32, BF16, F16 = torch.float32, torch.bfloat16, torch.float16

@@ -12,7 +12,7 @@ from fuzzattn import AttentionCase
 from fuzzattn.contract import autotune
 from fuzzattn.contract import UnsupportedCaseError
 from fuzzattn.inputs.materialize import materialize
-from fuzzattn.judging.judge import default_device, judge
+from fuzzattn.judgement.judge import default_device, judge
 from fuzzattn.triton_interpreter.backend import is_interpreted
 from fuzzattn.run.registry import implementations, mutants
 from fuzzattn.kernels import triton_fa2

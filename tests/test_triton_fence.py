@@ -80,7 +80,7 @@ changed = sorted(k for k in before.keys() | after.keys() if before.get(k, missin
 result = {"changed": changed, "status": backend.bf16_dot_status()}
 if "judge" in sys.argv[2:]:
     from fuzzattn import AttentionCase, judge
-    from fuzzattn.judging.judge import skip_reason
+    from fuzzattn.judgement.judge import skip_reason
     from fuzzattn.kernels.triton_fa2 import IMPL
     bf16, fp32 = (AttentionCase(1, 1, 1, 5, 7, 16, dtype=d) for d in ("bfloat16", "float32"))
     done = judge(IMPL, fp32, device="cpu", gradients=False)

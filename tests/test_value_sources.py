@@ -209,7 +209,7 @@ def test_counter_cases_are_born_on_the_gpu_with_the_cpu_bits(values, dtype):
 ], ids=str)
 def test_a_counter_case_is_judged_on_the_gpu_from_values_computed_there(case, monkeypatch):
     from fuzzattn.inputs import sources as value_sources
-    from fuzzattn.judging.judge import judge
+    from fuzzattn.judgement.judge import judge
     from fuzzattn.run.registry import implementations
 
     devices = []

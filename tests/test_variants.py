@@ -23,7 +23,7 @@ from fuzzattn.contract import Capabilities, profiles
 from fuzzattn.contract.capabilities import UnsupportedCaseError
 from fuzzattn.contract.case import CaseError
 from fuzzattn.inputs.materialize import materialize
-from fuzzattn.judging.judge import judge
+from fuzzattn.judgement.judge import judge
 from fuzzattn.gradients.oracle import oracle_gradients
 from fuzzattn.judging.oracle import oracle, some_row_empty, visibility, visible_keys
 from fuzzattn.kernels.torch_tiled import IMPL as TILED, torch_tiled_forward

@@ -417,7 +417,7 @@ def test_a_fault_met_in_the_read_back_ends_the_watched_process_with_its_case(mon
 def test_a_fault_met_anywhere_in_a_judgement_is_that_cases(monkeypatch):
     """A kernel's asynchronous fault can also surface at the next launch, the oracle's, before
     the read-back: the judgement raises, and the watched process ends with the case recorded."""
-    from fuzzattn.judging import judge as judging
+    from fuzzattn.judgement import judge as judging
     from fuzzattn.run import execute
     from fuzzattn.run.registry import implementations
 

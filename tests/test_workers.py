@@ -23,7 +23,7 @@ from fuzzattn.campaigns.outcome import FAIL, OK, Outcome
 from fuzzattn.campaigns.regression_file import Written
 from fuzzattn.cli import gate, merged, workers
 from fuzzattn.contract.case import AttentionCase
-from fuzzattn.judging.judge import JudgedCase
+from fuzzattn.judgement.judge import JudgedCase
 from fuzzattn.judging.verdict import Verdict
 
 HERE = Path(__file__).resolve().parent

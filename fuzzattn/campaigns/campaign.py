@@ -36,7 +36,7 @@ from fuzzattn.campaigns.verdicts import (drawn_counts, forward_only_counts,  # n
                                          forget_verdicts, is_final_run, judge_once, refusal_counts)
 from fuzzattn.contract.case import AttentionCase
 from fuzzattn.contract.implementation import Implementation
-from fuzzattn.judging.judge import JudgedCase
+from fuzzattn.judgement.judge import JudgedCase
 from fuzzattn.platform.gc_tuning import freeze_long_lived
 from fuzzattn.run.loader import findable_spec
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from fuzzattn.judging.judge import JudgedCase
+from fuzzattn.judgement.judge import JudgedCase
 from fuzzattn.judging.verdict import Verdict
 
 FLAKY_RERUNS = 2          # extra judgements of a failing case; any pass makes it flaky

@@ -11,7 +11,7 @@ from fuzzattn.campaigns.cause_shrink import shrink_cause
 from fuzzattn.campaigns.defects import DefectBook
 from fuzzattn.campaigns.failure_message import failure_message
 from fuzzattn.contract.known_defects import HIT, PASSED_OVER, REFUSED, kind
-from fuzzattn.judging.judge import JudgedCase
+from fuzzattn.judgement.judge import JudgedCase
 
 
 class Counterexample(AssertionError):

@@ -35,7 +35,7 @@ from fuzzattn.campaigns.outcome import DRIFTED, FAIL, OK, SKIP, XFAIL, XPASS, Ou
 from fuzzattn.campaigns.regression_file import RegressionFile, display_path, replay_command
 from fuzzattn.contract.implementation import Implementation
 from fuzzattn.contract.known_defects import covering
-from fuzzattn.judging.judge import JudgedCase, default_device, judge
+from fuzzattn.judgement.judge import JudgedCase, default_device, judge
 from fuzzattn.judging.verdict import PROCESS_CHECKS, Verdict
 
 FLAKY_REPLAYS = 5

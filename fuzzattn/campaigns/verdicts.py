@@ -27,7 +27,7 @@ from fuzzattn.campaigns.flaky import flaky_or_consistent
 from fuzzattn.contract.case import AttentionCase
 from fuzzattn.contract.implementation import Implementation
 from fuzzattn.contract.known_defects import covering
-from fuzzattn.judging.judge import JudgedCase, default_device, judge
+from fuzzattn.judgement.judge import JudgedCase, default_device, judge
 from fuzzattn.judging.verdict import PROCESS_CHECKS
 
 _MEMO_SIZE = 20_000       # remembered verdicts per process (a few hundred bytes each)

@@ -196,27 +196,11 @@ def campaign_outcome(impl, dtype: str | None, *, profile, max_examples: int | No
                                    palette=campaign_palette(impl, hypothesis_seed))
     except HypothesisException as exc:
         return Outcome(stage, label, ERROR, False, detail=flattened(exc), message=flattened(exc))
-    from fuzzattn.campaigns import verdicts
-    judged_before, drawn_before = verdicts.judged_total, verdicts.drawn_counts[impl.name]
-    refused_before = sum(n for (name, _), n in verdicts.refusal_counts.items() if name == impl.name)
-
-    def counts():
-        refused = sum(n for (name, _), n in verdicts.refusal_counts.items() if name == impl.name)
-        return (verdicts.judged_total - judged_before, refused - refused_before,
-                verdicts.drawn_counts[impl.name] - drawn_before)
-
-    strategy = progress.track(strategy, f"{stage} {label}", max_examples, cap=seconds, counts=counts)
-    # A command that works as printed: an outside mutant is named by its spec (--only knows
-    # registered mutants only), and the run's isolation is repeated.
-    if stage == "mutant":
-        command = f"mutants --impl {impl.spec}" if impl.spec else f"mutants --only {impl.name}"
-    else:
-        command = f"fuzz --impl {impl.cli_name} --workers 1"   # this one worker's draws
-    rerun = (f"fuzzattn {command}{' --dtype ' + dtype if dtype else ''} --hypothesis-seed "
-             f"{hypothesis_seed}{' --max-examples %d' % max_examples if max_examples else ''}"
-             f"{' --seconds %g' % seconds if seconds else ''} --profile {profile.name}"
-             f"{' --stop-at-first' if stop_at_first and stage != 'mutant' else ''}"
-             f"{isolation_flags(isolate, timeout)}")
+    strategy = progress.track(strategy, f"{stage} {label}", max_examples, cap=seconds,
+                              counts=_counter(impl))
+    rerun = _rerun_command(impl, dtype, stage=stage, profile=profile, max_examples=max_examples,
+                           seconds=seconds, hypothesis_seed=hypothesis_seed, isolate=isolate,
+                           timeout=timeout, stop_at_first=stop_at_first)
     # what a watchdog needs to run this campaign again isolated, should a case end the process
     flight.set_context(hypothesis_seed=hypothesis_seed, max_examples=max_examples, seconds=seconds,
                        profile=profile.name, dtype=dtype, stage=stage,
@@ -239,6 +223,41 @@ def campaign_outcome(impl, dtype: str | None, *, profile, max_examples: int | No
         return Outcome(stage, label, ERROR, False, seconds=time.perf_counter() - start,
                        detail=text, message=f"{text}\n  run: {rerun}")
     progress.clear()
+    return _described(result, stage, label, rerun, seconds, max_examples)
+
+
+def _counter(impl):
+    """The progress line's counts for `impl` from now on: (cases judged, refused, drawn)."""
+    from fuzzattn.campaigns import verdicts
+    judged_before, drawn_before = verdicts.judged_total, verdicts.drawn_counts[impl.name]
+    refused_before = sum(n for (name, _), n in verdicts.refusal_counts.items() if name == impl.name)
+
+    def counts():
+        refused = sum(n for (name, _), n in verdicts.refusal_counts.items() if name == impl.name)
+        return (verdicts.judged_total - judged_before, refused - refused_before,
+                verdicts.drawn_counts[impl.name] - drawn_before)
+    return counts
+
+
+def _rerun_command(impl, dtype: str | None, *, stage: str, profile, max_examples: int | None,
+                   seconds: float | None, hypothesis_seed: int, isolate: bool,
+                   timeout: float | None, stop_at_first: bool) -> str:
+    """The command that runs this campaign again as printed: an outside mutant is named by its
+    spec (--only knows registered mutants only), and the run's isolation is repeated."""
+    if stage == "mutant":
+        command = f"mutants --impl {impl.spec}" if impl.spec else f"mutants --only {impl.name}"
+    else:
+        command = f"fuzz --impl {impl.cli_name} --workers 1"   # this one worker's draws
+    return (f"fuzzattn {command}{' --dtype ' + dtype if dtype else ''} --hypothesis-seed "
+            f"{hypothesis_seed}{' --max-examples %d' % max_examples if max_examples else ''}"
+            f"{' --seconds %g' % seconds if seconds else ''} --profile {profile.name}"
+            f"{' --stop-at-first' if stop_at_first and stage != 'mutant' else ''}"
+            f"{isolation_flags(isolate, timeout)}")
+
+
+def _described(result, stage: str, label: str, rerun: str, seconds: float | None,
+               max_examples: int | None) -> Outcome:
+    """The Outcome of a campaign that ran: an error, its defects, nothing judged, or a pass."""
     refusals = result.refusal_note()
     if result.error is not None:
         outcome = Outcome(stage, label, ERROR, False, result.cases, result.seconds,

@@ -172,7 +172,7 @@ def _worst(judged):
 
 
 def judge_variant(row: Variant, isolated: bool = False) -> Variant:
-    from fuzzattn.judging.judge import judge
+    from fuzzattn.judgement.judge import judge
     if row.verdict:             # decided without running (a backend absent here)
         return row
     why = row.impl.caps.why_not(row.case)
@@ -258,7 +258,7 @@ def needs(impl, rows: list[Variant]) -> str:
     """The trigger a campaign would report for the recorded case (campaigns/defects.py), from
     the rows' judgements where they judged the same case."""
     from fuzzattn.campaigns.defects import needed_factors, trigger_text
-    from fuzzattn.judging.judge import judge
+    from fuzzattn.judgement.judge import judge
     judged = {r.case: r.judged for r in rows if r.judged is not None and r.impl is impl}
 
     def judge_again(case, gradients=True):

@@ -190,7 +190,7 @@ def judged_crash(crash):
     """The crash as a failing JudgedCase, its inputs materialised here for the sha256."""
     from fuzzattn.contract.case import AttentionCase
     from fuzzattn.inputs.materialize import inputs_sha256, materialize
-    from fuzzattn.judging.judge import JudgedCase
+    from fuzzattn.judgement.judge import JudgedCase
     from fuzzattn.judging.verdict import Verdict
     from fuzzattn.platform.versions import versions
     record = crash.record

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from typing import Callable
 
 import torch
 
@@ -213,33 +214,70 @@ def judge_gradients(impl: Implementation, case: AttentionCase, device, forward=N
     here = torch.device(judge_on if judge_on is not None else device)
     # Where the gradient oracle and the reference compute.
     references = torch.device(references_on) if references_on is not None else here
-    source = None
-    if pristine is not None:
-        # The runs copy the pristine inputs where they were made: on the device for a counter
-        # case, else on the host (a GPU case's CPU storages, moved with dO in one transfer).
-        made_there = pristine.q.device.type == "cpu" or born_on_device(case, device)
-        source = pristine if made_there else pristine.host
+    source = _source(case, device, pristine)
     first = run_backward(impl, case, device, forward, adversarial=True, here=here, source=source,
-                 dout_for=references)
+                         dout_for=references)
     if first.failure is not None:
         return [first.failure]
     verdicts = list(first.side_effects)
     first = on_device(first, here)
+    # The forward references are the pristine inputs' (never a fresh materialisation's).
+    known = forward_references if pristine is not None else None
+    ref, spr = _references(impl, case, *_oracle_inputs(case, first, pristine, references),
+                           known, references, here, margins)
+    with judging():
+        allowances = _allowances(impl, case, first, ref)
+        vacuous = _vacuous(first, allowances)
+        nonfinite = _nonfinite(first, ref, vacuous)
+    verdicts += _nonfinite_verdict(impl, case, device, forward, ref, vacuous, nonfinite)
+    with judging():
+        empty = _empty_rows(impl, case, first, ref)
+        if empty is not None:
+            verdicts.append(empty)
+        # A gradient with no rows to look at and not vacuous is one the host found finite.
+        finite = frozenset(name for name, rows in nonfinite.items()
+                           if rows is None and name not in vacuous)
+        verdicts += _values(impl, case, first, ref, spr, allowances, vacuous, finite,
+                            margins=margins)
+    if impl.caps.deterministic_backward:
+        verdicts += _rerun(impl, case, device, forward, here, source, first)
+    return verdicts
 
-    # The oracle's q, k, v: the first run's host copy when judging on the host (never handed to
-    # the implementation), else materialised again.
+
+def _source(case: AttentionCase, device, pristine: Inputs | None) -> Inputs | None:
+    """What the runs copy their inputs from: the pristine inputs where they were made, on the
+    device for a counter case, else on the host (a GPU case's CPU storages, moved with dO in one
+    transfer); None without them (the runs materialise the case)."""
+    if pristine is None:
+        return None
+    made_there = pristine.q.device.type == "cpu" or born_on_device(case, device)
+    return pristine if made_there else pristine.host
+
+
+def _oracle_inputs(case: AttentionCase, first: GradRun, pristine: Inputs | None,
+                   references: torch.device) -> tuple[Inputs, torch.Tensor]:
+    """The oracle's q, k, v and dO on `references`: the pristine inputs, else the first run's
+    host copy when judging on the host (never handed to the implementation), else materialised
+    again; dO as the first run read it back there, else materialised."""
     if pristine is not None:
         fresh = pristine.on(references)
     else:
         host = first.inputs.host
-        fresh = host if host is not None and references.type == "cpu" else materialize(case, references)
+        fresh = host if host is not None and references.type == "cpu" \
+            else materialize(case, references)
     if first.dout_here is not None:         # read back to `references` with the gradients
         dout = first.dout_here
     else:
         _, dout = materialize_dout(case, references)
+    return fresh, dout
+
+
+def _references(impl: Implementation, case: AttentionCase, fresh: Inputs, dout: torch.Tensor,
+                known, references: torch.device, here: torch.device,
+                margins: bool) -> tuple[GradReference, GradReference | Callable]:
+    """The oracle's gradients and the same-precision ones (or a function computing them), on
+    `here`; `known`: the forward's (oracle, same-precision) references to build on, or None."""
     away = not same_device(references, here)
-    # The forward references are the pristine inputs' (never a fresh materialisation's).
-    known = forward_references if pristine is not None else None
     known_ref, known_spr = known if known is not None else (None, None)
     ref = oracle_gradients(*fresh.tensors(), dout, case, deferred=away, forward=known_ref)
     # What needs no autograd (the explicit same-precision backward, the allowances, the
@@ -258,37 +296,35 @@ def judge_gradients(impl: Implementation, case: AttentionCase, device, forward=N
         spr = functools.cache(same_precision) if on_demand else same_precision()
         if away:
             ref, spr = moved_together([ref, spr], here)
-        allowances = _allowances(impl, case, first, ref)
-        vacuous = _vacuous(first, allowances)
-        nonfinite = _nonfinite(first, ref, vacuous)
-    broken = [name for name, rows in nonfinite.items() if _any_rows(rows)]
-    if broken:
-        check, detail = _attribute(impl, case, device, forward, ref, vacuous)
-        rows = nonfinite[broken[0]]
-        verdicts.append(Verdict(impl=impl.name, case=case, check=check, passed=False,
-                                where=f"{broken[0]} at {locate(rows)} ({ROW_KIND[broken[0]]})",
-                                heatmap=heatmap(rows), detail=f"{', '.join(broken)}: {detail}"))
-    with judging():
-        empty = _empty_rows(impl, case, first, ref)
-        if empty is not None:
-            verdicts.append(empty)
-        # A gradient with no rows to look at and not vacuous is one the host found finite.
-        finite = frozenset(name for name, rows in nonfinite.items()
-                           if rows is None and name not in vacuous)
-        verdicts += _values(impl, case, first, ref, spr, allowances, vacuous, finite,
-                            margins=margins)
+    return ref, spr
 
-    if impl.caps.deterministic_backward:
-        second = run_backward(impl, case, device, forward, adversarial=False, here=here, source=source,
-                      side_effects=False)
-        if second.failure is not None:
-            return verdicts + [dataclasses.replace(second.failure,
-                                                   detail="second run: " + second.failure.detail)]
-        second = on_device(second, here)
-        differs = [name for name in NAMES
-                   if not torch.equal(as_bits(first.grads[name]), as_bits(second.grads[name]))]
-        verdicts.append(Verdict(impl=impl.name, case=case, check="grad_nondeterministic",
-                                passed=not differs,
-                                detail=f"{', '.join(differs)} differ bitwise between two backward "
-                                       "runs on the same inputs" if differs else ""))
-    return verdicts
+
+def _nonfinite_verdict(impl, case, device, forward, ref: GradReference, vacuous,
+                       nonfinite: dict[str, torch.Tensor | None]) -> list[Verdict]:
+    """One verdict naming the source of NaN/inf where the oracle is finite (by the re-runs of
+    `_attribute`), at the first gradient holding it; none when no gradient does."""
+    broken = [name for name, rows in nonfinite.items() if _any_rows(rows)]
+    if not broken:
+        return []
+    check, detail = _attribute(impl, case, device, forward, ref, vacuous)
+    rows = nonfinite[broken[0]]
+    return [Verdict(impl=impl.name, case=case, check=check, passed=False,
+                    where=f"{broken[0]} at {locate(rows)} ({ROW_KIND[broken[0]]})",
+                    heatmap=heatmap(rows), detail=f"{', '.join(broken)}: {detail}")]
+
+
+def _rerun(impl, case, device, forward, here: torch.device, source: Inputs | None,
+           first: GradRun) -> list[Verdict]:
+    """A second, plain run on the same inputs, whose gradients must be bitwise the first's."""
+    second = run_backward(impl, case, device, forward, adversarial=False, here=here,
+                          source=source, side_effects=False)
+    if second.failure is not None:
+        return [dataclasses.replace(second.failure,
+                                    detail="second run: " + second.failure.detail)]
+    second = on_device(second, here)
+    differs = [name for name in NAMES
+               if not torch.equal(as_bits(first.grads[name]), as_bits(second.grads[name]))]
+    return [Verdict(impl=impl.name, case=case, check="grad_nondeterministic",
+                    passed=not differs,
+                    detail=f"{', '.join(differs)} differ bitwise between two backward "
+                           "runs on the same inputs" if differs else "")]

@@ -55,20 +55,10 @@ def _prime(case: AttentionCase, device, byte: int) -> None:
     prime_allocator(_gradient_bytes(case), device, byte)
 
 
-def run_backward(impl: Implementation, case: AttentionCase, device, forward, *, adversarial: bool,
-         pad_value: float = float("nan"), poison: bool = True, here=None,
-         source: Inputs | None = None, side_effects: bool = True,
-         dout_for: torch.device | None = None) -> GradRun:
-    """One gradient call on fresh copies of q, k, v, dO (and of the forward's out and lse for an
-    explicit backward); the gradients are also delivered to `here` (default: `device`), in the
-    same transfer as the input-mutation check's verdicts. `source`: inputs of this case with NaN
-    padding that no implementation is ever handed (the judgement's pristine ones: on the host,
-    or on the device for a counter case), copied instead of materialised again; other padding
-    is always materialised anew.
-    `side_effects=False`: the gradients only (the determinism rerun: the first run's input
-    mutation check covers the backward), no snapshot of the storages and no flags.
-    `dout_for`: where the gradient oracle computes; when that is `here` and the case's dO exists
-    only on the device (a counter case), its snapshot comes back with the gradients (`dout_here`)."""
+def _call_inputs(case: AttentionCase, device, forward, source: Inputs | None,
+                 pad_value: float) -> tuple[Inputs, dict, dict]:
+    """Fresh NaN-guarded q, k, v, dO (and the forward's out and lse) on `device`: the inputs,
+    every storage by name (for the mutation check) and the views of dO, out and lse by name."""
     if born_on_device(case, device):
         # A counter case: q, k, v (copied from `source`, then on the device) and dO computed on
         # the device, nothing moved but an explicit backward's out and lse.
@@ -88,7 +78,24 @@ def run_backward(impl: Implementation, case: AttentionCase, device, forward, *, 
         if forward[1] is not None:
             extra["lse"] = place_flat(forward[1].to(place_on), place_on, pad_value)
     inputs, extra_storages, views = moved_with(inputs, extra, device)
-    storages = {**inputs.storages, **extra_storages}
+    return inputs, {**inputs.storages, **extra_storages}, views
+
+
+def run_backward(impl: Implementation, case: AttentionCase, device, forward, *, adversarial: bool,
+         pad_value: float = float("nan"), poison: bool = True, here=None,
+         source: Inputs | None = None, side_effects: bool = True,
+         dout_for: torch.device | None = None) -> GradRun:
+    """One gradient call on fresh copies of q, k, v, dO (and of the forward's out and lse for an
+    explicit backward); the gradients are also delivered to `here` (default: `device`), in the
+    same transfer as the input-mutation check's verdicts. `source`: inputs of this case with NaN
+    padding that no implementation is ever handed (the judgement's pristine ones: on the host,
+    or on the device for a counter case), copied instead of materialised again; other padding
+    is always materialised anew.
+    `side_effects=False`: the gradients only (the determinism rerun: the first run's input
+    mutation check covers the backward), no snapshot of the storages and no flags.
+    `dout_for`: where the gradient oracle computes; when that is `here` and the case's dO exists
+    only on the device (a counter case), its snapshot comes back with the gradients (`dout_here`)."""
+    inputs, storages, views = _call_inputs(case, device, forward, source, pad_value)
     dout, out, lse = views["dout"], views.get("out"), views.get("lse")
     snapshot = {name: s.clone() for name, s in storages.items()} if side_effects else None
     if adversarial:

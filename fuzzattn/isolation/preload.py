@@ -15,7 +15,7 @@ def _warm() -> None:
     import fuzzattn  # noqa: F401  -- selects the Triton backend before anything imports triton
     from fuzzattn.contract.case import AttentionCase
     from fuzzattn.isolation.worker import _warm_up_impl
-    from fuzzattn.judging.judge import judge
+    from fuzzattn.judgement.judge import judge
     from fuzzattn.triton_interpreter.backend import ensure_backend
     ensure_backend()
     before = torch.get_num_threads()

@@ -45,7 +45,7 @@ from fuzzattn.platform.device_faults import is_device_fault
 from fuzzattn.isolation import starting
 from fuzzattn.isolation.worker import (FIELDS, IsolationError, declared, spec_of,
                                               where, worker_main)
-from fuzzattn.judging.judge import JudgedCase, default_device
+from fuzzattn.judgement.judge import JudgedCase, default_device
 from fuzzattn.judging.verdict import Verdict
 from fuzzattn.platform.versions import versions
 

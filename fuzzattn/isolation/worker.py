@@ -5,7 +5,7 @@ which fields of it travel, what a CUDA device fault looks like, and where a stac
 The worker is a process forked from a fork server that never touched CUDA, or spawned
 (isolation/starting.py: forking a process that holds CUDA state or threads is unsafe); it
 imports fuzzattn, resolves the implementation by its *spec*, says ready, and then judges every
-case it is sent with `fuzzattn.judging.judge.judge` until told to stop. It keeps a faulthandler
+case it is sent with `fuzzattn.judgement.judge.judge` until told to stop. It keeps a faulthandler
 log open for its whole life, so a fatal signal (and SIGUSR1, which the supervisor sends before
 killing a hung worker) leaves the Python stack where the supervisor can read it.
 """
@@ -113,7 +113,7 @@ def worker_main(conn, spec: str, fields: bytes | None, device: str, threads: int
         faulthandler.register(signal.SIGUSR1, file=log, all_threads=False)
     try:
         import torch
-        from fuzzattn.judging.judge import judge
+        from fuzzattn.judgement.judge import judge
         from fuzzattn.platform import cuda_waits
         from fuzzattn.platform import mps as shared_gpu
         shared_gpu.guarding = False    # the supervisor applies the MPS rule to what this reports

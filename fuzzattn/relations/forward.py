@@ -39,7 +39,7 @@ from fuzzattn.contract.case import AttentionCase
 from fuzzattn.contract.dtypes import BY_NAME, U32
 from fuzzattn.contract.implementation import Implementation
 from fuzzattn.inputs.materialize import materialize
-from fuzzattn.judging.judge import default_device
+from fuzzattn.judgement.judge import default_device
 from fuzzattn.relations.runs import (all_rows, as_relation, case_generator, relation_verdict,
                                            row_errors, rows_with_keys, run_once)
 from fuzzattn.relations.rounding import Rounding, finite_abs, max_abs_v, row_abs

@@ -18,7 +18,7 @@ from fuzzattn.contract.case import AttentionCase
 from fuzzattn.contract.implementation import Implementation
 from fuzzattn.contract.known_defects import covering
 from fuzzattn.run import execute
-from fuzzattn.judging.judge import default_device, skip_reason
+from fuzzattn.judgement.judge import default_device, skip_reason
 from fuzzattn.judging.oracle import visible_keys
 from fuzzattn.judging.verdict import Verdict, heatmap, locate
 

@@ -14,7 +14,7 @@ error above its noise alone: tolerance.py's tiers), so possibly after the second
 the pristine inputs only, as every reference does, and nothing of a run can reach it.
 
 The runs themselves, adversarial and plain, and their side-effect checks: fuzzattn/run/runs.py; the
-value checks of a run against the references: fuzzattn/judging/value_checks.py.
+value checks of a run against the references: fuzzattn/judgement/value_checks.py.
 """
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ from fuzzattn.judging.placement import (check_device, judge_device, judging, mov
 from fuzzattn.judging.oracle import Reference, oracle, same_precision_reference, visibility
 from fuzzattn.run.runs import same_bits
 from fuzzattn.inputs.transfer import same_device
-from fuzzattn.judging.value_checks import attribute_nonfinite, run_on, value_verdicts
+from fuzzattn.judgement.value_checks import attribute_nonfinite, run_on, value_verdicts
 from fuzzattn.judging.verdict import CHECKS, Verdict, heatmap, locate
 from fuzzattn.platform.versions import versions
 from fuzzattn.triton_interpreter.backend import ensure_backend

@@ -1,7 +1,7 @@
 """The value checks of one run against the references: rows with no visible key, the max rule for
 out and lse, out_rms, and the rows holding NaN or inf where the oracle is finite (named by
-re-running with clean memory). The rules themselves, and their constants: tolerance.py and
-error_statistics.py; where the checks compute: placement.py.
+re-running with clean memory). The rules themselves, and their constants: judging/tolerance.py
+and judging/error_statistics.py; where the checks compute: judging/placement.py.
 """
 from __future__ import annotations
 
@@ -94,19 +94,71 @@ def value_verdicts(impl, case, run: runs.Run, ref: Reference, spr, *,
     of NaN where the oracle's is -inf (a row with no key), is one more maximum in the same read.
     Only then are the rows computed: ~10 operations fewer on every case that has none."""
     verdict = dict(impl=impl.name, case=case)
-    out_results = []
-    empty = ref.empty_rows
-    fp32_matmul = impl.caps.fp32_matmul
     if margins and not isinstance(spr, Reference):
         spr = spr()
     # The reference when it is at hand; else asked for (once) only if an error needs it.
     at_hand = spr if isinstance(spr, Reference) else None
     same_precision = (lambda: at_hand) if at_hand is not None else functools.cache(spr)
+    bounds = _max_rule_differences(run, ref, at_hand, check_out, check_lse)
+    read = _read_scalars(run, ref, bounds, impl.caps.fp32_matmul, find_nonfinite)
+    nonfinite = None
+    if find_nonfinite and read.holds_nonfinite:
+        nonfinite = nonfinite_rows(run, ref)
+    out_results = [_empty_rows_verdict(run, ref, verdict)] if ref.some_empty else []
+    finished = functools.partial(_finished, run, read.score, impl.caps.fp32_matmul,
+                                 read.scalars.get("summed", 0.0), margins)
+    judged = [finished(got, d, maximum) for (_, got, d), maximum in zip(bounds, read.bounds)]
+    if any(b is None for b in judged):
+        at_hand = _decided_with_reference(bounds, judged, read.bounds, finished, same_precision,
+                                          run)
+    results, whole, err_finite = _max_rule_verdicts(bounds, judged, run, verdict)
+    out_results += results
+    # The error statistic over the whole output (error_statistics.py): precision bugs that stay
+    # under the max rule in every element but add error to all of them.
+    reference_out = (lambda: same_precision().out) if at_hand is None else at_hand.out
+    s = out_rms_bound(run.out, reference_out, ref.out, ref.empty_rows if ref.some_empty else None,
+                      read.score, ref.out_magnitude,
+                      fp32_matmul=impl.caps.fp32_matmul, differences=whole, err_finite=err_finite,
+                      margins=margins, reference_dtype=torch_dtype(case.dtype))
+    bad = s.row_ratio > 1 if not s.ok else None
+    out_results.append(Verdict(
+        check=check_stat, passed=s.ok, error=s.statistic, allowed=s.allowed,
+        where=locate(bad) if not s.ok else "", heatmap=heatmap(bad) if not s.ok else "",
+        detail="" if s.ok else f"rms error over {s.elements} elements; same-precision reference "
+                               f"rms {s.reference_statistic:.3g}", **verdict))
+    return out_results, nonfinite
+
+
+def _max_rule_differences(run: runs.Run, ref: Reference, at_hand: Reference | None,
+                          check_out: str, check_lse: str) -> list[tuple]:
+    """(check, the run's tensor, its tolerance.Differences) for out, and for lse when the run
+    has one: every tensor the max rules compare, nothing read yet."""
     bounds = [(check_out, run.out,
                differences(run.out, None if at_hand is None else at_hand.out, ref.out))]
     if run.lse is not None:
         bounds.append((check_lse, run.lse,
                        differences(run.lse, None if at_hand is None else at_hand.lse, ref.lse)))
+    return bounds
+
+
+@dataclasses.dataclass(frozen=True)
+class _Scalars:
+    """What the one read of value_verdicts brought back."""
+    bounds: list[list[float]]    # each bound's maxima, in the order of its Differences.maximised
+    scalars: dict[str, float]    # "score", "summed", "nan_lse_left_out", where asked
+    score: float                 # the oracle's score magnitude, read or as it was
+
+    @property
+    def holds_nonfinite(self) -> bool:
+        """Whether the run holds NaN or inf where the oracle is finite (value_verdicts says why
+        the maxima tell)."""
+        return (any(worst == math.inf for worst, *_ in self.bounds)
+                or self.scalars.get("nan_lse_left_out", 0.0) > 0)
+
+
+def _read_scalars(run: runs.Run, ref: Reference, bounds: list[tuple], fp32_matmul: str,
+                  find_nonfinite: bool) -> _Scalars:
+    """Both bounds' maxima and the other scalars the max rules need, in one transfer."""
     extra = {}
     if isinstance(ref.score_magnitude, torch.Tensor):
         extra["score"] = ref.score_magnitude
@@ -118,68 +170,67 @@ def value_verdicts(impl, case, run: runs.Run, ref: Reference, spr, *,
     read = iter(maxima(*(t for _, _, d in bounds for t in d.maximised), *extra.values()))
     bound_maxima = [[next(read) for _ in d.maximised] for _, _, d in bounds]
     scalars = dict(zip(extra, read))
-    nonfinite = None
-    if find_nonfinite and (any(worst == math.inf for worst, *_ in bound_maxima)
-                           or scalars.get("nan_lse_left_out", 0.0) > 0):
-        nonfinite = nonfinite_rows(run, ref)
-    score = scalars.get("score", ref.score_magnitude)
-    has_empty = ref.some_empty
-    if has_empty:
-        # NaN != 0 as well: a NaN row is wrong without a test of its own.
-        wrong = run.out[:, :, empty].ne(0).any(dim=-1)
-        if run.lse is not None:
-            wrong |= run.lse[:, :, empty] != float("-inf")
-        failed = bool(wrong.any())
-        bad = None
-        if failed:
-            bad = torch.zeros_like(ref.lse, dtype=torch.bool)
-            bad[:, :, empty] = wrong
-        out_results.append(Verdict(
-            check="empty_rows", passed=not failed, where=locate(bad) if failed else "",
-            detail="rows with no visible key must be out=0, lse=-inf" if failed else "",
-            heatmap=heatmap(bad) if failed else "", **verdict))
+    return _Scalars(bound_maxima, scalars, scalars.get("score", ref.score_magnitude))
 
-    def finished(got, d, maximum):
-        if got is run.out:
-            return out_finish(d, maximum, got.dtype, score, fp32_matmul,
-                              scalars.get("summed", 0.0), margins=margins)
-        return lse_finish(d, maximum, score, margins=margins)
 
-    judged = [finished(got, d, maximum) for (_, got, d), maximum in zip(bounds, bound_maxima)]
+def _empty_rows_verdict(run: runs.Run, ref: Reference, verdict: dict) -> Verdict:
+    """Rows with no visible key must be out = 0 and lse = -inf exactly."""
+    empty = ref.empty_rows
+    # NaN != 0 as well: a NaN row is wrong without a test of its own.
+    wrong = run.out[:, :, empty].ne(0).any(dim=-1)
+    if run.lse is not None:
+        wrong |= run.lse[:, :, empty] != float("-inf")
+    failed = bool(wrong.any())
+    bad = None
+    if failed:
+        bad = torch.zeros_like(ref.lse, dtype=torch.bool)
+        bad[:, :, empty] = wrong
+    return Verdict(
+        check="empty_rows", passed=not failed, where=locate(bad) if failed else "",
+        detail="rows with no visible key must be out=0, lse=-inf" if failed else "",
+        heatmap=heatmap(bad) if failed else "", **verdict)
+
+
+def _finished(run: runs.Run, score, fp32_matmul: str, summed_max: float, margins: bool,
+              got: torch.Tensor, d, maximum: list[float]):
+    """The max rule of out or lse (whichever `got` is) on `d`, given its maxima: a
+    tolerance.Bound, or None when the error is above its noise and the reference is not in
+    `d` yet (tolerance.py's tiers)."""
+    if got is run.out:
+        return out_finish(d, maximum, got.dtype, score, fp32_matmul, summed_max, margins=margins)
+    return lse_finish(d, maximum, score, margins=margins)
+
+
+def _decided_with_reference(bounds: list[tuple], judged: list, bound_maxima: list[list[float]],
+                            finished, same_precision, run: runs.Run) -> Reference:
+    """The bounds left undecided (errors above their noise) decided on the reference's errors,
+    their maxima read in one transfer; `bounds` and `judged` updated in place. Returns the
+    same-precision reference, now at hand."""
     undecided = [i for i, b in enumerate(judged) if b is None]
-    if undecided:
-        # Errors above their noise: the reference's errors now, their maxima in one read.
-        at_hand = same_precision()
-        for i in undecided:
-            check, got, d = bounds[i]
-            bounds[i] = (check, got, with_reference(d, at_hand.out if got is run.out
-                                                    else at_hand.lse))
-        more = iter(maxima(*(bounds[i][2].ref_err for i in undecided)))
-        for i in undecided:
-            _, got, d = bounds[i]
-            judged[i] = finished(got, d, bound_maxima[i] + [next(more)])
-    whole = None              # the max rule's float64 differences of out, for out_rms
-    err_finite = False        # and whether its worst error was finite
+    at_hand = same_precision()
+    for i in undecided:
+        check, got, d = bounds[i]
+        bounds[i] = (check, got, with_reference(d, at_hand.out if got is run.out
+                                                else at_hand.lse))
+    more = iter(maxima(*(bounds[i][2].ref_err for i in undecided)))
+    for i in undecided:
+        _, got, d = bounds[i]
+        judged[i] = finished(got, d, bound_maxima[i] + [next(more)])
+    return at_hand
+
+
+def _max_rule_verdicts(bounds: list[tuple], judged: list, run: runs.Run,
+                       verdict: dict) -> tuple[list[Verdict], tuple | None, bool]:
+    """The verdicts of the max rules, with what out_rms reuses of out's: its float64
+    differences (None without) and whether its worst error was finite."""
+    results, whole, err_finite = [], None, False
     for (check, got, d), b in zip(bounds, judged):
         if got is run.out:
             whole, err_finite = b.differences, math.isfinite(b.error)
         bad = None if b.ok else (b.row_errors > b.allowed) | torch.isnan(b.row_errors)
-        out_results.append(Verdict(
+        results.append(Verdict(
             check=check, passed=b.ok, error=b.error, allowed=b.allowed,
             where=locate(bad) if not b.ok else "", heatmap=heatmap(bad) if not b.ok else "",
             detail="" if b.ok else f"same-precision reference error {b.reference_error:.3g}",
             **verdict))
-    # The error statistic over the whole output (error_statistics.py): precision bugs that stay
-    # under the max rule in every element but add error to all of them.
-    reference_out = (lambda: same_precision().out) if at_hand is None else at_hand.out
-    s = out_rms_bound(run.out, reference_out, ref.out, empty if has_empty else None,
-                      score, ref.out_magnitude,
-                      fp32_matmul=fp32_matmul, differences=whole, err_finite=err_finite,
-                      margins=margins, reference_dtype=torch_dtype(case.dtype))
-    bad = s.row_ratio > 1 if not s.ok else None
-    out_results.append(Verdict(
-        check=check_stat, passed=s.ok, error=s.statistic, allowed=s.allowed,
-        where=locate(bad) if not s.ok else "", heatmap=heatmap(bad) if not s.ok else "",
-        detail="" if s.ok else f"rms error over {s.elements} elements; same-precision reference "
-                               f"rms {s.reference_statistic:.3g}", **verdict))
-    return out_results, nonfinite
+    return results, whole, err_finite
