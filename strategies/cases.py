@@ -14,7 +14,7 @@ from .lengths import head_dims, seq_lens, seq_shapes
 from .palette import subset
 from .shape_palette import entries as palette_entries, palette_size
 from .values import value_profiles
-from .variants import softcaps, windows
+from .variants import alibis, softcaps, windows
 
 # Softmax scales other than the default 1/sqrt(D) (None), drawn in half the cases.
 OTHER_SCALES = (1.0, 0.5, 0.125, 2.0, 0.3)
@@ -73,6 +73,7 @@ class _Parts:
         self.values = {dtype: value_profiles(dtype) for dtype in dtypes}
         self.data_seed = st.integers(0, 2**31 - 1)
         self.softcap = softcaps() if caps.softcap else None
+        self.alibi = alibis() if caps.alibi else None
         # A kernel compiled per shape: whole shapes (with scale and layout) from a few entries.
         self.entry = None if shapes is None else st.sampled_from(
             palette_entries(caps, profile, palette, shapes))
@@ -120,6 +121,8 @@ def _cases(draw, caps: Capabilities, dtypes: tuple[str, ...], profile: Profile,
         case = case.replace(window=draw(windows(seq_q, seq_k)))
     if parts.softcap is not None and values not in UNCAPPED_VALUES:
         case = case.replace(softcap=draw(parts.softcap))
+    if parts.alibi is not None:
+        case = case.replace(alibi=draw(parts.alibi))
     case = case.replace(config=draw(configs(caps, case, parts.palette)),
                         generator=_generator(profile, case))
     _label(case)
@@ -193,6 +196,8 @@ def _label(case: AttentionCase) -> None:
         event("window")
     if case.softcap:
         event("softcap")
+    if case.alibi:
+        event("alibi")
 
 
 # -- cases outside a declaration: the refusal property ------------------------------------------

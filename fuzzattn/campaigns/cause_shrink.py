@@ -98,6 +98,8 @@ def candidates(case: AttentionCase, caps: Capabilities) -> list[AttentionCase]:
                   if w != c.window]
     if c.softcap:
         steps.append(dict(softcap=0.0))
+    if c.alibi:
+        steps.append(dict(alibi=""))
     first = {name: choices[0] for name, choices in caps.configs}
     for name, value in c.config:
         if name in first and value != first[name]:

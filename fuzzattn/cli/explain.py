@@ -3,7 +3,7 @@
 The file's case is judged as recorded, then again with exactly one factor changed toward the simple
 side: each other SDPA backend (for an sdpa* implementation), each other choice of every declared
 configuration axis (the mask form among them), values -> normal, layout -> contiguous, scale -> the
-default 1/sqrt(D), causal, window and softcap off, each other declared dtype, and the whole
+default 1/sqrt(D), causal, window, softcap and ALiBi off, each other declared dtype, and the whole
 configuration at each axis's first choice; then every other one-change variant by which a campaign
 finds what a defect needs (campaigns/defects.py: lengths made equal either way, Nk made even, GQA
 undone, one tensor's layout or two tensors' relation undone). Each variant is a new case with the
@@ -127,6 +127,8 @@ def variants(impl, case) -> list[Variant]:
         rows.append(Variant("window", "window=-1,-1", impl, case.replace(window=(-1, -1))))
     if case.softcap:
         rows.append(Variant("softcap", "softcap=0", impl, case.replace(softcap=0.0)))
+    if case.alibi:
+        rows.append(Variant("alibi", "alibi=off", impl, case.replace(alibi="")))
     for dtype in DTYPES:
         if dtype != case.dtype and dtype in impl.caps.dtypes:
             rows.append(Variant("dtype", f"dtype={dtype}", impl, case.replace(dtype=dtype)))

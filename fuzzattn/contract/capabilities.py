@@ -54,6 +54,7 @@ class Capabilities:
     # window=(left, right) and softcap=float keyword arguments; undeclared, never drawn.
     window: bool = False
     softcap: bool = False
+    alibi: bool = False          # AttentionCase.alibi: the call gets alibi_slopes=(Hq,) float32
     # -- length constraints real kernels have (strategies draw inside them directly) ------------
     equal_lengths: bool = False                          # Nq == Nk only
     # Nq == Nk for causal cases only (FLASH through SDPA on CUDA raises for is_causal otherwise)
@@ -156,6 +157,8 @@ class Capabilities:
             return f"window={case.window}"
         if case.softcap and not self.softcap:
             return f"softcap={case.softcap:g}"
+        if case.alibi and not self.alibi:
+            return f"alibi={case.alibi}"
         if not self.zero_length and (case.seq_q == 0 or case.seq_k == 0):
             return f"zero length (seq_q={case.seq_q}, seq_k={case.seq_k})"
         why = self.why_not_lengths(case.seq_q, case.seq_k)
@@ -280,6 +283,21 @@ class Capabilities:
         if softcap and not self.softcap:
             refuse("softcap", softcap, "0.0: no softcap")
         return window, float(softcap)
+
+    def check_alibi(self, alibi_slopes, q: torch.Tensor) -> torch.Tensor | None:
+        """Refuse, in one line, slopes this declaration does not take or that are malformed
+        (not a finite float32 (Hq,) tensor on q's device); return them, or None (off)."""
+        if alibi_slopes is None:
+            return None
+        if not self.alibi:
+            refuse("alibi_slopes", "a tensor", "None: no ALiBi")
+        if (not isinstance(alibi_slopes, torch.Tensor) or alibi_slopes.dtype != torch.float32
+                or tuple(alibi_slopes.shape) != (q.shape[1],)
+                or alibi_slopes.device != q.device or not bool(alibi_slopes.isfinite().all())):
+            shown = (tuple(alibi_slopes.shape), alibi_slopes.dtype) if isinstance(
+                alibi_slopes, torch.Tensor) else alibi_slopes
+            refuse("alibi_slopes", shown, f"a finite float32 ({q.shape[1]},) tensor on {q.device}")
+        return alibi_slopes
 
     def accepts_strides(self, t: torch.Tensor) -> bool:
         """Whether a tensor's memory layout is inside `strides` (stride-0 broadcasts count as any)."""

@@ -108,7 +108,7 @@ TILED_BUGS = (
     ("mutant_decode_ignores_causal",
      "decode (Nq = 1) skips the causal mask: with top-left alignment the one query sees every key",
      [("if causal != \"none\":", "if causal != \"none\" and seq_q != 1:")]),
-    # Variant bugs: each shows only on cases with a window or a softcap.
+    # Variant bugs: each shows only on cases with a window, a softcap or ALiBi.
     ("mutant_window_edge_off_by_one",
      "window's left edge exclusive: query i loses key i + Nk - Nq - left, the window's first",
      [("(cols >= rows[:, None] + diagonal - left)", "(cols > rows[:, None] + diagonal - left)")]),
@@ -125,6 +125,12 @@ TILED_BUGS = (
     ("mutant_softcap_unscaled",
      "softcap's tanh applied to the unscaled q.k: softcap * tanh(q.k / softcap)",
      [("s = softcap * torch.tanh(s / softcap)", "s = softcap * torch.tanh(s / scale / softcap)")]),
+    ("mutant_alibi_wrong_sign",
+     "ALiBi's bias added with the wrong sign: far keys gain weight instead of losing it",
+     [("s = s - alibi * (rows", "s = s + alibi * (rows")]),
+    ("mutant_alibi_top_left",
+     "ALiBi's distance measured from the top-left diagonal, |i - j|, without the Nk - Nq offset",
+     [("(rows[:, None] + (seq_k - seq_q) - keys[None, :])", "(rows[:, None] - keys[None, :])")]),
     ("mutant_chunk_wrong_alignment",
      "chunks (1 < Nq < Nk) aligned to the wrong end of the keys: top-left and bottom-right swapped",
      [("offset = seq_k - seq_q if causal == \"bottom_right\" else 0",
