@@ -31,7 +31,7 @@ from fuzzattn.kernels.torch_tiled import IMPL as TILED, torch_tiled_forward
 from fuzzattn.relations.forward import RELATIONS
 from fuzzattn.relations.rounding import Rounding
 from fuzzattn.run.registry import mutants
-from fuzzattn.strategies.cases import attention_cases
+from fuzzattn.strategies.cases import UNBIASED_VALUES, attention_cases
 
 REGRESSIONS = Path(__file__).resolve().parent.parent / "regressions"
 ALIBI_MUTANTS = ("mutant_alibi_wrong_sign", "mutant_alibi_top_left")
@@ -204,6 +204,19 @@ def test_alibi_is_drawn_only_when_declared_and_shrinks_to_the_standard_slopes():
     assert find(declared, lambda c: bool(c.alibi), settings=fast).alibi == "standard"
     for family in FAMILIES:
         assert find(declared, lambda c: c.alibi == family, settings=fast).alibi == family
+    # Values whose premise is equal weights stay unbiased; a bias would make them inexact.
+    with pytest.raises(NoSuchExample):
+        find(declared, lambda c: bool(c.alibi) and c.values in UNBIASED_VALUES, settings=fast)
+
+
+def test_exact_mean_is_exact_only_without_a_bias():
+    # q = 0: every visible key weighs 1 and the output is v's constant exactly; biased, it is not.
+    c = AttentionCase(batch=1, heads=1, kv_heads=1, seq_q=3, seq_k=7, head_dim=4,
+                      dtype="bfloat16", values="exact_mean")
+    q, k, v = materialize(c).tensors()
+    assert not q.any() and oracle(q, k, v, c).out.eq(v[:, :, :1].double()).all()
+    biased = oracle(q, k, v, c.replace(alibi="steep"))
+    assert biased.lse[0, 0, 0].item() < math.log(7)       # the keys no longer weigh 1 each
 
 
 # -- the correct kernel, and the mutants ---------------------------------------------------------
