@@ -11,6 +11,7 @@ of any strides, with what the article left out:
 * rows with no visible key (bottom-right with Nq > Nk, a window, or Nk == 0) give out 0 and
   lse -inf, without NaN: masked scores are -inf and a safe max (0 for a row that has seen
   nothing) is subtracted, so exp never sees -inf - (-inf);
+* a paged KV cache (contract/paged.py), gathered through its block table before the loops;
 * GQA: q is viewed as (B, Hkv, G, Nq, D) and k, v as (B, Hkv, 1, Nk, D), so query head h reads
   kv head h // G through broadcasting, with no copy of k or v;
 * zero lengths: Nq == 0 gives empty outputs, Nk == 0 gives out 0 and lse -inf.
@@ -48,12 +49,20 @@ CAPS = Capabilities(
     window=True,
     softcap=True,
     alibi=True,
+    paged_kv=True,
 )
 
 
 def torch_tiled_forward(q, k, v, *, causal, scale, window=(-1, -1), softcap=0.0,
-                        alibi_slopes=None):
-    """(out (B,Hq,Nq,D) in q's dtype, lse (B,Hq,Nq) float32) by the tiled online softmax."""
+                        alibi_slopes=None, block_table=None, cache_seqlens=None):
+    """(out (B,Hq,Nq,D) in q's dtype, lse (B,Hq,Nq) float32) by the tiled online softmax; k, v
+    are paged caches (num_blocks, block_size, Hkv, D) when a block table is given."""
+    if block_table is not None:
+        # Batch b's logical block i is physical block block_table[b, i]: gathered, each
+        # sequence's blocks are its keys in order, cut to its length (views, no copy of k, v).
+        seq_k = CAPS.check_paged(k, v, block_table, cache_seqlens, q)
+        pages = block_table.long()
+        k, v = (c[pages].flatten(1, 2)[:, :seq_k].transpose(1, 2) for c in (k, v))
     causal, scale = CAPS.check_inputs(q, k, v, causal=causal, scale=scale)
     (left, right), softcap = CAPS.check_variants(window=window, softcap=softcap)
     alibi_slopes = CAPS.check_alibi(alibi_slopes, q)

@@ -1,8 +1,8 @@
-"""Attention variants: sliding windows, softcaps and ALiBi, drawn only for implementations
-declaring them.
+"""Attention variants: sliding windows, softcaps, ALiBi and paged KV caches, drawn only for
+implementations declaring them.
 
-Each is off in about half the draws and shrinks toward off (-1, -1 / 0.0 / ""), so a failure that
-needs no variant is reported without one.
+Each is off in about half the draws and shrinks toward off (-1, -1 / 0.0 / "" / 0), so a failure
+that needs no variant is reported without one.
 """
 from __future__ import annotations
 
@@ -46,3 +46,13 @@ def alibis() -> st.SearchStrategy[str]:
     failure shrinks to), then ones that make far keys vanish and ones near rounding."""
     families = [STANDARD] + [f for f in FAMILIES if f != STANDARD]
     return st.one_of(st.just(""), st.sampled_from(families))
+
+
+# Block sizes: one row a block (every key its own page), small odd and even ones whose last block
+# is partly filled at most lengths, and vLLM's 16.
+PAGE_SIZES = (1, 2, 3, 4, 8, 16)
+
+
+def page_sizes() -> st.SearchStrategy[int]:
+    """0 (dense k, v) in about half the draws, else a paged cache's block size."""
+    return st.one_of(st.just(0), st.sampled_from(PAGE_SIZES))

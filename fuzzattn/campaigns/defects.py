@@ -7,15 +7,15 @@ reads out of bounds on another and gives wrong values on a third. Each such case
 to the defect already found, while a second bug must stay a second defect. A defect is known by
 its *cause*, the way crash triagers tell bugs apart by where they strike, not by what they print:
 
-    trigger     the one-change predicates its shrunk case needs, found as `fuzzattn explain`
-                finds them: each predicate the case satisfies (a causal alignment, a layout off
-                contiguous, two tensors laid out differently, a value profile, a custom scale,
-                a window, a softcap, ALiBi, GQA, unequal lengths, an odd Nk, a dtype other than the
-                simplest declared, each configuration axis off its first choice) is undone alone
-                and the case judged again; a predicate whose undoing makes the failure go away is
-                needed. Two tensors laid out differently, when needed, stands for the per-tensor
-                layouts it implies (layout[v]!=layout[k] needs layout[k] off contiguous on one
-                case and layout[v] on another: one cause).
+    trigger     the one-change predicates its shrunk case needs, found as `fuzzattn explain` finds
+                them: each predicate the case satisfies (a causal alignment, a layout off
+                contiguous, two tensors laid out differently, a value profile, a custom scale, a
+                variant (window, softcap, ALiBi, paging), GQA, unequal lengths, an odd Nk, a dtype
+                but the simplest declared, each configuration axis off its first choice) is undone
+                alone and the case judged again; a predicate whose undoing makes the failure go away
+                is needed. Two tensors laid out differently, when needed, stands for the per-tensor
+                layouts it implies (layout[v]!=layout[k] needs layout[k] off contiguous on one case
+                and layout[v] on another: one cause).
     symptom     the first failing check (with the exception type for a crash) and the keys of
                 every check its case failed: what tells causes apart when the trigger is empty
                 (the plainest case fails), and what a round's shrink holds to.
@@ -55,7 +55,7 @@ _VALUE_CLASSES = {"below_sentinel": "past a finite sentinel",
 
 def match_class(name: str, value: str, caps: Capabilities) -> str:
     """What two defects' factor values must share to be the same factor (module docstring)."""
-    if name in dict(caps.configs) or name in ("window", "softcap", "alibi"):
+    if name in dict(caps.configs) or name in ("window", "softcap", "alibi", "paged_kv"):
         return "off its first choice"
     if name == "values":
         return _VALUE_CLASSES.get(value, value)
@@ -128,8 +128,9 @@ def _off_plain(case: AttentionCase, caps: Capabilities) -> dict[str, tuple[str, 
         found["window"] = (f"{case.window[0]},{case.window[1]}", [case.replace(window=NO_WINDOW)])
     if case.softcap:
         found["softcap"] = (f"{case.softcap:g}", [case.replace(softcap=0.0)])
-    if case.alibi:
-        found["alibi"] = (case.alibi, [case.replace(alibi="")])
+    for name, off in (("alibi", ""), ("paged_kv", 0)):
+        if getattr(case, name) != off:
+            found[name] = (str(getattr(case, name)), [case.replace(**{name: off})])
     tensors = dict(zip("qkv", case.layout))
 
     def laid_out(**changes) -> AttentionCase | None:

@@ -10,7 +10,8 @@ or the alignment string "top_left" / "bottom_right" (truthy, so a kernel with on
 treat it as a bool). Implementations declaring `out_buffer` also accept `out=` and `lse=` tensors
 to write into; those declaring `window` / `softcap` / `alibi` get `window=(left, right)` /
 `softcap=float` / `alibi_slopes=` (Hq,) float32 or None (AttentionCase's definitions), the
-explicit backward too. `Implementation.__call__` is the one
+explicit backward too; those declaring `paged_kv` get k, v as paged caches with `block_table=` and
+`cache_seqlens=` (None for a dense case) in the forward (contract/paged.py). `Implementation.__call__` is the one
 place the contract's calling convention is spoken: it translates a case into that call and checks
 the answer's shape and dtype.
 
@@ -36,6 +37,7 @@ import torch
 from fuzzattn.contract.alibi import alibi_slopes
 from fuzzattn.contract.capabilities import Capabilities
 from fuzzattn.contract.case import AttentionCase
+from fuzzattn.contract.paged import page
 
 
 class ContractError(ValueError):
@@ -96,6 +98,12 @@ class Implementation:
     def __call__(self, q, k, v, case: AttentionCase, out=None, lse=None):
         """Call fn the contract's way and return (out, lse or None), checking shapes and dtypes."""
         kwargs = self._kwargs(case, q.device)
+        if self.caps.paged_kv:          # the forward alone: an explicit backward gets k, v dense
+            paged = page(k, v, case) if case.paged_kv else None
+            kwargs["block_table"] = kwargs["cache_seqlens"] = None
+            if paged is not None:
+                k, v = paged.k_cache, paged.v_cache
+                kwargs.update(block_table=paged.block_table, cache_seqlens=paged.cache_seqlens)
         forward_config = self.caps.pass_config(case, backward=False)
         if forward_config:
             kwargs["config"] = forward_config

@@ -108,7 +108,7 @@ TILED_BUGS = (
     ("mutant_decode_ignores_causal",
      "decode (Nq = 1) skips the causal mask: with top-left alignment the one query sees every key",
      [("if causal != \"none\":", "if causal != \"none\" and seq_q != 1:")]),
-    # Variant bugs: each shows only on cases with a window, a softcap or ALiBi.
+    # Variant bugs: each shows only on cases with a window, a softcap, ALiBi or a paged cache.
     ("mutant_window_edge_off_by_one",
      "window's left edge exclusive: query i loses key i + Nk - Nq - left, the window's first",
      [("(cols >= rows[:, None] + diagonal - left)", "(cols > rows[:, None] + diagonal - left)")]),
@@ -131,6 +131,10 @@ TILED_BUGS = (
     ("mutant_alibi_top_left",
      "ALiBi's distance measured from the top-left diagonal, |i - j|, without the Nk - Nq offset",
      [("(rows[:, None] + (seq_k - seq_q) - keys[None, :])", "(rows[:, None] - keys[None, :])")]),
+    ("mutant_paged_logical_blocks",
+     "paged KV cache read by logical block (b * max_blocks + i), ignoring the block table",
+     [("pages = block_table.long()",
+       "pages = torch.arange(block_table.numel(), device=q.device).view(block_table.shape)")]),
     ("mutant_chunk_wrong_alignment",
      "chunks (1 < Nq < Nk) aligned to the wrong end of the keys: top-left and bottom-right swapped",
      [("offset = seq_k - seq_q if causal == \"bottom_right\" else 0",
