@@ -105,8 +105,9 @@ def all_rows(out: torch.Tensor) -> torch.Tensor:
 # ALiBi's distances, and a softcap's tanh does not commute with adding a constant to a row's
 # scores. The others hold (the rows they check come from the case's full mask, window included;
 # a bias of the positions alone moves with neither a shift of the scores nor of the values).
+# A paged cache breaks none: the call pages the dense tensors each relation transforms.
 BROKEN_BY = {"window": ("key_permutation", "grad_key_permutation"), "softcap": ("score_shift",),
-             "alibi": ("key_permutation", "grad_key_permutation")}
+             "alibi": ("key_permutation", "grad_key_permutation"), "paged_kv": ()}
 
 
 def as_relation(name: str):
