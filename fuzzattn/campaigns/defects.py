@@ -23,12 +23,12 @@ its *cause*, the way crash triagers tell bugs apart by where they strike, not by
 Two failures with the same non-empty trigger are one cause, whatever checks fired: a crash and a
 wrong value cured by the same change are one bug. A failing case belongs to a known defect when it
 has every predicate of the defect's trigger and undoing them cures it (judged: the cure test); a
-case that still fails once cured holds another cause too, and is new. A defect with an empty
-trigger owns the cases that show its symptom. Predicate values are matched by class
-(`match_class`): a configuration axis, window, softcap or ALiBi by being off its plain choice at all (a
-bug needing BLOCK_M > BLOCK_N needs it at 32 and 64 alike); the value profiles that put scores past
-a finite sentinel as one class; every other predicate by its value, so a bug of each causal
-alignment stays its own, unless it fails the other alignment the same way (causal=either).
+case that still fails once cured holds another cause too, and is new. A defect with an empty trigger
+owns the cases that show its symptom. Predicate values are matched by class (`match_class`): a
+configuration axis, window, softcap or ALiBi by being off its plain choice at all (a bug needing
+BLOCK_M > BLOCK_N needs it at 32 and 64 alike); the value profiles that put scores past a finite
+sentinel as one class; every other predicate by its value, so a bug of each causal alignment stays
+its own, unless it fails the other alignment the same way (causal=either).
 
 Known limits: a cause is named by the predicates in this vocabulary, so two bugs needing the same
 ones (two causal-mask bugs both needing causal=bottom_right alone) are one row, each case owned

@@ -322,7 +322,8 @@ class Capabilities:
             refuse("block_table", "an entry", f"physical blocks 0..{k_cache.shape[0] - 1}")
         lengths = set(cache_seqlens.tolist())
         if len(lengths) > 1 or not 0 <= min(lengths) <= block_table.shape[1] * k_cache.shape[1]:
-            refuse("cache_seqlens", sorted(lengths), "one length for every sequence, within its blocks")
+            refuse("cache_seqlens", sorted(lengths),
+                   "one length for every sequence, within its blocks")
         return lengths.pop()
 
     def accepts_strides(self, t: torch.Tensor) -> bool:

@@ -299,5 +299,6 @@ class AttentionCase:
         alibi = "" if not self.alibi else f" alibi={self.alibi}"
         paged = "" if not self.paged_kv else f" paged_kv={self.paged_kv}"
         return (f"B={self.batch} {heads} Nq={self.seq_q} Nk={self.seq_k} D={self.head_dim} "
-                f"{BY_NAME[self.dtype].short}{causal}{window}{softcap}{alibi}{paged}{scale}{layout}{values}"
+                f"{BY_NAME[self.dtype].short}{causal}{window}{softcap}{alibi}{paged}{scale}"
+                f"{layout}{values}"
                 f"{config} data_seed={self.data_seed}{generator}")

@@ -4,16 +4,16 @@ The callable follows the contract
 
     fn(q, k, v, *, causal, scale) -> out | (out, lse)
 
-q is (B, Hq, Nq, D); k and v are (B, Hkv, Nk, D); out is (B, Hq, Nq, D) in q's dtype; lse is
-(B, Hq, Nq) float32, the natural-log logsumexp of the scaled, masked scores. `causal` is False
-or the alignment string "top_left" / "bottom_right" (truthy, so a kernel with one alignment may
-treat it as a bool). Implementations declaring `out_buffer` also accept `out=` and `lse=` tensors
-to write into; those declaring `window` / `softcap` / `alibi` get `window=(left, right)` /
-`softcap=float` / `alibi_slopes=` (Hq,) float32 or None (AttentionCase's definitions), the
-explicit backward too; those declaring `paged_kv` get k, v as paged caches with `block_table=` and
-`cache_seqlens=` (None for a dense case) in the forward (contract/paged.py). `Implementation.__call__` is the one
-place the contract's calling convention is spoken: it translates a case into that call and checks
-the answer's shape and dtype.
+q is (B, Hq, Nq, D); k and v are (B, Hkv, Nk, D); out is (B, Hq, Nq, D) in q's dtype; lse is (B, Hq,
+Nq) float32, the natural-log logsumexp of the scaled, masked scores. `causal` is False or the
+alignment string "top_left" / "bottom_right" (truthy, so a kernel with one alignment may treat it as
+a bool). Implementations declaring `out_buffer` also accept `out=` and `lse=` tensors to write into;
+those declaring `window` / `softcap` / `alibi` get `window=(left, right)` / `softcap=float` /
+`alibi_slopes=` (Hq,) float32 or None (AttentionCase's definitions), the explicit backward too;
+those declaring `paged_kv` get k, v as paged caches with `block_table=` and `cache_seqlens=` (None
+for a dense case) in the forward (contract/paged.py). `Implementation.__call__` is the one place the
+contract's calling convention is spoken: it translates a case into that call and checks the answer's
+shape and dtype.
 
 Gradients (`Capabilities.backward=True`: "judge my gradients") come one of two ways:
 

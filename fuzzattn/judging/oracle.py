@@ -1,10 +1,10 @@
 """Reference attention: the float64 oracle and the same-precision reference the tolerance uses.
 
-Both compute softmax(scale * q k^T, softcapped, plus the ALiBi bias, masked) v on the
-*materialised* (already rounded) inputs, so the oracle's only error is float64 rounding. Rows with no visible key
-(bottom-right alignment with Nq > Nk, a window past the keys, or Nk == 0) are defined as out = 0
-and lse = -inf: the limit of an empty sum, and what FlashAttention returns. SDPA's own behaviour
-for such rows is documented in kernels/sdpa.py.
+Both compute softmax(scale * q k^T, softcapped, plus the ALiBi bias, masked) v on the *materialised*
+(already rounded) inputs, so the oracle's only error is float64 rounding. Rows with no visible key
+(bottom-right alignment with Nq > Nk, a window past the keys, or Nk == 0) are defined as out = 0 and
+lse = -inf: the limit of an empty sum, and what FlashAttention returns. SDPA's own behaviour for
+such rows is documented in kernels/sdpa.py.
 """
 from __future__ import annotations
 

@@ -6,9 +6,9 @@ the inputs it was given by:
   score     s_ij = scale * q_i.k_j is an fp32 (or better) dot product of length D, then shifted by
             the running max: |error| <= eps_i = scale |q_i|_2 max_j |k_j|_2 ((D + 4) u32 + 2 u_mm)
             (worst-case dot-product bound, Cauchy-Schwarz, plus the scale multiply and the max
-            subtraction; u_mm = 2^-10 for TF32 fp32 matmuls, whose operands are truncated,
-            else 0), plus 2 u32 max|bias| under ALiBi. Scores off by <= eps move each weight by a factor in [e^-2eps, e^2eps], so
-            the output by at most min(e^2eps - 1, 1) 2 max|V|.
+            subtraction; u_mm = 2^-10 for TF32 fp32 matmuls, whose operands are truncated, else 0),
+            plus 2 u32 max|bias| under ALiBi. Scores off by <= eps move each weight by a factor in
+            [e^-2eps, e^2eps], so the output by at most min(e^2eps - 1, 1) 2 max|V|.
   weights   P is rounded to the input dtype before P @ V (relative u_p: the dtype's roundoff, or
             u_mm for fp32), absolutely by eta = 2^-25 below fp16's normal range, and V as a
             matmul operand by u_mm: (u_p + u_mm + Nk eta) max|V|.
