@@ -7,7 +7,9 @@ for every b). The physical order is a shuffle fixed by the case's data seed, nev
 order, so a kernel that reads logical block i of sequence b at physical index b * max_blocks + i
 gets other keys; spare blocks no table entry names, and the last block's slots past Nk, hold NaN,
 so a read of an unmapped block or past a sequence's end shows in the output. Built from the dense
-tensors with differentiable copies: gradients by autograd reach k and v through the pages.
+tensors with differentiable copies: gradients by autograd reach k and v through the pages. The
+caches are copies, so the judge's guards around k and v do not reach a paged kernel: its reads past
+the pages show through the NaN alone, and a write into a cache goes unseen.
 """
 from __future__ import annotations
 
