@@ -6,10 +6,12 @@ of any strides, with what the article left out:
 
 * ragged tails: N need not be a multiple of 16 (slicing simply yields a short last tile);
 * causal masking in both alignments, top-left (j <= i) and bottom-right (j <= i + Nk - Nq);
-* a sliding window (left, right), bottom-right aligned, and a softcap applied before the mask;
+* a sliding window (left, right), bottom-right aligned, a softcap applied before the mask, and
+  ALiBi's bias -slope * |i + Nk - Nq - j| added after the softcap;
 * rows with no visible key (bottom-right with Nq > Nk, a window, or Nk == 0) give out 0 and
   lse -inf, without NaN: masked scores are -inf and a safe max (0 for a row that has seen
   nothing) is subtracted, so exp never sees -inf - (-inf);
+* a paged KV cache (contract/paged.py), gathered through its block table before the loops;
 * GQA: q is viewed as (B, Hkv, G, Nq, D) and k, v as (B, Hkv, 1, Nk, D), so query head h reads
   kv head h // G through broadcasting, with no copy of k or v;
 * zero lengths: Nq == 0 gives empty outputs, Nk == 0 gives out 0 and lse -inf.
@@ -46,13 +48,24 @@ CAPS = Capabilities(
     out_buffer=False,
     window=True,
     softcap=True,
+    alibi=True,
+    paged_kv=True,
 )
 
 
-def torch_tiled_forward(q, k, v, *, causal, scale, window=(-1, -1), softcap=0.0):
-    """(out (B,Hq,Nq,D) in q's dtype, lse (B,Hq,Nq) float32) by the tiled online softmax."""
+def torch_tiled_forward(q, k, v, *, causal, scale, window=(-1, -1), softcap=0.0,
+                        alibi_slopes=None, block_table=None, cache_seqlens=None):
+    """(out (B,Hq,Nq,D) in q's dtype, lse (B,Hq,Nq) float32) by the tiled online softmax; k, v
+    are paged caches (num_blocks, block_size, Hkv, D) when a block table is given."""
+    if block_table is not None:
+        # Batch b's logical block i is physical block block_table[b, i]: gathered, each
+        # sequence's blocks are its keys in order, cut to its length (views, no copy of k, v).
+        seq_k = CAPS.check_paged(k, v, block_table, cache_seqlens, q)
+        pages = block_table.long()
+        k, v = (c[pages].flatten(1, 2)[:, :seq_k].transpose(1, 2) for c in (k, v))
     causal, scale = CAPS.check_inputs(q, k, v, causal=causal, scale=scale)
     (left, right), softcap = CAPS.check_variants(window=window, softcap=softcap)
+    alibi_slopes = CAPS.check_alibi(alibi_slopes, q)
     batch, heads, seq_q, head_dim = q.shape
     kv_heads, seq_k = k.shape[1], k.shape[2]
 
@@ -68,6 +81,8 @@ def torch_tiled_forward(q, k, v, *, causal, scale, window=(-1, -1), softcap=0.0)
     # The window is bottom-right aligned whatever the causal alignment (FlashAttention's).
     diagonal = seq_k - seq_q
     masked = causal != "none" or left >= 0 or right >= 0
+    # Query head h's slope, shaped as the scores' (B, Hkv, G, rows, keys) broadcast.
+    alibi = None if alibi_slopes is None else alibi_slopes.view(1, kv_heads, group, 1, 1)
 
     for q0 in range(0, seq_q, TILE):                  # outer loop: query tiles
         q_i = q5[..., q0:q0 + TILE, :].float()
@@ -82,6 +97,9 @@ def torch_tiled_forward(q, k, v, *, causal, scale, window=(-1, -1), softcap=0.0)
             s = (q_i @ k_j.transpose(-1, -2)) * scale                 # (..., rows, keys) fp32
             if softcap:
                 s = softcap * torch.tanh(s / softcap)       # before the mask: hidden stays -inf
+            if alibi is not None:       # after the cap, before the mask (FlashAttention's order)
+                keys = torch.arange(k0, k0 + k_j.shape[-2], device=q.device)
+                s = s - alibi * (rows[:, None] + (seq_k - seq_q) - keys[None, :]).abs()
             if masked:
                 cols = torch.arange(k0, k0 + k_j.shape[-2], device=q.device)[None, :]
                 visible = torch.ones(rows.shape[0], cols.shape[1], dtype=torch.bool,

@@ -14,7 +14,7 @@ from .lengths import head_dims, seq_lens, seq_shapes
 from .palette import subset
 from .shape_palette import entries as palette_entries, palette_size
 from .values import value_profiles
-from .variants import softcaps, windows
+from .variants import alibis, page_sizes, softcaps, windows
 
 # Softmax scales other than the default 1/sqrt(D) (None), drawn in half the cases.
 OTHER_SCALES = (1.0, 0.5, 0.125, 2.0, 0.3)
@@ -22,6 +22,10 @@ OTHER_SCALES = (1.0, 0.5, 0.125, 2.0, 0.3)
 # (-cap, cap), so they are drawn uncapped (a finite-sentinel bug stays findable in a kernel
 # declaring softcaps).
 UNCAPPED_VALUES = ("below_sentinel", "sentinel_sweep")
+# exact_mean's premise is that every visible key weighs exactly 1 (q = 0), which makes a correct
+# kernel exact; an ALiBi bias weighs keys by distance, inexactly, so those cases are drawn
+# without one (seen: torch_tiled's bf16 dq 1.2x its allowance, the reference exact).
+UNBIASED_VALUES = ("exact_mean",)
 
 
 def attention_cases(caps: Capabilities = Capabilities(), *, dtype: str | None = None,
@@ -73,6 +77,8 @@ class _Parts:
         self.values = {dtype: value_profiles(dtype) for dtype in dtypes}
         self.data_seed = st.integers(0, 2**31 - 1)
         self.softcap = softcaps() if caps.softcap else None
+        self.alibi = alibis() if caps.alibi else None
+        self.paged_kv = page_sizes() if caps.paged_kv else None
         # A kernel compiled per shape: whole shapes (with scale and layout) from a few entries.
         self.entry = None if shapes is None else st.sampled_from(
             palette_entries(caps, profile, palette, shapes))
@@ -120,6 +126,10 @@ def _cases(draw, caps: Capabilities, dtypes: tuple[str, ...], profile: Profile,
         case = case.replace(window=draw(windows(seq_q, seq_k)))
     if parts.softcap is not None and values not in UNCAPPED_VALUES:
         case = case.replace(softcap=draw(parts.softcap))
+    if parts.alibi is not None and values not in UNBIASED_VALUES:
+        case = case.replace(alibi=draw(parts.alibi))
+    if parts.paged_kv is not None:
+        case = case.replace(paged_kv=draw(parts.paged_kv))
     case = case.replace(config=draw(configs(caps, case, parts.palette)),
                         generator=_generator(profile, case))
     _label(case)
@@ -193,6 +203,10 @@ def _label(case: AttentionCase) -> None:
         event("window")
     if case.softcap:
         event("softcap")
+    if case.alibi:
+        event("alibi")
+    if case.paged_kv:
+        event("paged_kv")
 
 
 # -- cases outside a declaration: the refusal property ------------------------------------------

@@ -1,7 +1,8 @@
-"""Attention variants: sliding windows and softcaps, drawn only for implementations declaring them.
+"""Attention variants: sliding windows, softcaps, ALiBi and paged KV caches, drawn only for
+implementations declaring them.
 
-Each is off in about half the draws and shrinks toward off (-1, -1 / 0.0), so a failure that
-needs no variant is reported without one.
+Each is off in about half the draws and shrinks toward off (-1, -1 / 0.0 / "" / 0), so a failure
+that needs no variant is reported without one.
 """
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import functools
 
 from hypothesis import strategies as st
 
+from fuzzattn.contract.alibi import FAMILIES, STANDARD
 from fuzzattn.contract.case import NO_WINDOW
 
 # Caps near the scores' own range (normal q, k give |scale q.k| of a few units), where tanh bends
@@ -37,3 +39,20 @@ def softcaps() -> st.SearchStrategy[float]:
     # Mapped, so one_of does not flatten the two into three equal branches with the off one.
     on = st.one_of(st.sampled_from(SOFTCAPS), st.floats(1.0, 50.0)).map(float)
     return st.one_of(st.just(0.0), on)
+
+
+def alibis() -> st.SearchStrategy[str]:
+    """"" (off) in about half the draws, else a slope family: the standard slopes first (what a
+    failure shrinks to), then ones that make far keys vanish and ones near rounding."""
+    families = [STANDARD] + [f for f in FAMILIES if f != STANDARD]
+    return st.one_of(st.just(""), st.sampled_from(families))
+
+
+# Block sizes: one row a block (every key its own page), small odd and even ones whose last block
+# is partly filled at most lengths, and vLLM's 16.
+PAGE_SIZES = (1, 2, 3, 4, 8, 16)
+
+
+def page_sizes() -> st.SearchStrategy[int]:
+    """0 (dense k, v) in about half the draws, else a paged cache's block size."""
+    return st.one_of(st.just(0), st.sampled_from(PAGE_SIZES))

@@ -96,6 +96,13 @@ CAUGHT_BY = {
     "mutant_window_top_left": (case(seq_k=3, window=(0, 0)), {"out", "lse"}),
     "mutant_softcap_after_mask": (case(2, 2, causal="top_left", softcap=2.0), {"out", "lse"}),
     "mutant_softcap_unscaled": (case(seq_k=2, softcap=2.0), {"out", "lse"}),
+    # One query, three keys: the right distances are 2, 1, 0; top-left ones 0, 1, 2.
+    "mutant_alibi_wrong_sign": (case(seq_k=3, alibi="standard"), {"out", "lse"}),
+    "mutant_alibi_top_left": (case(seq_k=3, alibi="standard"), {"out", "lse"}),
+    # Two sequences of three keys in blocks of two, read as physical blocks 0-3 in order: another
+    # sequence's keys, or a spare's NaN.
+    "mutant_paged_logical_blocks": (case(batch=2, seq_k=3, causal="top_left", paged_kv=2),
+                                    {"nonfinite", "out", "lse"}),
     # around SDPA
     "mutant_staging_buffer_aliasing": (case(), "lse"),
     "mutant_empty_rows_mean_v": (case(seq_q=2, causal="bottom_right"), "empty_rows"),

@@ -32,7 +32,7 @@ def test_tiers_give_the_whole_rules_verdicts(name, dtype):
 
     # A seed whose 8 draws hold failing cases of every mutant listed (the tiers must agree on
     # failures too); another draw may hold none for a precision mutant, which fails this test.
-    @seed(12)
+    @seed(14)
     @settings(max_examples=8, database=None, deadline=None, derandomize=False,
               suppress_health_check=list(HealthCheck))
     @given(strategy)

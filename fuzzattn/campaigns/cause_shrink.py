@@ -98,6 +98,10 @@ def candidates(case: AttentionCase, caps: Capabilities) -> list[AttentionCase]:
                   if w != c.window]
     if c.softcap:
         steps.append(dict(softcap=0.0))
+    if c.alibi:
+        steps.append(dict(alibi=""))
+    if c.paged_kv:
+        steps.append(dict(paged_kv=0))
     first = {name: choices[0] for name, choices in caps.configs}
     for name, value in c.config:
         if name in first and value != first[name]:

@@ -56,6 +56,10 @@ def salient(case: AttentionCase) -> str:
         found.append(f"window={case.window[0]},{case.window[1]}")
     if case.softcap:
         found.append(f"softcap={case.softcap:g}")
+    if case.alibi:
+        found.append(f"alibi={case.alibi}")
+    if case.paged_kv:
+        found.append(f"paged_kv={case.paged_kv}")
     if case.dtype != "float32":
         found.append(BY_NAME[case.dtype].short)
     return " and ".join(found)

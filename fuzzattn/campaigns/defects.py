@@ -7,15 +7,15 @@ reads out of bounds on another and gives wrong values on a third. Each such case
 to the defect already found, while a second bug must stay a second defect. A defect is known by
 its *cause*, the way crash triagers tell bugs apart by where they strike, not by what they print:
 
-    trigger     the one-change predicates its shrunk case needs, found as `fuzzattn explain`
-                finds them: each predicate the case satisfies (a causal alignment, a layout off
-                contiguous, two tensors laid out differently, a value profile, a custom scale,
-                a window, a softcap, GQA, unequal lengths, an odd Nk, a dtype other than the
-                simplest declared, each configuration axis off its first choice) is undone alone
-                and the case judged again; a predicate whose undoing makes the failure go away is
-                needed. Two tensors laid out differently, when needed, stands for the per-tensor
-                layouts it implies (layout[v]!=layout[k] needs layout[k] off contiguous on one
-                case and layout[v] on another: one cause).
+    trigger     the one-change predicates its shrunk case needs, found as `fuzzattn explain` finds
+                them: each predicate the case satisfies (a causal alignment, a layout off
+                contiguous, two tensors laid out differently, a value profile, a custom scale, a
+                variant (window, softcap, ALiBi, paging), GQA, unequal lengths, an odd Nk, a dtype
+                but the simplest declared, each configuration axis off its first choice) is undone
+                alone and the case judged again; a predicate whose undoing makes the failure go away
+                is needed. Two tensors laid out differently, when needed, stands for the per-tensor
+                layouts it implies (layout[v]!=layout[k] needs layout[k] off contiguous on one case
+                and layout[v] on another: one cause).
     symptom     the first failing check (with the exception type for a crash) and the keys of
                 every check its case failed: what tells causes apart when the trigger is empty
                 (the plainest case fails), and what a round's shrink holds to.
@@ -23,12 +23,12 @@ its *cause*, the way crash triagers tell bugs apart by where they strike, not by
 Two failures with the same non-empty trigger are one cause, whatever checks fired: a crash and a
 wrong value cured by the same change are one bug. A failing case belongs to a known defect when it
 has every predicate of the defect's trigger and undoing them cures it (judged: the cure test); a
-case that still fails once cured holds another cause too, and is new. A defect with an empty
-trigger owns the cases that show its symptom. Predicate values are matched by class
-(`match_class`): a configuration axis, window or softcap by being off its plain choice at all (a
-bug needing BLOCK_M > BLOCK_N needs it at 32 and 64 alike); the value profiles that put scores past
-a finite sentinel as one class; every other predicate by its value, so a bug of each causal
-alignment stays its own, unless it fails the other alignment the same way (causal=either).
+case that still fails once cured holds another cause too, and is new. A defect with an empty trigger
+owns the cases that show its symptom. Predicate values are matched by class (`match_class`): a
+configuration axis, window, softcap or ALiBi by being off its plain choice at all (a bug needing
+BLOCK_M > BLOCK_N needs it at 32 and 64 alike); the value profiles that put scores past a finite
+sentinel as one class; every other predicate by its value, so a bug of each causal alignment stays
+its own, unless it fails the other alignment the same way (causal=either).
 
 Known limits: a cause is named by the predicates in this vocabulary, so two bugs needing the same
 ones (two causal-mask bugs both needing causal=bottom_right alone) are one row, each case owned
@@ -55,7 +55,7 @@ _VALUE_CLASSES = {"below_sentinel": "past a finite sentinel",
 
 def match_class(name: str, value: str, caps: Capabilities) -> str:
     """What two defects' factor values must share to be the same factor (module docstring)."""
-    if name in dict(caps.configs) or name in ("window", "softcap"):
+    if name in dict(caps.configs) or name in ("window", "softcap", "alibi", "paged_kv"):
         return "off its first choice"
     if name == "values":
         return _VALUE_CLASSES.get(value, value)
@@ -128,6 +128,9 @@ def _off_plain(case: AttentionCase, caps: Capabilities) -> dict[str, tuple[str, 
         found["window"] = (f"{case.window[0]},{case.window[1]}", [case.replace(window=NO_WINDOW)])
     if case.softcap:
         found["softcap"] = (f"{case.softcap:g}", [case.replace(softcap=0.0)])
+    for name, off in (("alibi", ""), ("paged_kv", 0)):
+        if getattr(case, name) != off:
+            found[name] = (str(getattr(case, name)), [case.replace(**{name: off})])
     tensors = dict(zip("qkv", case.layout))
 
     def laid_out(**changes) -> AttentionCase | None:

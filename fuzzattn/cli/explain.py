@@ -3,13 +3,13 @@
 The file's case is judged as recorded, then again with exactly one factor changed toward the simple
 side: each other SDPA backend (for an sdpa* implementation), each other choice of every declared
 configuration axis (the mask form among them), values -> normal, layout -> contiguous, scale -> the
-default 1/sqrt(D), causal, window and softcap off, each other declared dtype, and the whole
-configuration at each axis's first choice; then every other one-change variant by which a campaign
-finds what a defect needs (campaigns/defects.py: lengths made equal either way, Nk made even, GQA
-undone, one tensor's layout or two tensors' relation undone). Each variant is a new case with the
-same data seed, so only the changed factor differs (for values, layout and dtype the tensors change
-with it, which is the point). One table, then one line reading it, then the `needs:` a campaign's
-table would give the case, found from the same judgements.
+default 1/sqrt(D), causal, window, softcap, ALiBi and paging off, each other declared dtype, and the
+whole configuration at each axis's first choice; then every other one-change variant by which a
+campaign finds what a defect needs (campaigns/defects.py: lengths made equal either way, Nk made
+even, GQA undone, one tensor's layout or two tensors' relation undone). Each variant is a new case
+with the same data seed, so only the changed factor differs (for values, layout and dtype the
+tensors change with it, which is the point). One table, then one line reading it, then the `needs:`
+a campaign's table would give the case, found from the same judgements.
 
 A file whose failure ends or corrupts the process judging it (a hang, segfault or device fault,
 or a case the implementation's unsafe known defect covers: campaigns.replay.needs_isolation) has
@@ -127,6 +127,10 @@ def variants(impl, case) -> list[Variant]:
         rows.append(Variant("window", "window=-1,-1", impl, case.replace(window=(-1, -1))))
     if case.softcap:
         rows.append(Variant("softcap", "softcap=0", impl, case.replace(softcap=0.0)))
+    if case.alibi:
+        rows.append(Variant("alibi", "alibi=off", impl, case.replace(alibi="")))
+    if case.paged_kv:
+        rows.append(Variant("paged_kv", "paged_kv=0", impl, case.replace(paged_kv=0)))
     for dtype in DTYPES:
         if dtype != case.dtype and dtype in impl.caps.dtypes:
             rows.append(Variant("dtype", f"dtype={dtype}", impl, case.replace(dtype=dtype)))

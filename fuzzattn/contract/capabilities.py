@@ -54,6 +54,10 @@ class Capabilities:
     # window=(left, right) and softcap=float keyword arguments; undeclared, never drawn.
     window: bool = False
     softcap: bool = False
+    alibi: bool = False          # AttentionCase.alibi: the call gets alibi_slopes=(Hq,) float32
+    # AttentionCase.paged_kv: the forward gets k_cache, v_cache for k, v and block_table= and
+    # cache_seqlens= (None for a dense case); gradients, by autograd, reach k, v through them.
+    paged_kv: bool = False
     # -- length constraints real kernels have (strategies draw inside them directly) ------------
     equal_lengths: bool = False                          # Nq == Nk only
     # Nq == Nk for causal cases only (FLASH through SDPA on CUDA raises for is_causal otherwise)
@@ -156,6 +160,10 @@ class Capabilities:
             return f"window={case.window}"
         if case.softcap and not self.softcap:
             return f"softcap={case.softcap:g}"
+        if case.alibi and not self.alibi:
+            return f"alibi={case.alibi}"
+        if case.paged_kv and not self.paged_kv:
+            return f"paged_kv={case.paged_kv}"
         if not self.zero_length and (case.seq_q == 0 or case.seq_k == 0):
             return f"zero length (seq_q={case.seq_q}, seq_k={case.seq_k})"
         why = self.why_not_lengths(case.seq_q, case.seq_k)
@@ -280,6 +288,43 @@ class Capabilities:
         if softcap and not self.softcap:
             refuse("softcap", softcap, "0.0: no softcap")
         return window, float(softcap)
+
+    def check_alibi(self, alibi_slopes, q: torch.Tensor) -> torch.Tensor | None:
+        """Refuse, in one line, slopes this declaration does not take or that are malformed
+        (not a finite float32 (Hq,) tensor on q's device); return them, or None (off)."""
+        if alibi_slopes is None:
+            return None
+        if not self.alibi:
+            refuse("alibi_slopes", "a tensor", "None: no ALiBi")
+        if (not isinstance(alibi_slopes, torch.Tensor) or alibi_slopes.dtype != torch.float32
+                or tuple(alibi_slopes.shape) != (q.shape[1],)
+                or alibi_slopes.device != q.device or not bool(alibi_slopes.isfinite().all())):
+            shown = (tuple(alibi_slopes.shape), alibi_slopes.dtype) if isinstance(
+                alibi_slopes, torch.Tensor) else alibi_slopes
+            refuse("alibi_slopes", shown, f"a finite float32 ({q.shape[1]},) tensor on {q.device}")
+        return alibi_slopes
+
+    def check_paged(self, k_cache, v_cache, block_table, cache_seqlens, q) -> int:
+        """Refuse, in one line, a paged cache this declaration does not take or that is malformed
+        (contract/paged.py's form, one length for every sequence); return that length."""
+        if not self.paged_kv:
+            refuse("block_table", "a tensor", "None: no paged KV cache")
+        for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+            if t.dim() != 4 or t.shape != k_cache.shape or t.shape[-1] != q.shape[-1]:
+                refuse(f"{name}.shape", tuple(t.shape), "(num_blocks, block_size, Hkv, D)")
+        for name, t, rank in (("block_table", block_table, 2), ("cache_seqlens", cache_seqlens, 1)):
+            if (not isinstance(t, torch.Tensor) or t.dtype != torch.int32 or t.dim() != rank
+                    or t.shape[0] != q.shape[0]):
+                shown = (tuple(t.shape), t.dtype) if isinstance(t, torch.Tensor) else t
+                refuse(name, shown, f"an int32 tensor of {rank} dims, {q.shape[0]} rows")
+        inside = (block_table >= 0) & (block_table < k_cache.shape[0])
+        if not bool(inside.all()):
+            refuse("block_table", "an entry", f"physical blocks 0..{k_cache.shape[0] - 1}")
+        lengths = set(cache_seqlens.tolist())
+        if len(lengths) > 1 or not 0 <= min(lengths) <= block_table.shape[1] * k_cache.shape[1]:
+            refuse("cache_seqlens", sorted(lengths),
+                   "one length for every sequence, within its blocks")
+        return lengths.pop()
 
     def accepts_strides(self, t: torch.Tensor) -> bool:
         """Whether a tensor's memory layout is inside `strides` (stride-0 broadcasts count as any)."""

@@ -19,6 +19,7 @@ import json
 import math
 from typing import Any
 
+from fuzzattn.contract.alibi import FAMILIES as ALIBI_FAMILIES
 from fuzzattn.contract.dtypes import BY_NAME, DTYPES
 CAUSAL_ALIGNMENTS = ("top_left", "bottom_right")
 CAUSAL_MODES = ("none",) + CAUSAL_ALIGNMENTS
@@ -97,6 +98,12 @@ class AttentionCase:
     window: tuple[int, int] = NO_WINDOW
     # Scores become softcap * tanh(scale * q.k / softcap) before any mask; 0.0: off.
     softcap: float = 0.0
+    # ALiBi: a slope family's name (contract/alibi.py), "" off; -slope_h * |i + Nk - Nq - j| is
+    # added to each scaled, softcapped score before the mask.
+    alibi: str = ""
+    # A paged KV cache's block size (contract/paged.py lays k, v out in shuffled blocks); 0: the
+    # dense k, v.
+    paged_kv: int = 0
 
     def __post_init__(self):
         if isinstance(self.layout, list):
@@ -114,6 +121,13 @@ class AttentionCase:
                             "(0: off)")
         if isinstance(self.softcap, int):
             object.__setattr__(self, "softcap", float(self.softcap))
+        if not isinstance(self.alibi, str) or self.alibi not in ("", *ALIBI_FAMILIES):
+            raise CaseError(f"alibi={self.alibi!r} must be one of {', '.join(ALIBI_FAMILIES)} "
+                            "or '' (off)")
+        if (not isinstance(self.paged_kv, int) or isinstance(self.paged_kv, bool)
+                or not 0 <= self.paged_kv <= MAX_SIZE["seq_k"]):
+            raise CaseError(f"paged_kv={self.paged_kv!r} must be a block size, an int in "
+                            f"0..{MAX_SIZE['seq_k']} (0: dense k, v)")
         if isinstance(self.config, dict):
             object.__setattr__(self, "config", tuple(sorted(self.config.items())))
         elif isinstance(self.config, list):
@@ -171,8 +185,10 @@ class AttentionCase:
 
     @property
     def variants(self) -> tuple[str, ...]:
-        """The attention variants this case uses ("window", "softcap"): () for plain attention."""
-        return (("window",) if self.windowed else ()) + (("softcap",) if self.softcap else ())
+        """The attention variants this case uses ("window", "softcap", "alibi", "paged_kv"): ()
+        for plain attention."""
+        return ((("window",) if self.windowed else ()) + (("softcap",) if self.softcap else ())
+                + (("alibi",) if self.alibi else ()) + (("paged_kv",) if self.paged_kv else ()))
 
     @property
     def macs(self) -> int:
@@ -216,6 +232,10 @@ class AttentionCase:
             del d["window"]       # plain cases keep their key and file, as before the variants
         if not self.softcap:
             del d["softcap"]
+        if not self.alibi:
+            del d["alibi"]
+        if not self.paged_kv:
+            del d["paged_kv"]
         return d
 
     @classmethod
@@ -235,7 +255,8 @@ class AttentionCase:
             raise CaseError(f"case.{missing[0]} is missing")
         expected = {"batch": int, "heads": int, "kv_heads": int, "seq_q": int, "seq_k": int,
                     "head_dim": int, "data_seed": int, "dtype": str, "causal": str, "values": str,
-                    "layout": list, "config": dict, "generator": str, "window": list}
+                    "layout": list, "config": dict, "generator": str, "window": list,
+                    "alibi": str, "paged_kv": int}
         for name, kind in expected.items():
             if name in data and (not isinstance(data[name], kind) or isinstance(data[name], bool)):
                 raise CaseError(f"case.{name}={data[name]!r} should be of type {kind.__name__}")
@@ -275,6 +296,9 @@ class AttentionCase:
         generator = "" if self.generator == "torch_cpu" else f" generator={self.generator}"
         window = "" if not self.windowed else f" window={self.window[0]},{self.window[1]}"
         softcap = "" if not self.softcap else f" softcap={self.softcap:g}"
+        alibi = "" if not self.alibi else f" alibi={self.alibi}"
+        paged = "" if not self.paged_kv else f" paged_kv={self.paged_kv}"
         return (f"B={self.batch} {heads} Nq={self.seq_q} Nk={self.seq_k} D={self.head_dim} "
-                f"{BY_NAME[self.dtype].short}{causal}{window}{softcap}{scale}{layout}{values}"
+                f"{BY_NAME[self.dtype].short}{causal}{window}{softcap}{alibi}{paged}{scale}"
+                f"{layout}{values}"
                 f"{config} data_seed={self.data_seed}{generator}")

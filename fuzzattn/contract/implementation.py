@@ -4,14 +4,16 @@ The callable follows the contract
 
     fn(q, k, v, *, causal, scale) -> out | (out, lse)
 
-q is (B, Hq, Nq, D); k and v are (B, Hkv, Nk, D); out is (B, Hq, Nq, D) in q's dtype; lse is
-(B, Hq, Nq) float32, the natural-log logsumexp of the scaled, masked scores. `causal` is False
-or the alignment string "top_left" / "bottom_right" (truthy, so a kernel with one alignment may
-treat it as a bool). Implementations declaring `out_buffer` also accept `out=` and `lse=` tensors
-to write into; those declaring `window` / `softcap` get `window=(left, right)` / `softcap=float`
-(AttentionCase's definitions), the explicit backward too. `Implementation.__call__` is the one
-place the contract's calling convention is spoken: it translates a case into that call and checks
-the answer's shape and dtype.
+q is (B, Hq, Nq, D); k and v are (B, Hkv, Nk, D); out is (B, Hq, Nq, D) in q's dtype; lse is (B, Hq,
+Nq) float32, the natural-log logsumexp of the scaled, masked scores. `causal` is False or the
+alignment string "top_left" / "bottom_right" (truthy, so a kernel with one alignment may treat it as
+a bool). Implementations declaring `out_buffer` also accept `out=` and `lse=` tensors to write into;
+those declaring `window` / `softcap` / `alibi` get `window=(left, right)` / `softcap=float` /
+`alibi_slopes=` (Hq,) float32 or None (AttentionCase's definitions), the explicit backward too;
+those declaring `paged_kv` get k, v as paged caches with `block_table=` and `cache_seqlens=` (None
+for a dense case) in the forward (contract/paged.py). `Implementation.__call__` is the one place the
+contract's calling convention is spoken: it translates a case into that call and checks the answer's
+shape and dtype.
 
 Gradients (`Capabilities.backward=True`: "judge my gradients") come one of two ways:
 
@@ -32,8 +34,10 @@ from typing import Callable
 
 import torch
 
+from fuzzattn.contract.alibi import alibi_slopes
 from fuzzattn.contract.capabilities import Capabilities
 from fuzzattn.contract.case import AttentionCase
+from fuzzattn.contract.paged import page
 
 
 class ContractError(ValueError):
@@ -77,14 +81,29 @@ class Implementation:
     def supports(self, case: AttentionCase) -> bool:
         return self.caps.why_not(case) is None
 
-    def __call__(self, q, k, v, case: AttentionCase, out=None, lse=None):
-        """Call fn the contract's way and return (out, lse or None), checking shapes and dtypes."""
+    def _kwargs(self, case: AttentionCase, device) -> dict:
+        """The case's keyword arguments: causal and scale, and each variant the implementation
+        declares (and only those, so a kernel without them keeps its plain signature)."""
         kwargs = dict(causal=False if case.causal == "none" else case.causal,
                       scale=case.softmax_scale)
         if self.caps.window:
             kwargs["window"] = case.window
         if self.caps.softcap:
             kwargs["softcap"] = case.softcap
+        if self.caps.alibi:
+            kwargs["alibi_slopes"] = (alibi_slopes(case.alibi, case.heads, device)
+                                      if case.alibi else None)
+        return kwargs
+
+    def __call__(self, q, k, v, case: AttentionCase, out=None, lse=None):
+        """Call fn the contract's way and return (out, lse or None), checking shapes and dtypes."""
+        kwargs = self._kwargs(case, q.device)
+        if self.caps.paged_kv:          # the forward alone: an explicit backward gets k, v dense
+            paged = page(k, v, case) if case.paged_kv else None
+            kwargs["block_table"] = kwargs["cache_seqlens"] = None
+            if paged is not None:
+                k, v = paged.k_cache, paged.v_cache
+                kwargs.update(block_table=paged.block_table, cache_seqlens=paged.cache_seqlens)
         forward_config = self.caps.pass_config(case, backward=False)
         if forward_config:
             kwargs["config"] = forward_config
@@ -117,12 +136,7 @@ class Implementation:
         if self.backward_fn is not None:
             if out is None:
                 out, lse = self(q, k, v, case)
-            kwargs = dict(causal=False if case.causal == "none" else case.causal,
-                          scale=case.softmax_scale)
-            if self.caps.window:
-                kwargs["window"] = case.window
-            if self.caps.softcap:
-                kwargs["softcap"] = case.softcap
+            kwargs = self._kwargs(case, q.device)
             backward_config = self.caps.pass_config(case, backward=True)
             if backward_config:
                 kwargs["config"] = backward_config

@@ -1,13 +1,13 @@
 """Reference gradients: the float64 oracle's (autograd) and a same-precision reference's.
 
 Both take the materialised (already rounded) q, k, v and dO. The oracle is the float64 forward
-oracle (`oracle.oracle`) differentiated by hand: with P = exp(scale q k^T - lse) (0 where masked
-and on rows with no visible key), dV = P^T dO, dS = P (dO V^T - rowsum(dO * O)), dQ = scale dS K,
-dK = scale dS^T Q, each of dK and dV summed over its GQA group; under a softcap c, dS is also
-multiplied by the cap's slope 1 - tanh^2(scale q k^T / c). (Autograd of the forward oracle
-gives the same values to float64 rounding; by hand, P and dO V^T serve the term magnitudes the
-gradient rule needs too, and no graph is built. tests/test_gradients.py checks it against a
-textbook autograd.) It shares no code with any implementation.
+oracle (`oracle.oracle`) differentiated by hand: with P = exp(scale q k^T - lse) (0 where masked and
+on rows with no visible key), dV = P^T dO, dS = P (dO V^T - rowsum(dO * O)), dQ = scale dS K, dK =
+scale dS^T Q, each of dK and dV summed over its GQA group; under a softcap c, dS is also multiplied
+by the cap's slope 1 - tanh^2(scale q k^T / c); an ALiBi bias enters P only. (Autograd of the
+forward oracle gives the same values to float64 rounding; by hand, P and dO V^T serve the term
+magnitudes the gradient rule needs too, and no graph is built. tests/test_gradients.py checks it
+against a textbook autograd.) It shares no code with any implementation.
 
 The same-precision reference is what a careful FlashAttention-2 backward computes at the input
 precision (and what the kernels' precision contract is): fp32 scores, P = exp(S - lse) from the
@@ -22,6 +22,7 @@ import dataclasses
 
 import torch
 
+from fuzzattn.contract.alibi import alibi_bias, alibi_slopes
 from fuzzattn.contract.case import AttentionCase
 from fuzzattn.contract.dtypes import reads_tf32
 from fuzzattn.judging.placement import judging
@@ -60,9 +61,9 @@ def _expand(t: torch.Tensor, heads: int) -> torch.Tensor:
 
 
 def _probabilities(q, k, case: AttentionCase, lse: torch.Tensor, mask):
-    """(P, slope): P = exp(S - lse), masked, in q's (compute) dtype, 0 on rows with no key, where
-    S = scale q k^T, softcapped as the forward does; slope = dS / d(scale q k^T), the softcap's
-    1 - tanh^2 (None without a softcap: 1 everywhere)."""
+    """(P, slope): P = exp(S - lse), masked, in q's (compute) dtype, 0 on rows with no key,
+    where S = scale q k^T, softcapped and biased as the forward does; slope = dS / d(scale q k^T),
+    the softcap's 1 - tanh^2 (None without a softcap: 1 everywhere)."""
     # In place on this function's own temporaries (as oracle._attend: fresh float64 pages on the
     # host cost as much as the arithmetic); the same operations, the same bits.
     s = (q @ _expand(k, case.heads).transpose(-1, -2)).mul_(case.softmax_scale)
@@ -71,6 +72,9 @@ def _probabilities(q, k, case: AttentionCase, lse: torch.Tensor, mask):
         t = s.div_(case.softcap).tanh_()
         slope = 1.0 - t * t
         s = t.mul_(case.softcap)
+    if case.alibi:          # a constant of q and k: it moves P, not the chain rule
+        s.add_(alibi_bias(alibi_slopes(case.alibi, case.heads, q.device), case.seq_q,
+                          case.seq_k, s.dtype))
     s.masked_fill_(~mask, float("-inf"))
     lse = lse.nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)     # not in place: the caller's lse
     return s.sub_(lse[..., None]).exp_(), slope

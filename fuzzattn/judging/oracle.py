@@ -1,10 +1,10 @@
 """Reference attention: the float64 oracle and the same-precision reference the tolerance uses.
 
-Both compute softmax(scale * q k^T, softcapped, masked) v on the *materialised* (already
-rounded) inputs, so the oracle's only error is float64 rounding. Rows with no visible key
-(bottom-right alignment with Nq > Nk, a window past the keys, or Nk == 0) are defined as out = 0
-and lse = -inf: the limit of an empty sum, and what FlashAttention returns. SDPA's own behaviour
-for such rows is documented in kernels/sdpa.py.
+Both compute softmax(scale * q k^T, softcapped, plus the ALiBi bias, masked) v on the *materialised*
+(already rounded) inputs, so the oracle's only error is float64 rounding. Rows with no visible key
+(bottom-right alignment with Nq > Nk, a window past the keys, or Nk == 0) are defined as out = 0 and
+lse = -inf: the limit of an empty sum, and what FlashAttention returns. SDPA's own behaviour for
+such rows is documented in kernels/sdpa.py.
 """
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import math
 
 import torch
 
+from fuzzattn.contract.alibi import alibi_bias, alibi_slopes
 from fuzzattn.contract.case import AttentionCase
 from fuzzattn.contract.dtypes import reads_tf32
 
@@ -146,6 +147,12 @@ def _attend(q, k, v, case: AttentionCase, compute: torch.dtype, p_dtype: torch.d
     if case.softcap:
         # Capped before the mask, so a hidden key stays -inf whatever the cap.
         scores = scores.div_(case.softcap).tanh_().mul_(case.softcap)
+    bias = None
+    if case.alibi:
+        # After the softcap and before the mask, FlashAttention's order: a hidden key stays -inf.
+        bias = alibi_bias(alibi_slopes(case.alibi, case.heads, q.device), case.seq_q, case.seq_k,
+                          compute)
+        scores.add_(bias)
     seen = seen or visibility(case, q.device)
     hidden, empty = seen.hidden, seen.empty
     if hidden is not None:
@@ -153,9 +160,13 @@ def _attend(q, k, v, case: AttentionCase, compute: torch.dtype, p_dtype: torch.d
     score_magnitude = math.nan
     if magnitudes:
         terms = q.abs() @ k.abs().transpose(-1, -2)
+        unscaled = bias is None
+        if not unscaled:        # the bias (<= 0) is one more term of each score's sum
+            terms.mul_(abs(case.softmax_scale)).sub_(bias)
         if hidden is not None:
             terms.masked_fill_(hidden, 0.0)
-        score_magnitude = terms.max() * abs(case.softmax_scale) if terms.numel() else 0.0
+        factor = abs(case.softmax_scale) if unscaled else 1.0
+        score_magnitude = terms.max() * factor if terms.numel() else 0.0
         if not deferred:
             score_magnitude = float(score_magnitude)
     # A safe row maximum: rows with no visible key get 0 so exp(-inf - 0) = 0, not NaN.

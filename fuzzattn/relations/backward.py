@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import torch
 
+from fuzzattn.contract.alibi import alibi_bias, alibi_slopes
 from fuzzattn.contract.case import AttentionCase
 from fuzzattn.contract.implementation import Implementation
 from fuzzattn.run import execute
@@ -57,13 +58,17 @@ def _row_noise(impl, q, k, v, out, dout, case: AttentionCase) -> dict[str, torch
     s = (qf @ ke.transpose(-1, -2)) * case.softmax_scale
     if case.softcap:
         s = case.softcap * torch.tanh(s / case.softcap)
+    magnitude = (qf.abs() @ ke.abs().transpose(-1, -2)) * abs(case.softmax_scale)
+    if case.alibi:          # after the cap, and one more term of each score (oracle._attend)
+        bias = alibi_bias(alibi_slopes(case.alibi, case.heads, q.device), case.seq_q, case.seq_k,
+                          torch.float32)
+        s, magnitude = s + bias, magnitude - bias
     mask = visible_keys(case.seq_q, case.seq_k, case.causal, q.device, case.window)
-    magnitude = qf.abs() @ ke.abs().transpose(-1, -2)
     if mask is not None:
         s = s.masked_fill(~mask, float("-inf"))
         magnitude = magnitude.masked_fill(~mask, 0.0)
     p = torch.softmax(s, dim=-1).nan_to_num(0.0)        # rows with no key: all zero
-    score = float(magnitude.max()) * abs(case.softmax_scale) if magnitude.numel() else 0.0
+    score = float(magnitude.max()) if magnitude.numel() else 0.0
     out = torch.where(torch.isfinite(out), out, torch.zeros_like(out))
     terms = term_magnitudes(q, k, v, out, dout, p, case)
     sums = {"dq": case.seq_k, "dk": case.seq_q * case.group_size, "dv": case.seq_q * case.group_size}

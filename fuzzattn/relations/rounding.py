@@ -6,9 +6,9 @@ the inputs it was given by:
   score     s_ij = scale * q_i.k_j is an fp32 (or better) dot product of length D, then shifted by
             the running max: |error| <= eps_i = scale |q_i|_2 max_j |k_j|_2 ((D + 4) u32 + 2 u_mm)
             (worst-case dot-product bound, Cauchy-Schwarz, plus the scale multiply and the max
-            subtraction; u_mm = 2^-10 for TF32 fp32 matmuls, whose operands are truncated,
-            else 0). Scores off by <= eps move each weight by a factor in [e^-2eps, e^2eps], so
-            the output by at most min(e^2eps - 1, 1) 2 max|V|.
+            subtraction; u_mm = 2^-10 for TF32 fp32 matmuls, whose operands are truncated, else 0),
+            plus 2 u32 max|bias| under ALiBi. Scores off by <= eps move each weight by a factor in
+            [e^-2eps, e^2eps], so the output by at most min(e^2eps - 1, 1) 2 max|V|.
   weights   P is rounded to the input dtype before P @ V (relative u_p: the dtype's roundoff, or
             u_mm for fp32), absolutely by eta = 2^-25 below fp16's normal range, and V as a
             matmul operand by u_mm: (u_p + u_mm + Nk eta) max|V|.
@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import torch
 
+from fuzzattn.contract.alibi import max_bias
 from fuzzattn.contract.case import AttentionCase
 from fuzzattn.contract.dtypes import TF32_TRUNCATION, U32, reads_tf32, unit_roundoff
 from fuzzattn.contract.implementation import Implementation
@@ -54,6 +55,9 @@ class Rounding:
         self.nk = case.seq_k
         self.head_dim = case.head_dim
         self.scale = abs(case.softmax_scale)
+        # An ALiBi bias is one more fp32 term of each score: its product slope * distance and
+        # its addition each round by up to u32 of the largest |bias|.
+        self.bias_error = 2 * U32 * max_bias(case.alibi, case.heads, case.seq_q, case.seq_k)
 
     @property
     def reduction(self) -> float:
@@ -75,7 +79,7 @@ class Rounding:
         k_norm = k.to(torch.float64).norm(dim=-1).amax(dim=-1)                   # (B, Hkv)
         k_norm = k_norm.repeat_interleave(group, dim=1)[..., None]               # (B, Hq, 1)
         per_product = (self.head_dim + SCORE_EXTRA_OPS) * U32 + 2 * self.u_mm
-        return self.scale * per_product * q_norm * k_norm
+        return self.scale * per_product * q_norm * k_norm + self.bias_error
 
     def score_term(self, eps: torch.Tensor, v_max: torch.Tensor) -> torch.Tensor:
         """Output error from scores off by at most eps: the weights move by e^(+-2 eps)."""

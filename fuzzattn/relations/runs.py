@@ -101,10 +101,13 @@ def all_rows(out: torch.Tensor) -> torch.Tensor:
     return torch.ones(out.shape[:3], dtype=torch.bool, device=out.device)
 
 
-# The identities a variant breaks: permuting keys moves them across a window's edges, and a
-# softcap's tanh does not commute with adding a constant to a row's scores. The others hold
-# (the rows they check come from the case's full mask, window included).
-BROKEN_BY = {"window": ("key_permutation", "grad_key_permutation"), "softcap": ("score_shift",)}
+# The identities a variant breaks: permuting keys moves them across a window's edges and along
+# ALiBi's distances, and a softcap's tanh does not commute with adding a constant to a row's
+# scores. The others hold (the rows they check come from the case's full mask, window included;
+# a bias of the positions alone moves with neither a shift of the scores nor of the values).
+# A paged cache breaks none: the call pages the dense tensors each relation transforms.
+BROKEN_BY = {"window": ("key_permutation", "grad_key_permutation"), "softcap": ("score_shift",),
+             "alibi": ("key_permutation", "grad_key_permutation"), "paged_kv": ()}
 
 
 def as_relation(name: str):
