@@ -25,7 +25,7 @@ from fuzzattn.contract.capabilities import UnsupportedCaseError
 from fuzzattn.contract.case import CaseError
 from fuzzattn.gradients.oracle import oracle_gradients
 from fuzzattn.inputs.materialize import materialize
-from fuzzattn.judging.judge import judge
+from fuzzattn.judgement.judge import judge
 from fuzzattn.judging.oracle import oracle
 from fuzzattn.kernels.torch_tiled import IMPL as TILED, torch_tiled_forward
 from fuzzattn.relations.forward import RELATIONS

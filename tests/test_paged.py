@@ -24,7 +24,7 @@ from fuzzattn.contract.capabilities import UnsupportedCaseError
 from fuzzattn.contract.case import CaseError
 from fuzzattn.contract.paged import page
 from fuzzattn.inputs.materialize import materialize
-from fuzzattn.judging.judge import judge
+from fuzzattn.judgement.judge import judge
 from fuzzattn.kernels.torch_tiled import IMPL as TILED, torch_tiled_forward
 from fuzzattn.run.registry import mutants
 from fuzzattn.strategies.cases import attention_cases
