@@ -56,6 +56,8 @@ def salient(case: AttentionCase) -> str:
         found.append(f"window={case.window[0]},{case.window[1]}")
     if case.softcap:
         found.append(f"softcap={case.softcap:g}")
+    if case.varlen:
+        found.append(f"{len(case.seqlens_q)} packed sequences")
     if case.dtype != "float32":
         found.append(BY_NAME[case.dtype].short)
     return " and ".join(found)

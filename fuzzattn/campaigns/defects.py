@@ -40,6 +40,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 
+from fuzzattn.campaigns import sequences
 from fuzzattn.contract.capabilities import Capabilities
 from fuzzattn.contract.case import NO_WINDOW, AttentionCase, CaseError
 from fuzzattn.contract.dtypes import DTYPES
@@ -148,10 +149,11 @@ def _off_plain(case: AttentionCase, caps: Capabilities) -> dict[str, tuple[str, 
         found["scale"] = ("custom", [case.replace(scale=None)])
     if case.kv_heads != case.heads:
         found["gqa"] = ("yes", [case.replace(kv_heads=case.heads)])
-    if case.seq_q != case.seq_k:
+    found.update(sequences.predicates(case))     # {} for a dense case: totals then are lengths
+    if case.seq_q != case.seq_k and not case.varlen:
         found["lengths"] = ("Nq<Nk" if case.seq_q < case.seq_k else "Nq>Nk",
                             [case.replace(seq_k=case.seq_q), case.replace(seq_q=case.seq_k)])
-    if case.seq_k % 2:
+    if case.seq_k % 2 and not case.varlen:
         # Nk + 1, keeping how Nq compares with Nk (which rows see no key, which mask applies);
         # where it cannot, Nq + 1 too.
         longer = case.replace(seq_k=case.seq_k + 1)

@@ -15,6 +15,7 @@ import torch
 
 from fuzzattn.contract.case import CAUSAL_ALIGNMENTS, AttentionCase
 from fuzzattn.contract.dtypes import BY_TORCH, DTYPES
+from fuzzattn.contract.varlen import why_not_packed
 
 # The contract's base: what a plain callable is assumed to support when it declares nothing.
 BASE_DTYPES = frozenset({"float32", "bfloat16"})
@@ -54,6 +55,9 @@ class Capabilities:
     # window=(left, right) and softcap=float keyword arguments; undeclared, never drawn.
     window: bool = False
     softcap: bool = False
+    # Packed ragged batches (fuzzattn/contract/varlen.py): declared, every call is the varlen one
+    # and only packed cases are drawn; undeclared, packed cases are refused.
+    varlen: bool = False
     # -- length constraints real kernels have (strategies draw inside them directly) ------------
     equal_lengths: bool = False                          # Nq == Nk only
     # Nq == Nk for causal cases only (FLASH through SDPA on CUDA raises for is_causal otherwise)
@@ -156,6 +160,10 @@ class Capabilities:
             return f"window={case.window}"
         if case.softcap and not self.softcap:
             return f"softcap={case.softcap:g}"
+        if case.varlen or self.varlen:
+            why = why_not_packed(self, case)
+            if why is not None:
+                return why
         if not self.zero_length and (case.seq_q == 0 or case.seq_k == 0):
             return f"zero length (seq_q={case.seq_q}, seq_k={case.seq_k})"
         why = self.why_not_lengths(case.seq_q, case.seq_k)

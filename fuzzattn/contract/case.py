@@ -97,12 +97,19 @@ class AttentionCase:
     window: tuple[int, int] = NO_WINDOW
     # Scores become softcap * tanh(scale * q.k / softcap) before any mask; 0.0: off.
     softcap: float = 0.0
+    # Packed ragged batch (fuzzattn/contract/varlen.py): the sequences' lengths, q's and k's, in
+    # packing order; () for a dense case. A packed case has batch 1 and seq_q, seq_k the totals.
+    seqlens_q: tuple[int, ...] = ()
+    seqlens_k: tuple[int, ...] = ()
 
     def __post_init__(self):
         if isinstance(self.layout, list):
             object.__setattr__(self, "layout", tuple(self.layout))
         if isinstance(self.window, list):
             object.__setattr__(self, "window", tuple(self.window))
+        for name in ("seqlens_q", "seqlens_k"):
+            if isinstance(getattr(self, name), list):
+                object.__setattr__(self, name, tuple(getattr(self, name)))
         if (not isinstance(self.window, tuple) or len(self.window) != 2
                 or any(not isinstance(w, int) or isinstance(w, bool) or w < -1
                        or w > MAX_SIZE["seq_k"] for w in self.window)):
@@ -128,6 +135,9 @@ class AttentionCase:
         for name in ("batch", "heads", "kv_heads", "head_dim"):
             if getattr(self, name) == 0:
                 raise CaseError(f"{name}=0 must be at least 1")
+        if self.seqlens_q or self.seqlens_k:
+            from fuzzattn.contract.varlen import check_seqlens   # it builds on this module
+            check_seqlens(self)
         if self.heads % self.kv_heads:
             raise CaseError(f"heads={self.heads} is not a multiple of kv_heads={self.kv_heads}")
         if self.dtype not in DTYPES:
@@ -170,9 +180,16 @@ class AttentionCase:
         return self.window != NO_WINDOW
 
     @property
+    def varlen(self) -> bool:
+        """Whether this is a packed ragged batch (seqlens_q / seqlens_k set)."""
+        return bool(self.seqlens_q)
+
+    @property
     def variants(self) -> tuple[str, ...]:
-        """The attention variants this case uses ("window", "softcap"): () for plain attention."""
-        return (("window",) if self.windowed else ()) + (("softcap",) if self.softcap else ())
+        """The attention variants this case uses ("window", "softcap", "varlen"): () for plain
+        attention."""
+        return ((("window",) if self.windowed else ()) + (("softcap",) if self.softcap else ())
+                + (("varlen",) if self.varlen else ()))
 
     @property
     def macs(self) -> int:
@@ -216,6 +233,11 @@ class AttentionCase:
             del d["window"]       # plain cases keep their key and file, as before the variants
         if not self.softcap:
             del d["softcap"]
+        for name in ("seqlens_q", "seqlens_k"):
+            if getattr(self, name):
+                d[name] = list(getattr(self, name))
+            else:
+                del d[name]       # dense cases keep their key and file
         return d
 
     @classmethod
@@ -235,7 +257,8 @@ class AttentionCase:
             raise CaseError(f"case.{missing[0]} is missing")
         expected = {"batch": int, "heads": int, "kv_heads": int, "seq_q": int, "seq_k": int,
                     "head_dim": int, "data_seed": int, "dtype": str, "causal": str, "values": str,
-                    "layout": list, "config": dict, "generator": str, "window": list}
+                    "layout": list, "config": dict, "generator": str, "window": list,
+                    "seqlens_q": list, "seqlens_k": list}
         for name, kind in expected.items():
             if name in data and (not isinstance(data[name], kind) or isinstance(data[name], bool)):
                 raise CaseError(f"case.{name}={data[name]!r} should be of type {kind.__name__}")
@@ -275,6 +298,8 @@ class AttentionCase:
         generator = "" if self.generator == "torch_cpu" else f" generator={self.generator}"
         window = "" if not self.windowed else f" window={self.window[0]},{self.window[1]}"
         softcap = "" if not self.softcap else f" softcap={self.softcap:g}"
+        varlen = "" if not self.varlen else (" seqlens=" + ",".join(
+            f"{a}/{b}" for a, b in zip(self.seqlens_q, self.seqlens_k)))
         return (f"B={self.batch} {heads} Nq={self.seq_q} Nk={self.seq_k} D={self.head_dim} "
-                f"{BY_NAME[self.dtype].short}{causal}{window}{softcap}{scale}{layout}{values}"
+                f"{BY_NAME[self.dtype].short}{causal}{window}{softcap}{varlen}{scale}{layout}{values}"
                 f"{config} data_seed={self.data_seed}{generator}")

@@ -9,7 +9,8 @@ q is (B, Hq, Nq, D); k and v are (B, Hkv, Nk, D); out is (B, Hq, Nq, D) in q's d
 or the alignment string "top_left" / "bottom_right" (truthy, so a kernel with one alignment may
 treat it as a bool). Implementations declaring `out_buffer` also accept `out=` and `lse=` tensors
 to write into; those declaring `window` / `softcap` get `window=(left, right)` / `softcap=float`
-(AttentionCase's definitions), the explicit backward too. `Implementation.__call__` is the one
+(AttentionCase's definitions), the explicit backward too; those declaring `varlen` get the packed
+call of fuzzattn/contract/varlen.py instead. `Implementation.__call__` is the one
 place the contract's calling convention is spoken: it translates a case into that call and checks
 the answer's shape and dtype.
 
@@ -33,6 +34,7 @@ from typing import Callable
 import torch
 
 from fuzzattn.contract.capabilities import Capabilities
+from fuzzattn.contract import varlen
 from fuzzattn.contract.case import AttentionCase
 
 
@@ -88,6 +90,9 @@ class Implementation:
         forward_config = self.caps.pass_config(case, backward=False)
         if forward_config:
             kwargs["config"] = forward_config
+        if self.caps.varlen:
+            return varlen.packed_call(self.name, self.fn, q, k, v, case, kwargs, out, lse,
+                                      ContractError)
         if out is not None:
             kwargs["out"] = out
             if lse is not None:
@@ -126,7 +131,11 @@ class Implementation:
             backward_config = self.caps.pass_config(case, backward=True)
             if backward_config:
                 kwargs["config"] = backward_config
-            grads = self.backward_fn(q, k, v, out, lse, dout, **kwargs)
+            if self.caps.varlen:
+                grads = varlen.packed_backward(self.name, self.backward_fn, q, k, v, out, lse,
+                                               dout, case, kwargs)
+            else:
+                grads = self.backward_fn(q, k, v, out, lse, dout, **kwargs)
         else:
             grads = self._autograd(q, k, v, dout, case)
         if not isinstance(grads, tuple) or len(grads) != 3:
