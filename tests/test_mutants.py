@@ -96,6 +96,10 @@ CAUGHT_BY = {
     "mutant_window_top_left": (case(seq_k=3, window=(0, 0)), {"out", "lse"}),
     "mutant_softcap_after_mask": (case(2, 2, causal="top_left", softcap=2.0), {"out", "lse"}),
     "mutant_softcap_unscaled": (case(seq_k=2, softcap=2.0), {"out", "lse"}),
+    # Packed varlen loop (tests/test_varlen.py fuzzes each too): two sequences of one row each.
+    "mutant_varlen_reads_next_sequence": (case(2, 2, seqlens_q=(1, 1), seqlens_k=(1, 1)), "out"),
+    "mutant_varlen_drops_last_sequence": (case(2, 2, seqlens_q=(1, 1), seqlens_k=(1, 1)),
+                                          "unwritten_output"),
     # around SDPA
     "mutant_staging_buffer_aliasing": (case(), "lse"),
     "mutant_empty_rows_mean_v": (case(seq_q=2, causal="bottom_right"), "empty_rows"),

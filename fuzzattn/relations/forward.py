@@ -27,6 +27,8 @@ The relations:
                       is unchanged and lse moves by exactly that amount.
   causal_prefix       causal: replacing keys and values from a cut t on leaves every row whose last
                       visible key is before t unchanged, exactly.
+  sequence_isolation  packed: replacing the other sequences' keys and values leaves a sequence's
+                      rows unchanged, exactly (fuzzattn/relations/sequences.py).
 """
 from __future__ import annotations
 
@@ -43,6 +45,7 @@ from fuzzattn.judging.judge import default_device
 from fuzzattn.relations.runs import (all_rows, as_relation, case_generator, relation_verdict,
                                            row_errors, rows_with_keys, run_once)
 from fuzzattn.relations.rounding import Rounding, finite_abs, max_abs_v, row_abs
+from fuzzattn.relations.sequences import sequence_isolation
 from fuzzattn.judging.verdict import Verdict
 
 SHIFT_MIN = 8.0                  # score_shift: smallest added key component (a power of two)
@@ -327,6 +330,7 @@ RELATIONS: dict[str, Callable[..., Verdict | None]] = {
     "value_shift": value_shift,
     "score_shift": score_shift,
     "causal_prefix": causal_prefix,
+    "sequence_isolation": sequence_isolation,      # packed cases only (relations/sequences.py)
 }
 
 
