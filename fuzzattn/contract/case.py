@@ -65,6 +65,7 @@ MAX_ABS_SCALE = 1024.0          # 1/sqrt(D) is <= 1; a scale past 1e3 saturates 
 # past every value profile's scores (~1e4) bends nothing: a typo, not a case.
 MAX_SOFTCAP = 1e4
 NO_WINDOW = (-1, -1)
+MAX_SEQUENCES = 4096            # sequences in one packed case (AttentionCase.seqlens_q)
 
 
 class CaseError(ValueError):
@@ -136,8 +137,7 @@ class AttentionCase:
             if getattr(self, name) == 0:
                 raise CaseError(f"{name}=0 must be at least 1")
         if self.seqlens_q or self.seqlens_k:
-            from fuzzattn.contract.varlen import check_seqlens   # it builds on this module
-            check_seqlens(self)
+            self._check_seqlens()
         if self.heads % self.kv_heads:
             raise CaseError(f"heads={self.heads} is not a multiple of kv_heads={self.kv_heads}")
         if self.dtype not in DTYPES:
@@ -165,6 +165,25 @@ class AttentionCase:
             if (not isinstance(pair, tuple) or len(pair) != 2 or not isinstance(pair[0], str)
                     or not isinstance(pair[1], (int, str, bool))):
                 raise CaseError(f"config entry {pair!r} must be a name and an int, str or bool")
+
+    def _check_seqlens(self) -> None:
+        """Raise CaseError, naming the bad value, for lengths no packed batch can have."""
+        for name in ("seqlens_q", "seqlens_k"):
+            lengths = getattr(self, name)
+            if (not isinstance(lengths, tuple) or not 1 <= len(lengths) <= MAX_SEQUENCES
+                    or any(not isinstance(n, int) or isinstance(n, bool) or n < 0 for n in lengths)):
+                raise CaseError(f"{name}={lengths!r} must be 1..{MAX_SEQUENCES} non-negative ints")
+        if len(self.seqlens_q) != len(self.seqlens_k):
+            raise CaseError(f"seqlens_q={self.seqlens_q!r} and seqlens_k={self.seqlens_k!r} "
+                            "must name the same number of sequences")
+        if self.batch != 1:
+            raise CaseError(f"batch={self.batch} must be 1 for a packed case (the sequences are "
+                            "seqlens_q / seqlens_k)")
+        for name, total, lengths in (("seq_q", self.seq_q, self.seqlens_q),
+                                     ("seq_k", self.seq_k, self.seqlens_k)):
+            if total != sum(lengths) or total > MAX_SIZE[name]:
+                raise CaseError(f"{name}={total} must be the total of the packed lengths, "
+                                f"{sum(lengths)}, at most {MAX_SIZE[name]}")
 
     # -- derived facts ------------------------------------------------------------------------
     @property

@@ -21,9 +21,7 @@ import itertools
 
 import torch
 
-from fuzzattn.contract.case import MAX_SIZE, AttentionCase, CaseError
-
-MAX_SEQUENCES = 4096
+from fuzzattn.contract.case import AttentionCase
 
 
 def offsets(lengths) -> list[int]:
@@ -35,26 +33,6 @@ def spans(case: AttentionCase) -> list[tuple[int, int, int, int]]:
     """(q_start, q_end, k_start, k_end) of each sequence of a packed case, in packing order."""
     cq, ck = offsets(case.seqlens_q), offsets(case.seqlens_k)
     return [(cq[b], cq[b + 1], ck[b], ck[b + 1]) for b in range(len(case.seqlens_q))]
-
-
-def check_seqlens(case: AttentionCase) -> None:
-    """Raise CaseError, naming the bad value, for lengths no packed batch can have."""
-    for name in ("seqlens_q", "seqlens_k"):
-        lengths = getattr(case, name)
-        if (not isinstance(lengths, tuple) or not 1 <= len(lengths) <= MAX_SEQUENCES
-                or any(not isinstance(n, int) or isinstance(n, bool) or n < 0 for n in lengths)):
-            raise CaseError(f"{name}={lengths!r} must be 1..{MAX_SEQUENCES} non-negative ints")
-    if len(case.seqlens_q) != len(case.seqlens_k):
-        raise CaseError(f"seqlens_q={case.seqlens_q!r} and seqlens_k={case.seqlens_k!r} "
-                        "must name the same number of sequences")
-    if case.batch != 1:
-        raise CaseError(f"batch={case.batch} must be 1 for a packed case (the sequences are "
-                        "seqlens_q / seqlens_k)")
-    for name, total, lengths in (("seq_q", case.seq_q, case.seqlens_q),
-                                 ("seq_k", case.seq_k, case.seqlens_k)):
-        if total != sum(lengths) or total > MAX_SIZE[name]:
-            raise CaseError(f"{name}={total} must be the total of the packed lengths, "
-                            f"{sum(lengths)}, at most {MAX_SIZE[name]}")
 
 
 def why_not_packed(caps, case: AttentionCase) -> str | None:
