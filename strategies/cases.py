@@ -15,7 +15,7 @@ from .palette import subset
 from .shape_palette import entries as palette_entries, palette_size
 from .values import value_profiles
 from .variants import softcaps, windows
-from .varlen import SEQUENCES_PER_BATCH, packed_lengths, packed_profile
+from .varlen import SEQUENCES_PER_BATCH, on_first_sequence, packed_lengths, packed_profile
 
 # Softmax scales other than the default 1/sqrt(D) (None), drawn in half the cases.
 OTHER_SCALES = (1.0, 0.5, 0.125, 2.0, 0.3)
@@ -263,5 +263,6 @@ def undeclared_cases(caps: Capabilities, *, profile: Profile | None = None
     if caps.seq_multiple > 1:
         edits["length multiple"] = lambda c: st.just(c.replace(seq_k=c.seq_k + 1))
     declared = attention_cases(caps, profile=profile)
+    edits = {what: on_first_sequence(edit) for what, edit in edits.items()}   # packed cases too
     return st.tuples(st.sampled_from(sorted(edits)), declared).flatmap(
         lambda pair: edits[pair[0]](pair[1]).map(lambda case, what=pair[0]: (what, case)))

@@ -12,6 +12,8 @@ import dataclasses
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
+from fuzzattn.contract.varlen import relengthed
+
 # Sequences per unit of a profile's max_batch: a packed batch is where many short sequences meet
 # (the ci and dev profiles: up to 6; gpu: up to 12).
 SEQUENCES_PER_BATCH = 3
@@ -36,3 +38,18 @@ def packed_profile(profile):
     """The profile one sequence of a packed batch is drawn under: no long outlier (a packed
     batch already multiplies the lengths the oracle's block mask spans)."""
     return dataclasses.replace(profile, max_large_seq=profile.max_seq)
+
+
+def on_first_sequence(edit):
+    """An undeclared-case edit (case -> strategy of cases) that also takes packed cases: their
+    first sequence is edited as a dense case of its own lengths, and spliced back, so a length
+    edit (Nq = 0, Nk = Nq + 1 ...) lands on one sequence and the totals follow."""
+    def apply(case):
+        if not case.varlen:
+            return edit(case)
+        rest_q, rest_k = case.seqlens_q[1:], case.seqlens_k[1:]
+        first = case.replace(seqlens_q=(), seqlens_k=(), seq_q=case.seqlens_q[0],
+                             seq_k=case.seqlens_k[0])
+        return edit(first).map(lambda e: e.replace(**relengthed((e.seq_q,) + rest_q,
+                                                                (e.seq_k,) + rest_k)))
+    return apply

@@ -30,7 +30,7 @@ from fuzzattn.kernels.torch_tiled import IMPL as TILED
 from fuzzattn.kernels.torch_varlen import IMPL as VARLEN, torch_varlen_forward
 from fuzzattn.relations.forward import RELATIONS
 from fuzzattn.run.registry import mutants
-from fuzzattn.strategies.cases import attention_cases
+from fuzzattn.strategies.cases import attention_cases, undeclared_cases
 from fuzzattn.strategies.lengths import seq_shapes
 from fuzzattn.strategies.varlen import packed_lengths
 
@@ -172,6 +172,17 @@ def test_a_varlen_declaration_draws_packed_cases_inside_it(c):
 @given(attention_cases(TILED.caps, profile=profiles.PROFILES["ci"]))
 def test_other_declarations_never_draw_packed_cases(c):
     assert not c.varlen
+
+
+NARROW = dataclasses.replace(VARLEN.caps, zero_length=False, gqa=False, equal_lengths=True,
+                             causal=("bottom_right",))
+
+
+@settings(max_examples=40, database=None)
+@given(undeclared_cases(NARROW, profile=profiles.PROFILES["ci"]))
+def test_undeclared_edits_land_on_one_packed_sequence(drawn):
+    what, c = drawn
+    assert c.varlen and NARROW.why_not(c) is not None, (what, c)
 
 
 def test_shrinking_goes_to_the_fewest_shortest_sequences():
