@@ -18,6 +18,7 @@ from fuzzattn.campaigns.defects import factors, one_change_variants
 from fuzzattn.campaigns.regression_file import load
 from fuzzattn.campaigns.replay import replay_one
 from fuzzattn.campaigns.sequences import EMPTY_SEQUENCE, MANY_SEQUENCES
+from fuzzattn.cli.explain import variants as explain_variants
 from fuzzattn.contract import Implementation, profiles
 from fuzzattn.contract.capabilities import UnsupportedCaseError, refuse
 from fuzzattn.contract.case import CaseError
@@ -237,6 +238,12 @@ def test_packed_predicates_replace_the_total_lengths_ones():
     assert [v.seqlens_q for v in found[MANY_SEQUENCES]] == [(1,), (0,), (2,)]
     assert found[EMPTY_SEQUENCE][0].seqlens_q == (1, 1, 2)
     assert factors(packed((2,), (3,), heads=1), VARLEN.caps) == {}  # one, none empty: plain
+
+
+def test_explain_names_the_sequences_a_predicate_keeps():
+    c = packed((1, 2), (1, 1))
+    rows = [row.changed_to for row in explain_variants(VARLEN, c) if row.factor == MANY_SEQUENCES]
+    assert rows == ["seqlens=1/1", "seqlens=2/1"]          # each sequence alone
 
 
 def test_a_cause_shrinks_toward_fewer_then_shorter_sequences():
