@@ -161,6 +161,24 @@ def test_the_reference_passes_with_its_gradients_judged():
     assert {"out", "lse", "grad_dq", "grad_dk"} <= {v.check for v in report.verdicts}
 
 
+def _packed_backward(q, k, v, out, lse, dout, **kw):
+    """An explicit backward as a varlen kernel offers one: packed tensors in, packed out."""
+    assert q.dim() == 3 and tuple(lse.shape) == (q.shape[1], q.shape[0]) and out.dim() == 3
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    with torch.enable_grad():
+        o, _ = torch_varlen_forward(*leaves, **kw)
+        grads = torch.autograd.grad(o, leaves, dout, allow_unused=True)
+    return tuple(torch.zeros_like(x) if g is None else g for g, x in zip(grads, leaves))
+
+
+def test_an_explicit_backward_gets_the_packed_call_too():
+    impl = Implementation("explicit", torch_varlen_forward, VARLEN.caps,
+                          backward_fn=_packed_backward)
+    report = judge(impl, packed((2, 0, 3), (3, 1, 3), causal="bottom_right"))
+    assert report.passed, report.describe()
+    assert {"grad_dq", "grad_dk", "grad_dv"} <= {v.check for v in report.verdicts}
+
+
 # -- the draws --------------------------------------------------------------------------------
 @settings(max_examples=60, database=None)
 @given(attention_cases(VARLEN.caps, profile=profiles.PROFILES["ci"]))
