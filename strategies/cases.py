@@ -15,6 +15,7 @@ from .palette import subset
 from .shape_palette import entries as palette_entries, palette_size
 from .values import value_profiles
 from .variants import alibis, page_sizes, softcaps, windows
+from .varlen import SEQUENCES_PER_BATCH, on_first_sequence, packed_lengths, packed_profile
 
 # Softmax scales other than the default 1/sqrt(D) (None), drawn in half the cases.
 OTHER_SCALES = (1.0, 0.5, 0.125, 2.0, 0.3)
@@ -79,6 +80,10 @@ class _Parts:
         self.softcap = softcaps() if caps.softcap else None
         self.alibi = alibis() if caps.alibi else None
         self.paged_kv = page_sizes() if caps.paged_kv else None
+        # A declaration of varlen gets packed cases only (fuzzattn/contract/varlen.py).
+        self.packed = None if not caps.varlen else packed_lengths(
+            _shapes(caps, packed_profile(profile)),
+            max_sequences=SEQUENCES_PER_BATCH * profile.max_batch, allow_zero=caps.zero_length)
         # A kernel compiled per shape: whole shapes (with scale and layout) from a few entries.
         self.entry = None if shapes is None else st.sampled_from(
             palette_entries(caps, profile, palette, shapes))
@@ -110,9 +115,13 @@ def _cases(draw, caps: Capabilities, dtypes: tuple[str, ...], profile: Profile,
         kv_heads = draw(parts.kv_heads)
         group = draw(parts.group)
         family, seq_q, seq_k = draw(parts.shape)
+    seqlens_q = seqlens_k = ()
+    if parts.packed is not None:
+        seqlens_q, seqlens_k = draw(parts.packed)
+        family, batch, seq_q, seq_k = "packed", 1, sum(seqlens_q), sum(seqlens_k)
     event(f"shape family={family}")
     causal = draw(parts.causal.get(family, parts.causal[None]))
-    if causal != "none" and caps.causal_equal_lengths:
+    if causal != "none" and caps.causal_equal_lengths and not seqlens_q:
         seq_k = seq_q                      # the shape's Nq keeps every length constraint
     if parts.entry is None:
         scale = draw(parts.scale)
@@ -121,14 +130,16 @@ def _cases(draw, caps: Capabilities, dtypes: tuple[str, ...], profile: Profile,
     data_seed = draw(parts.data_seed)
     case = AttentionCase(batch=batch, heads=kv_heads * group, kv_heads=kv_heads, seq_q=seq_q,
                          seq_k=seq_k, head_dim=head_dim, dtype=dtype, causal=causal, scale=scale,
-                         layout=layout, values=values, data_seed=data_seed)
-    if caps.window:
-        case = case.replace(window=draw(windows(seq_q, seq_k)))
+                         layout=layout, values=values, data_seed=data_seed,
+                         seqlens_q=seqlens_q, seqlens_k=seqlens_k)
+    if caps.window:     # a packed case's window spans one sequence: drawn to its longest
+        case = case.replace(window=draw(windows(max(seqlens_q, default=seq_q),
+                                                max(seqlens_k, default=seq_k))))
     if parts.softcap is not None and values not in UNCAPPED_VALUES:
         case = case.replace(softcap=draw(parts.softcap))
-    if parts.alibi is not None and values not in UNBIASED_VALUES:
+    if parts.alibi is not None and values not in UNBIASED_VALUES and not case.varlen:
         case = case.replace(alibi=draw(parts.alibi))
-    if parts.paged_kv is not None:
+    if parts.paged_kv is not None and not case.varlen:
         case = case.replace(paged_kv=draw(parts.paged_kv))
     case = case.replace(config=draw(configs(caps, case, parts.palette)),
                         generator=_generator(profile, case))
@@ -207,6 +218,10 @@ def _label(case: AttentionCase) -> None:
         event("alibi")
     if case.paged_kv:
         event("paged_kv")
+    if case.varlen:
+        event(f"varlen sequences={len(case.seqlens_q)}")
+        if 0 in case.seqlens_q + case.seqlens_k:
+            event("varlen sequence of length 0")
 
 
 # -- cases outside a declaration: the refusal property ------------------------------------------
@@ -262,5 +277,6 @@ def undeclared_cases(caps: Capabilities, *, profile: Profile | None = None
     if caps.seq_multiple > 1:
         edits["length multiple"] = lambda c: st.just(c.replace(seq_k=c.seq_k + 1))
     declared = attention_cases(caps, profile=profile)
+    edits = {what: on_first_sequence(edit) for what, edit in edits.items()}   # packed cases too
     return st.tuples(st.sampled_from(sorted(edits)), declared).flatmap(
         lambda pair: edits[pair[0]](pair[1]).map(lambda case, what=pair[0]: (what, case)))

@@ -103,6 +103,10 @@ CAUGHT_BY = {
     # sequence's keys, or a spare's NaN.
     "mutant_paged_logical_blocks": (case(batch=2, seq_k=3, causal="top_left", paged_kv=2),
                                     {"nonfinite", "out", "lse"}),
+    # Packed varlen loop (tests/test_varlen.py fuzzes each too): two sequences of one row each.
+    "mutant_varlen_reads_next_sequence": (case(2, 2, seqlens_q=(1, 1), seqlens_k=(1, 1)), "out"),
+    "mutant_varlen_drops_last_sequence": (case(2, 2, seqlens_q=(1, 1), seqlens_k=(1, 1)),
+                                          "unwritten_output"),
     # around SDPA
     "mutant_staging_buffer_aliasing": (case(), "lse"),
     "mutant_empty_rows_mean_v": (case(seq_q=2, causal="bottom_right"), "empty_rows"),

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import time
 
+from fuzzattn.campaigns import sequences
 from fuzzattn.contract.capabilities import Capabilities
 from fuzzattn.contract.case import AttentionCase, CaseError
 
@@ -61,7 +62,7 @@ def _shorter(n: int, floor: int, multiple: int) -> list[int]:
 def candidates(case: AttentionCase, caps: Capabilities) -> list[AttentionCase]:
     """Every one-step simplification of `case` the implementation declares, largest first."""
     c = case
-    steps: list[dict] = []
+    steps: list[dict] = sequences.shrink_steps(c)     # fewer sequences first: [] when dense
     if c.batch > 1:
         steps += [dict(batch=1), dict(batch=c.batch // 2)]
     if c.kv_heads > 1:

@@ -60,6 +60,8 @@ def salient(case: AttentionCase) -> str:
         found.append(f"alibi={case.alibi}")
     if case.paged_kv:
         found.append(f"paged_kv={case.paged_kv}")
+    if case.varlen:
+        found.append(f"{len(case.seqlens_q)} packed sequences")
     if case.dtype != "float32":
         found.append(BY_NAME[case.dtype].short)
     return " and ".join(found)

@@ -40,6 +40,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 
+from fuzzattn.campaigns import sequences
+from fuzzattn.campaigns.sequences import PREDICATE
 from fuzzattn.contract.capabilities import Capabilities
 from fuzzattn.contract.case import NO_WINDOW, AttentionCase, CaseError
 from fuzzattn.contract.dtypes import DTYPES
@@ -96,8 +98,6 @@ def _key(first) -> str:
     return f"{first.check}: {detail.split(':', 1)[0].strip()}{origin}"
 
 
-# Predicates are factors with no value: the table names them alone ("Nk odd").
-PREDICATE = ""
 # Tensors a kernel may address alike, the likeliest first: when undoing two of these relations
 # makes one case (v laid out apart from q and k, which agree), the first names the cause.
 _RELATED = (("k", "v"), ("q", "k"), ("q", "v"))
@@ -151,17 +151,7 @@ def _off_plain(case: AttentionCase, caps: Capabilities) -> dict[str, tuple[str, 
         found["scale"] = ("custom", [case.replace(scale=None)])
     if case.kv_heads != case.heads:
         found["gqa"] = ("yes", [case.replace(kv_heads=case.heads)])
-    if case.seq_q != case.seq_k:
-        found["lengths"] = ("Nq<Nk" if case.seq_q < case.seq_k else "Nq>Nk",
-                            [case.replace(seq_k=case.seq_q), case.replace(seq_q=case.seq_k)])
-    if case.seq_k % 2:
-        # Nk + 1, keeping how Nq compares with Nk (which rows see no key, which mask applies);
-        # where it cannot, Nq + 1 too.
-        longer = case.replace(seq_k=case.seq_k + 1)
-        if (longer.seq_q > longer.seq_k) != (case.seq_q > case.seq_k) or \
-                (longer.seq_q == longer.seq_k) != (case.seq_q == case.seq_k):
-            longer = case.replace(seq_q=case.seq_q + 1, seq_k=case.seq_k + 1)
-        found["Nk odd"] = (PREDICATE, [longer])
+    found.update(sequences.predicates(case))
     first = {name: choices[0] for name, choices in caps.configs}
     config = dict(case.config)
     for name, value in case.config:

@@ -156,8 +156,12 @@ def _predicate_rows(impl, case, shown) -> list[Variant]:
 def _difference(case, variant) -> str:
     """'Nq=3 Nk=3' or 'layout[v]=contiguous': what the variant changed."""
     parts = []
+    packed = (variant.seqlens_q, variant.seqlens_k) != (case.seqlens_q, case.seqlens_k)
+    if packed:        # a packed case's totals follow its sequences: name those
+        parts.append("seqlens=" + ",".join(f"{a}/{b}" for a, b in zip(variant.seqlens_q,
+                                                                      variant.seqlens_k)))
     for field, label in (("seq_q", "Nq"), ("seq_k", "Nk"), ("kv_heads", "Hkv")):
-        if getattr(variant, field) != getattr(case, field):
+        if getattr(variant, field) != getattr(case, field) and not (packed and field != "kv_heads"):
             parts.append(f"{label}={getattr(variant, field)}")
     for tensor, (was, now) in zip("qkv", zip(case.layout, variant.layout)):
         if was != now:

@@ -4,6 +4,7 @@
     dtypes        the one dtype table
     capabilities  Capabilities: what an implementation declares, and how its inputs are checked
     implementation  Implementation: a named callable, and the contract's calling convention
+    varlen        packed ragged batches: flash_attn_varlen_func's convention, spoken once
     known_defects KnownDefect: an upstream defect's input class, which campaigns pass over
     profiles      run profiles: how many cases and how large
 

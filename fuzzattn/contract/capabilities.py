@@ -15,6 +15,7 @@ import torch
 
 from fuzzattn.contract.case import CAUSAL_ALIGNMENTS, AttentionCase
 from fuzzattn.contract.dtypes import BY_TORCH, DTYPES
+from fuzzattn.contract.varlen import why_not_packed
 
 # The contract's base: what a plain callable is assumed to support when it declares nothing.
 BASE_DTYPES = frozenset({"float32", "bfloat16"})
@@ -58,6 +59,9 @@ class Capabilities:
     # AttentionCase.paged_kv: the forward gets k_cache, v_cache for k, v and block_table= and
     # cache_seqlens= (None for a dense case); gradients, by autograd, reach k, v through them.
     paged_kv: bool = False
+    # Packed ragged batches (fuzzattn/contract/varlen.py): declared, every call is the varlen one
+    # and only packed cases are drawn; undeclared, packed cases are refused.
+    varlen: bool = False
     # -- length constraints real kernels have (strategies draw inside them directly) ------------
     equal_lengths: bool = False                          # Nq == Nk only
     # Nq == Nk for causal cases only (FLASH through SDPA on CUDA raises for is_causal otherwise)
@@ -164,6 +168,10 @@ class Capabilities:
             return f"alibi={case.alibi}"
         if case.paged_kv and not self.paged_kv:
             return f"paged_kv={case.paged_kv}"
+        if case.varlen or self.varlen:
+            why = why_not_packed(self, case)
+            if why is not None:
+                return why
         if not self.zero_length and (case.seq_q == 0 or case.seq_k == 0):
             return f"zero length (seq_q={case.seq_q}, seq_k={case.seq_k})"
         why = self.why_not_lengths(case.seq_q, case.seq_k)

@@ -66,6 +66,7 @@ MAX_ABS_SCALE = 1024.0          # 1/sqrt(D) is <= 1; a scale past 1e3 saturates 
 # past every value profile's scores (~1e4) bends nothing: a typo, not a case.
 MAX_SOFTCAP = 1e4
 NO_WINDOW = (-1, -1)
+MAX_SEQUENCES = 4096            # sequences in one packed case (AttentionCase.seqlens_q)
 
 
 class CaseError(ValueError):
@@ -104,12 +105,19 @@ class AttentionCase:
     # A paged KV cache's block size (contract/paged.py lays k, v out in shuffled blocks); 0: the
     # dense k, v.
     paged_kv: int = 0
+    # Packed ragged batch (fuzzattn/contract/varlen.py): the sequences' lengths, q's and k's, in
+    # packing order; () for a dense case. A packed case has batch 1 and seq_q, seq_k the totals.
+    seqlens_q: tuple[int, ...] = ()
+    seqlens_k: tuple[int, ...] = ()
 
     def __post_init__(self):
         if isinstance(self.layout, list):
             object.__setattr__(self, "layout", tuple(self.layout))
         if isinstance(self.window, list):
             object.__setattr__(self, "window", tuple(self.window))
+        for name in ("seqlens_q", "seqlens_k"):
+            if isinstance(getattr(self, name), list):
+                object.__setattr__(self, name, tuple(getattr(self, name)))
         if (not isinstance(self.window, tuple) or len(self.window) != 2
                 or any(not isinstance(w, int) or isinstance(w, bool) or w < -1
                        or w > MAX_SIZE["seq_k"] for w in self.window)):
@@ -142,6 +150,8 @@ class AttentionCase:
         for name in ("batch", "heads", "kv_heads", "head_dim"):
             if getattr(self, name) == 0:
                 raise CaseError(f"{name}=0 must be at least 1")
+        if self.seqlens_q or self.seqlens_k:
+            self._check_seqlens()
         if self.heads % self.kv_heads:
             raise CaseError(f"heads={self.heads} is not a multiple of kv_heads={self.kv_heads}")
         if self.dtype not in DTYPES:
@@ -170,6 +180,30 @@ class AttentionCase:
                     or not isinstance(pair[1], (int, str, bool))):
                 raise CaseError(f"config entry {pair!r} must be a name and an int, str or bool")
 
+    def _check_seqlens(self) -> None:
+        """Raise CaseError, naming the bad value, for lengths no packed batch can have."""
+        for name in ("seqlens_q", "seqlens_k"):
+            lengths = getattr(self, name)
+            if (not isinstance(lengths, tuple) or not 1 <= len(lengths) <= MAX_SEQUENCES
+                    or any(not isinstance(n, int) or isinstance(n, bool) or n < 0 for n in lengths)):
+                raise CaseError(f"{name}={lengths!r} must be 1..{MAX_SEQUENCES} non-negative ints")
+        if len(self.seqlens_q) != len(self.seqlens_k):
+            raise CaseError(f"seqlens_q={self.seqlens_q!r} and seqlens_k={self.seqlens_k!r} "
+                            "must name the same number of sequences")
+        if self.batch != 1:
+            raise CaseError(f"batch={self.batch} must be 1 for a packed case (the sequences are "
+                            "seqlens_q / seqlens_k)")
+        for name, total, lengths in (("seq_q", self.seq_q, self.seqlens_q),
+                                     ("seq_k", self.seq_k, self.seqlens_k)):
+            if total != sum(lengths) or total > MAX_SIZE[name]:
+                raise CaseError(f"{name}={total} must be the total of the packed lengths, "
+                                f"{sum(lengths)}, at most {MAX_SIZE[name]}")
+        # ALiBi's distance and a paged cache's block table are defined per dense batch row; a
+        # packed batch would need them per sequence, which no implementation here declares.
+        if self.alibi or self.paged_kv:
+            raise CaseError(f"alibi={self.alibi!r}, paged_kv={self.paged_kv} cannot be combined "
+                            "with a packed case (seqlens_q / seqlens_k)")
+
     # -- derived facts ------------------------------------------------------------------------
     @property
     def softmax_scale(self) -> float:
@@ -184,11 +218,17 @@ class AttentionCase:
         return self.window != NO_WINDOW
 
     @property
+    def varlen(self) -> bool:
+        """Whether this is a packed ragged batch (seqlens_q / seqlens_k set)."""
+        return bool(self.seqlens_q)
+
+    @property
     def variants(self) -> tuple[str, ...]:
-        """The attention variants this case uses ("window", "softcap", "alibi", "paged_kv"): ()
-        for plain attention."""
+        """The attention variants this case uses ("window", "softcap", "alibi", "paged_kv",
+        "varlen"): () for plain attention."""
         return ((("window",) if self.windowed else ()) + (("softcap",) if self.softcap else ())
-                + (("alibi",) if self.alibi else ()) + (("paged_kv",) if self.paged_kv else ()))
+                + (("alibi",) if self.alibi else ()) + (("paged_kv",) if self.paged_kv else ())
+                + (("varlen",) if self.varlen else ()))
 
     @property
     def macs(self) -> int:
@@ -236,6 +276,11 @@ class AttentionCase:
             del d["alibi"]
         if not self.paged_kv:
             del d["paged_kv"]
+        for name in ("seqlens_q", "seqlens_k"):
+            if getattr(self, name):
+                d[name] = list(getattr(self, name))
+            else:
+                del d[name]       # dense cases keep their key and file
         return d
 
     @classmethod
@@ -256,7 +301,7 @@ class AttentionCase:
         expected = {"batch": int, "heads": int, "kv_heads": int, "seq_q": int, "seq_k": int,
                     "head_dim": int, "data_seed": int, "dtype": str, "causal": str, "values": str,
                     "layout": list, "config": dict, "generator": str, "window": list,
-                    "alibi": str, "paged_kv": int}
+                    "alibi": str, "paged_kv": int, "seqlens_q": list, "seqlens_k": list}
         for name, kind in expected.items():
             if name in data and (not isinstance(data[name], kind) or isinstance(data[name], bool)):
                 raise CaseError(f"case.{name}={data[name]!r} should be of type {kind.__name__}")
@@ -298,7 +343,9 @@ class AttentionCase:
         softcap = "" if not self.softcap else f" softcap={self.softcap:g}"
         alibi = "" if not self.alibi else f" alibi={self.alibi}"
         paged = "" if not self.paged_kv else f" paged_kv={self.paged_kv}"
+        varlen = "" if not self.varlen else (" seqlens=" + ",".join(
+            f"{a}/{b}" for a, b in zip(self.seqlens_q, self.seqlens_k)))
         return (f"B={self.batch} {heads} Nq={self.seq_q} Nk={self.seq_k} D={self.head_dim} "
-                f"{BY_NAME[self.dtype].short}{causal}{window}{softcap}{alibi}{paged}{scale}"
+                f"{BY_NAME[self.dtype].short}{causal}{window}{softcap}{alibi}{paged}{varlen}{scale}"
                 f"{layout}{values}"
                 f"{config} data_seed={self.data_seed}{generator}")

@@ -11,7 +11,8 @@ a bool). Implementations declaring `out_buffer` also accept `out=` and `lse=` te
 those declaring `window` / `softcap` / `alibi` get `window=(left, right)` / `softcap=float` /
 `alibi_slopes=` (Hq,) float32 or None (AttentionCase's definitions), the explicit backward too;
 those declaring `paged_kv` get k, v as paged caches with `block_table=` and `cache_seqlens=` (None
-for a dense case) in the forward (contract/paged.py). `Implementation.__call__` is the one place the
+for a dense case) in the forward (contract/paged.py); those declaring `varlen` get the packed call of
+contract/varlen.py instead. `Implementation.__call__` is the one place the
 contract's calling convention is spoken: it translates a case into that call and checks the answer's
 shape and dtype.
 
@@ -36,6 +37,7 @@ import torch
 
 from fuzzattn.contract.alibi import alibi_slopes
 from fuzzattn.contract.capabilities import Capabilities
+from fuzzattn.contract import varlen
 from fuzzattn.contract.case import AttentionCase
 from fuzzattn.contract.paged import page
 
@@ -107,6 +109,9 @@ class Implementation:
         forward_config = self.caps.pass_config(case, backward=False)
         if forward_config:
             kwargs["config"] = forward_config
+        if self.caps.varlen:
+            return varlen.packed_call(self.name, self.fn, q, k, v, case, kwargs, out, lse,
+                                      ContractError)
         if out is not None:
             kwargs["out"] = out
             if lse is not None:
@@ -140,7 +145,11 @@ class Implementation:
             backward_config = self.caps.pass_config(case, backward=True)
             if backward_config:
                 kwargs["config"] = backward_config
-            grads = self.backward_fn(q, k, v, out, lse, dout, **kwargs)
+            if self.caps.varlen:
+                grads = varlen.packed_backward(self.name, self.backward_fn, q, k, v, out, lse,
+                                               dout, case, kwargs)
+            else:
+                grads = self.backward_fn(q, k, v, out, lse, dout, **kwargs)
         else:
             grads = self._autograd(q, k, v, dout, case)
         if not isinstance(grads, tuple) or len(grads) != 3:

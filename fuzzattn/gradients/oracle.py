@@ -27,7 +27,7 @@ from fuzzattn.contract.case import AttentionCase
 from fuzzattn.contract.dtypes import reads_tf32
 from fuzzattn.judging.placement import judging
 from fuzzattn.judging.oracle import (Reference, _attend, same_precision_reference,
-                                   truncate_to_tf32, visible_keys)
+                                   truncate_to_tf32, case_visible_keys)
 
 NAMES = ("dq", "dk", "dv")
 
@@ -44,7 +44,7 @@ class GradReference:
 
 
 def _mask(case: AttentionCase, device) -> torch.Tensor:
-    mask = visible_keys(case.seq_q, case.seq_k, case.causal, device, case.window)
+    mask = case_visible_keys(case, device)
     if mask is None:
         mask = torch.ones(case.seq_q, case.seq_k, dtype=torch.bool, device=device)
     return mask

@@ -14,6 +14,7 @@ import math
 import torch
 
 from fuzzattn.contract.alibi import alibi_bias, alibi_slopes
+from fuzzattn.contract import varlen
 from fuzzattn.contract.case import AttentionCase
 from fuzzattn.contract.dtypes import reads_tf32
 
@@ -40,6 +41,18 @@ def visible_keys(seq_q: int, seq_k: int, causal: str, device=None,
         seen &= j >= diagonal - left
     if right >= 0:
         seen &= j <= diagonal + right
+    return seen
+
+
+def case_visible_keys(case: AttentionCase, device=None) -> torch.Tensor | None:
+    """visible_keys for a whole case. A packed case's mask is block diagonal: each sequence's
+    queries see its own keys only, by visible_keys of its own lengths (alignment per sequence)."""
+    if not case.varlen:
+        return visible_keys(case.seq_q, case.seq_k, case.causal, device, case.window)
+    seen = torch.zeros(case.seq_q, case.seq_k, dtype=torch.bool, device=device)
+    for q0, q1, k0, k1 in varlen.spans(case):
+        block = visible_keys(q1 - q0, k1 - k0, case.causal, device, case.window)
+        seen[q0:q1, k0:k1] = True if block is None else block
     return seen
 
 
@@ -115,6 +128,11 @@ def visibility(case: AttentionCase, device) -> Visibility:
     """`case`'s hidden keys and empty rows on `device`: the complement of visible_keys, with
     Nk = 0 as every row empty."""
     seq_q, seq_k = case.seq_q, case.seq_k
+    if case.varlen:
+        hidden = ~case_visible_keys(case, device)
+        return Visibility(hidden, hidden.all(dim=-1), any(
+            some_row_empty(q1 - q0, k1 - k0, case.causal, case.window)
+            for q0, q1, k0, k1 in varlen.spans(case)))
     if case.causal == "none" and not case.windowed and seq_k > 0:
         # Every key visible: nothing to mask, and no row is empty; the masking in _attend is
         # skipped rather than done with an all-False mask (the same values, seven operations

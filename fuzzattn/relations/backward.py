@@ -34,7 +34,7 @@ from fuzzattn.inputs.materialize import materialize, materialize_dout
 from fuzzattn.relations.forward import _transformed
 from fuzzattn.relations.runs import (RunRefused, RunFailed, as_relation, case_generator,
                                            relation_verdict, row_errors, run_once)
-from fuzzattn.judging.oracle import visible_keys
+from fuzzattn.judging.oracle import case_visible_keys
 from fuzzattn.judging.tolerance import grad_noise
 from fuzzattn.judging.verdict import Verdict
 
@@ -63,7 +63,7 @@ def _row_noise(impl, q, k, v, out, dout, case: AttentionCase) -> dict[str, torch
         bias = alibi_bias(alibi_slopes(case.alibi, case.heads, q.device), case.seq_q, case.seq_k,
                           torch.float32)
         s, magnitude = s + bias, magnitude - bias
-    mask = visible_keys(case.seq_q, case.seq_k, case.causal, q.device, case.window)
+    mask = case_visible_keys(case, q.device)
     if mask is not None:
         s = s.masked_fill(~mask, float("-inf"))
         magnitude = magnitude.masked_fill(~mask, 0.0)

@@ -27,6 +27,8 @@ The relations:
                       is unchanged and lse moves by exactly that amount.
   causal_prefix       causal: replacing keys and values from a cut t on leaves every row whose last
                       visible key is before t unchanged, exactly.
+  sequence_isolation  packed: replacing the other sequences' keys and values leaves a sequence's
+                      rows unchanged, exactly: a leak named where it happens, with no oracle.
 """
 from __future__ import annotations
 
@@ -38,6 +40,7 @@ import torch
 from fuzzattn.contract.case import AttentionCase
 from fuzzattn.contract.dtypes import BY_NAME, U32
 from fuzzattn.contract.implementation import Implementation
+from fuzzattn.contract.varlen import spans
 from fuzzattn.inputs.materialize import materialize
 from fuzzattn.judgement.judge import default_device
 from fuzzattn.relations.runs import (all_rows, as_relation, case_generator, relation_verdict,
@@ -321,12 +324,56 @@ def causal_prefix(impl, case, device):
                     note=f"keys >= {t} replaced; rows 0-{last_checked} checked")
 
 
+# -- 6. sequence isolation ------------------------------------------------------------------
+@as_relation("sequence_isolation")
+def sequence_isolation(impl, case, device):
+    """Replace the keys and values of every sequence but one (chosen from the case's seed among
+    those with queries, when another holds keys) with 16 * N(0, 1) values: that sequence's rows
+    of out and lse must be unchanged, exactly. Never NaN: a correct kernel may load a
+    neighbour's keys and weight them 0 * v.
+    Tolerance: none for deterministic kernels (every quantity entering a checked row is the same
+    in both runs, and a key it does not see contributes exact zeros); deterministic=False kernels
+    get both runs' whole error, as causal_prefix gives them."""
+    if not case.varlen:
+        return None
+    eligible = [s for s in spans(case) if s[1] > s[0] and s[3] - s[2] < case.seq_k]
+    if not eligible:
+        return None
+    g = case_generator(case)
+    q0, q1, k0, k1 = eligible[int(torch.randint(len(eligible), (1,), generator=g))]
+    inputs = materialize(case, device)
+    replaced = {}
+    for name in "kv":
+        tensor = getattr(inputs, name).clone()
+        fresh = (REPLACEMENT_SCALE * torch.randn(tensor.shape, generator=g)).to(tensor.dtype)
+        fresh[:, :, k0:k1] = tensor[:, :, k0:k1].cpu()
+        replaced[name] = fresh.to(device)
+    replaced = _transformed(case, device, **replaced)
+    out, lse = run_once(impl, *inputs.tensors(), case, "original")
+    out2, lse2 = run_once(impl, *replaced.tensors(), case, "others replaced")
+    rows = torch.arange(case.seq_q, device=device)
+    checked = ((rows >= q0) & (rows < q1)).expand(out.shape[:3])
+    allowed = lse_allowed = torch.zeros((), dtype=torch.float64, device=device)
+    if not impl.caps.deterministic:
+        r = Rounding(impl, case)
+        eps = r.score_error(inputs.q, inputs.k, case.group_size)
+        allowed = _out_allowed(r, (eps, eps), max_abs_v(inputs.v, case.group_size), (out, out2))
+        if lse is not None and lse2 is not None:
+            lse_allowed = _lse_allowed(r, (eps, eps), (lse, lse2))
+    parts = [("out", row_errors(out2, out), allowed, checked)]
+    if lse is not None and lse2 is not None:
+        parts.append(_lse_part(lse2, lse, lse_allowed, checked))
+    return relation_verdict("sequence_isolation", impl, case, parts,
+                            note=f"keys outside {k0}-{k1 - 1} replaced; rows {q0}-{q1 - 1} checked")
+
+
 RELATIONS: dict[str, Callable[..., Verdict | None]] = {
     "key_permutation": key_permutation,
     "batch_independence": batch_independence,
     "value_shift": value_shift,
     "score_shift": score_shift,
     "causal_prefix": causal_prefix,
+    "sequence_isolation": sequence_isolation,      # packed cases only
 }
 
 

@@ -19,7 +19,7 @@ from fuzzattn.contract.implementation import Implementation
 from fuzzattn.contract.known_defects import covering
 from fuzzattn.run import execute
 from fuzzattn.judgement.judge import default_device, skip_reason
-from fuzzattn.judging.oracle import visible_keys
+from fuzzattn.judging.oracle import case_visible_keys
 from fuzzattn.judging.verdict import Verdict, heatmap, locate
 
 PREFIX = "metamorphic:"
@@ -49,7 +49,7 @@ def run_once(impl: Implementation, q, k, v, case: AttentionCase, which: str):
 
 def rows_with_keys(case: AttentionCase, device) -> torch.Tensor:
     """(Nq,) bool: rows that see at least one key (the others are out 0, lse -inf)."""
-    mask = visible_keys(case.seq_q, case.seq_k, case.causal, device, case.window)
+    mask = case_visible_keys(case, device)
     if mask is None:
         return torch.full((case.seq_q,), case.seq_k > 0, dtype=torch.bool, device=device)
     return mask.any(dim=-1)
@@ -105,9 +105,12 @@ def all_rows(out: torch.Tensor) -> torch.Tensor:
 # ALiBi's distances, and a softcap's tanh does not commute with adding a constant to a row's
 # scores. The others hold (the rows they check come from the case's full mask, window included;
 # a bias of the positions alone moves with neither a shift of the scores nor of the values).
-# A paged cache breaks none: the call pages the dense tensors each relation transforms.
+# A paged cache breaks none: the call pages the dense tensors each relation transforms. A packed
+# batch breaks key permutations (keys move between sequences) and the causal prefix (a cut
+# through a packed batch is not one causal prefix).
 BROKEN_BY = {"window": ("key_permutation", "grad_key_permutation"), "softcap": ("score_shift",),
-             "alibi": ("key_permutation", "grad_key_permutation"), "paged_kv": ()}
+             "alibi": ("key_permutation", "grad_key_permutation"), "paged_kv": (),
+             "varlen": ("key_permutation", "grad_key_permutation", "causal_prefix")}
 
 
 def as_relation(name: str):

@@ -10,10 +10,12 @@ fixture per mutant.
     triton_mutants  bugs in the Triton FA2 forward: kernel source edits and host-side launch errors
     torch_mutants   bugs in the tiled PyTorch forward and around SDPA (one only its autograd
                     gradients show)
+    varlen_mutants  bugs in the packed varlen loop: a cross-sequence leak, a dropped sequence
     backward_mutants  bugs in the Triton FA2 backward, registered as triton_fa2 with a mutated
                     backward_fn: only the gradient checks can kill them
     edit            how a mutant is derived from a real function: one checked source edit
 """
-from . import backward_mutants, torch_mutants, triton_mutants
+from . import backward_mutants, torch_mutants, triton_mutants, varlen_mutants
 
-MUTANTS = triton_mutants.MUTANTS + torch_mutants.MUTANTS + backward_mutants.MUTANTS
+MUTANTS = (triton_mutants.MUTANTS + torch_mutants.MUTANTS + varlen_mutants.MUTANTS
+           + backward_mutants.MUTANTS)
