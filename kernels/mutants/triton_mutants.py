@@ -204,6 +204,11 @@ KERNEL_BUGS = (
      "block that holds it: wrong when BLOCK_M < BLOCK_N or Nk - Nq is not a multiple of BLOCK_N",
      [("stop = tl.minimum((last_visible + BLOCK_N - 1) // BLOCK_N * BLOCK_N, N_KEYS)",
        "stop = tl.minimum(last_visible // BLOCK_N * BLOCK_N, N_KEYS)")]),
+    ("mutant_window_skip_rounds_up",
+     "a window's first key block is the tile's first visible key rounded UP to a key block, so "
+     "the block holding it is skipped: wrong when that key is not the first of its block",
+     [("first = tl.maximum(start_m + LEFT_SHIFT, 0) // BLOCK_N * BLOCK_N",
+       "first = (tl.maximum(start_m + LEFT_SHIFT, 0) + BLOCK_N - 1) // BLOCK_N * BLOCK_N")]),
 )
 # Kernel bugs that may read rows past Nk (more than the inputs' guard holds for wide key blocks).
 _READS_PAST_NK = {"mutant_v_load_unmasked", "mutant_maskfree_ragged_tail",
