@@ -123,7 +123,8 @@ def autotuned(kernel):
     """`kernel` (fa2_fwd_kernel or a mutant of it) wrapped in @triton.autotune over AUTOTUNE_CONFIGS.
 
     Built once per kernel and kept: the autotuner's cache of winners lives on this object.
-    Tuned per (Nq, Nk, BLOCK_D, causal, dtype); compiled binaries are shared across keys.
+    Tuned per (Nq, Nk, BLOCK_D, upper edge, left edge, softcap, dtype): a window changes which
+    tiles pay off. Compiled binaries are shared across keys.
     """
     tuner = _AUTOTUNERS.get(kernel)
     if tuner is None:
@@ -131,7 +132,7 @@ def autotuned(kernel):
                                  num_warps=c["num_warps"], num_stages=c["num_stages"])
                    for c in AUTOTUNE_CONFIGS]
         tuner = triton.autotune(configs=configs,
-                                key=["N_QUERIES", "N_KEYS", "BLOCK_D", "IS_CAUSAL"],
+                                key=["N_QUERIES", "N_KEYS", "BLOCK_D", "IS_CAUSAL", "HAS_LEFT", "SOFTCAP"],
                                 prune_configs_by={"early_config_prune": _prune_invalid})(kernel)
         _AUTOTUNERS[kernel] = tuner
     return tuner
