@@ -8,12 +8,12 @@ from fuzzattn.triton_interpreter.backend import ensure_backend
 
 ensure_backend()
 
-from . import flex, sdpa, torch_tiled, torch_varlen, triton_fa2  # noqa: E402  (must follow ensure_backend)
+from . import flex, sdpa, sdpa_window, torch_tiled, torch_varlen, triton_fa2  # noqa: E402  (after ensure_backend)
 
 # sdpa.BACKEND_IMPLS: one SDPA backend each, those that can run on this torch and device
 # (sdpa.UNAVAILABLE says why the others are absent).
 # flex.REGISTERED is None on a torch without FlexAttention (flex.UNAVAILABLE says why) and where
 # its compiled path is known wrong (flex.CPU_DEFECT).
 IMPLEMENTATIONS = ((triton_fa2.IMPL, torch_tiled.IMPL, torch_varlen.IMPL, sdpa.IMPL)
-                   + sdpa.BACKEND_IMPLS
+                   + sdpa.BACKEND_IMPLS + (sdpa_window.IMPL,)
                    + tuple(impl for impl in (flex.REGISTERED,) if impl is not None))

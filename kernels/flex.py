@@ -6,8 +6,11 @@ Hkv < Hq, the case's scale, and the lse through `return_aux=AuxRequest(lse=True)
 its base-2 statistic to natural log before returning it, the contract's unit).
 
 Causal: key j is visible to query i iff j - i <= offset, with offset 0 for top-left and Nk - Nq
-for bottom-right. Rows with no visible key (bottom-right, Nq > Nk) are left to flex: its answer
-for them (out 0, lse -inf) is judged, not patched.
+for bottom-right. A sliding window (left, right) is the band Nk - Nq - left <= j - i <=
+Nk - Nq + right in the same mask_mod (flex leaves the bottom-right shift to its user), and a
+softcap is a score_mod, c * tanh(score / c): flex applies it to the scaled score before the mask.
+Rows with no visible key are left to flex: its answer for them (out 0, lse -inf) is judged, not
+patched.
 
 Compilation. `dynamic=False`: every shape, stride pattern, dtype, scale and mask presence
 compiles once (dynamo guards on the scale's value: `scale == 0.3`; with automatic dynamic shapes
@@ -131,6 +134,8 @@ CAPS = Capabilities(
     gqa=True,
     strides="any",
     zero_length=False,               # a block mask needs Nq, Nk >= 1
+    window=True,                     # a band mask_mod (_band)
+    softcap=True,                    # a score_mod (_softcap)
     returns_lse=ON_CUDA,
     backward=ON_CUDA,                # autograd through the compiled flex (its own backward kernel)
     deterministic_backward=False,    # not measured on a GPU yet: reruns are not required to match
@@ -156,19 +161,55 @@ def _visible(offset: int, device: str):
 
 
 @functools.lru_cache(maxsize=256)
-def _block_mask(seq_q: int, seq_k: int, causal: str, device: str):
-    """The block mask of one causal alignment and shape (None for non-causal), built once."""
-    if causal == "none":
+def _band(lowest: int, highest: int | None, device: str):
+    """The mask_mod keeping lowest <= kv_idx - q_idx (<= highest unless None), the limits
+    captured 0-d tensors as in _visible: windows of one shape share a compile."""
+    low = torch.tensor(lowest, device=device)
+    if highest is None:
+        def mask_mod(b, h, q_idx, kv_idx):
+            return kv_idx - q_idx >= low
+        return mask_mod
+    high = torch.tensor(highest, device=device)
+
+    def banded(b, h, q_idx, kv_idx):
+        return (kv_idx - q_idx >= low) & (kv_idx - q_idx <= high)
+    return banded
+
+
+@functools.lru_cache(maxsize=256)
+def _softcap(cap: float, device: str):
+    """The score_mod c * tanh(score / c) (score already scaled), c a captured 0-d tensor."""
+    c = torch.tensor(cap, dtype=torch.float32, device=device)
+
+    def score_mod(score, b, h, q_idx, kv_idx):
+        return c * torch.tanh(score / c)
+    return score_mod
+
+
+@functools.lru_cache(maxsize=256)
+def _block_mask(seq_q: int, seq_k: int, causal: str, window: tuple[int, int], device: str):
+    """The block mask of one causal alignment, window and shape (None when every key is
+    visible), built once. Causal's diagonal and the window's right edge both bound j - i from
+    above: the nearer one is the band's top."""
+    left, right = window
+    shift = seq_k - seq_q                 # the window is bottom-right aligned
+    tops = ([0 if causal == "top_left" else shift] if causal != "none" else []) + (
+        [shift + right] if right >= 0 else [])
+    top = min(tops) if tops else None
+    if left < 0 and top is None:
         return None
-    offset = 0 if causal == "top_left" else seq_k - seq_q
-    return _api().create_block_mask(_visible(offset, device), None, None, seq_q, seq_k, device=device)
+    mask_mod = _visible(top, device) if left < 0 else _band(shift - left, top, device)
+    return _api().create_block_mask(mask_mod, None, None, seq_q, seq_k, device=device)
 
 
-def flex_forward(q, k, v, *, causal, scale):
+def flex_forward(q, k, v, *, causal, scale, window=(-1, -1), softcap=0.0):
     """(out, lse) on CUDA, out on the CPU, from the compiled flex_attention."""
     causal, scale = CAPS.check_inputs(q, k, v, causal=causal, scale=scale)
-    block_mask = _block_mask(q.shape[2], k.shape[2], causal, str(q.device))
+    window, softcap = CAPS.check_variants(window=window, softcap=softcap)
+    block_mask = _block_mask(q.shape[2], k.shape[2], causal, window, str(q.device))
     kwargs = dict(block_mask=block_mask, scale=scale, enable_gqa=k.shape[1] != q.shape[1])
+    if softcap:
+        kwargs["score_mod"] = _softcap(softcap, str(q.device))
     with _limits():
         if not CAPS.returns_lse:
             return _flex()(q, k, v, **kwargs)
@@ -192,8 +233,8 @@ IMPL = None if UNAVAILABLE else Implementation(
     name="flex",
     fn=flex_forward,
     caps=CAPS,
-    description="torch.compile(flex_attention): block masks for both causal alignments, "
-                "enable_gqa, lse from return_aux (CUDA), static shapes.",
+    description="torch.compile(flex_attention): block masks for both causal alignments and "
+                "windows, a softcap score_mod, enable_gqa, lse from return_aux (CUDA), static shapes.",
     sources=(__file__,),
 )
 

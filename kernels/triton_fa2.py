@@ -5,38 +5,34 @@ L = logsumexp (natural log) of the scaled, masked scores. Both of the article's 
 place: keys past N_KEYS are masked out of the softmax, and the P cast is assigned
 (`p = p.to(v.dtype)`) before the second dot.
 
-Configurations (kernels/triton_fa2_configs.py): tile sizes and launch options are one choice per
-axis of CONFIG_SPACE, the article's kernel first. `triton_fa2_forward(..., config=...)` pins one
-and launches the plain kernel with its meta-parameters and launch options, so any point of the
-space runs; with `config=None` the compiled kernel is autotuned over AUTOTUNE_CONFIGS and the
-interpreter runs BASELINE_CONFIG. examples/square_fp16_attention.py shows the other recipe,
-`fuzzattn.contract.autotune`, for a kernel whose autotuner list is the whole space.
+Configurations (kernels/triton_fa2_configs.py): one choice per axis of CONFIG_SPACE, the
+article's kernel first. `config=...` pins one (any point of the space runs); `config=None` is
+autotuned over AUTOTUNE_CONFIGS compiled and runs BASELINE_CONFIG interpreted.
+examples/square_fp16_attention.py shows the other recipe, `fuzzattn.contract.autotune`.
 
 What a production kernel does, each for a reason (comments at each place say more):
 * Both causal alignments: top-left (key j visible to query i iff j <= i) and bottom-right
   (j <= i + Nk - Nq, FlashAttention >= 2.1); rows that see no key end as out 0, lse -inf.
-* Causal block skipping in stages: key blocks visible to every row of the tile run without a
-  mask; the diagonal blocks run with the causal mask; key blocks hidden from every row are
-  never loaded.
+* A sliding window and a softcap (kernels/triton_fa2_variants.py), as FlashAttention-2's.
+* Block skipping in stages: key blocks visible to every row of the tile run without a mask; the
+  blocks across the window's left edge, the diagonal and the ragged end run with their masks;
+  key blocks hidden from every row are never loaded.
 * exp2 with the softmax scale folded into log2(e); lse is converted back to natural log.
 * p = exp2(min(s - m, 0)): p <= 1 however the compiler contracts s - m, so the cast of P to
   fp16 cannot overflow.
 * Key blocks wholly inside Nk load without bounds masks; only a ragged last block pays for them.
 
 Kept from the article's port:
-* Offsets + masks instead of `tl.make_block_ptr`: block pointers are removed in triton 3.9 and
-  broken in the 3.8 interpreter; pointer arithmetic runs the same on 3.6-3.9, compiled or not.
-* (B, H, N, D) tensors with every stride honoured (the last dim too), so transposed, sliced and
+* Offsets + masks, not `tl.make_block_ptr` (removed in triton 3.9, broken in 3.8's interpreter).
+* (B, H, N, D) tensors with every stride honoured (the last dim too): transposed, sliced and
   stride-0 broadcast inputs work without a copy. GQA: query head h reads kv head h // (Hq // Hkv).
 * D is padded to a power-of-two BLOCK_D >= 16 with masked loads, so any D up to 256 works.
-* Masked scores are -inf (not the article's -1e6 sentinel, which lets masked keys out-vote real
-  ones when every real score is below it), with a safe max so a row that has seen no key yet
-  computes exp2(-inf - 0) = 0 instead of exp2(-inf + inf) = NaN.
+* Masked scores are -inf (the article's -1e6 lets masked keys out-vote real scores below it),
+  with a safe max: a row that has seen no key computes exp2(-inf - 0) = 0, not NaN.
 * int64 (batch, head) base offsets; out / lse written into caller buffers when given.
 
 fp32 inputs use tl.dot's default precision: IEEE fp32 in the interpreter; TF32 compiled on CUDA,
-whose operands are truncated (not rounded to nearest) to 10 mantissa bits
-(docs/CALIBRATION.md#tf32).
+operands truncated to 10 mantissa bits (docs/CALIBRATION.md#tf32).
 
 Seeded-bug variants (kernels/mutants/) are this file's kernel with one source edit and the same
 signature; they reuse this launcher through `triton_fa2_forward(..., kernel=...)`.
@@ -49,7 +45,7 @@ import triton.language as tl
 
 from fuzzattn.contract import Capabilities, Implementation, refuse
 from fuzzattn.triton_interpreter.backend import ensure_backend, is_interpreted
-from fuzzattn.kernels import triton_fa2_configs
+from fuzzattn.kernels import triton_fa2_configs, triton_fa2_variants as variants
 from fuzzattn.kernels.triton_fa2_backward import triton_fa2_backward
 # The configuration space is part of this kernel's interface: its names are re-exported here.
 from fuzzattn.kernels.triton_fa2_configs import (  # noqa: F401
@@ -69,6 +65,8 @@ CAPS = Capabilities(
     strides="any",
     zero_length=False,
     returns_lse=True,
+    window=True,                     # both edges and causal: kernels/triton_fa2_variants.py
+    softcap=True,
     backward=True,                   # triton_fa2_backward (kernels/triton_fa2_backward.py)
     # tl.dot's default for fp32 operands: TF32 on tensor cores compiled, IEEE in the interpreter.
     fp32_matmul="ieee" if is_interpreted() else "tf32",
@@ -93,18 +91,22 @@ CAPS = Capabilities(
 def _attend_key_blocks(
     acc, l_i, m_i, q,
     k_base, v_base, offs_m, offs_n, offs_d, mask_d,
-    start, stop, N_KEYS, CAUSAL_SHIFT, qk_scale,
+    start, stop, N_KEYS, CAUSAL_SHIFT, LEFT_SHIFT, qk_scale, softcap,
     stride_kn, stride_kd, stride_vn, stride_vd,
     BLOCK_N: tl.constexpr,
     CAUSAL_MASK: tl.constexpr,
     BOUNDS_MASK: tl.constexpr,
+    LEFT_MASK: tl.constexpr,
+    SOFTCAP: tl.constexpr,
 ):
     """Online softmax over the key blocks starting at start, start + BLOCK_N, ... < stop.
 
     CAUSAL_MASK: hide key j from row i when j > i + CAUSAL_SHIFT (the diagonal blocks).
     BOUNDS_MASK: the blocks may reach past N_KEYS (the ragged last block): mask loads and scores.
-    Without either, every key of every block is real and visible: no mask is computed at all.
-    Scores are in base-2 units (qk_scale includes log2 e), so m_i is too.
+    LEFT_MASK: hide key j from row i when j < i + LEFT_SHIFT (a window's left edge).
+    Without any, every key of every block is real and visible: no mask is computed at all.
+    Scores are in base-2 units (qk_scale includes log2 e), so m_i is too; with SOFTCAP, qk_scale
+    is scale / softcap and softcap is the cap times log2 e (the launcher folds both).
     """
     k_ptrs = k_base + (start + offs_n)[:, None] * stride_kn + offs_d[None, :] * stride_kd
     v_ptrs = v_base + (start + offs_n)[:, None] * stride_vn + offs_d[None, :] * stride_vd
@@ -121,16 +123,21 @@ def _attend_key_blocks(
             v = tl.load(v_ptrs, mask=mask_d[None, :], other=0.0)
 
         s = tl.dot(q, tl.trans(k)) * qk_scale          # (BLOCK_M, BLOCK_N), fp32, base 2
+        if SOFTCAP:
+            # c * tanh(x / c) in base 2, before any mask: a masked key stays -inf, not -c.
+            s = variants.tanh(s) * softcap
 
-        if CAUSAL_MASK or BOUNDS_MASK:
+        if CAUSAL_MASK or BOUNDS_MASK or LEFT_MASK:
             # Article fix 2: zero-padded keys past N_KEYS would score 0 and vote; mask them.
             keep = offs_kn[None, :] < N_KEYS
             if CAUSAL_MASK:
                 keep = keep & (offs_kn[None, :] <= offs_m[:, None] + CAUSAL_SHIFT)
+            if LEFT_MASK:
+                keep = keep & (offs_kn[None, :] >= offs_m[:, None] + LEFT_SHIFT)
             s = tl.where(keep, s, float("-inf"))
 
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        if CAUSAL_MASK or BOUNDS_MASK:
+        if CAUSAL_MASK or BOUNDS_MASK or LEFT_MASK:
             # Safe max: a row with every key so far masked has m_new = -inf; subtracting 0
             # instead gives p = exp2(-inf) = 0 and alpha = 0, never exp2(-inf + inf) = NaN.
             # Unmasked blocks score every key finitely, so they skip this select.
@@ -167,7 +174,7 @@ def _attend_key_blocks(
 FORWARD_UNSPECIALIZED = (
     "stride_qb", "stride_qh", "stride_kb", "stride_kh", "stride_vb", "stride_vh",
     "stride_ob", "stride_oh", "stride_lb", "stride_lh",
-    "N_QUERIES", "N_KEYS", "HEAD_DIM", "GROUP_SIZE", "CAUSAL_SHIFT")
+    "N_QUERIES", "N_KEYS", "HEAD_DIM", "GROUP_SIZE", "CAUSAL_SHIFT", "LEFT_SHIFT")
 
 
 @triton.jit(do_not_specialize=FORWARD_UNSPECIALIZED)
@@ -178,13 +185,17 @@ def fa2_fwd_kernel(
     stride_vb, stride_vh, stride_vn, stride_vd,
     stride_ob, stride_oh, stride_om, stride_od,
     stride_lb, stride_lh, stride_lm,
-    N_QUERIES, N_KEYS, HEAD_DIM, GROUP_SIZE, CAUSAL_SHIFT,
-    scale,
+    N_QUERIES, N_KEYS, HEAD_DIM, GROUP_SIZE, CAUSAL_SHIFT, LEFT_SHIFT,
+    scale, softcap,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
     IS_CAUSAL: tl.constexpr,
+    HAS_LEFT: tl.constexpr,
+    SOFTCAP: tl.constexpr,
 ):
+    # Key j is kept for row i iff i + LEFT_SHIFT <= j (HAS_LEFT) and j <= i + CAUSAL_SHIFT
+    # (IS_CAUSAL: causal's diagonal or a window's right edge, whichever is nearer).
     pid_m = tl.program_id(0)
     pid_h = tl.program_id(1)
     pid_b = tl.program_id(2)
@@ -204,21 +215,48 @@ def fa2_fwd_kernel(
     mask_m = offs_m < N_QUERIES
     mask_d = offs_d < HEAD_DIM      # BLOCK_D pads D to a power of two; the padding reads as 0
 
-    # Q is loaded once; padded rows (past N_QUERIES) compute garbage that the store discards.
+    # Loaded once; padded rows (past N_QUERIES) compute garbage that the store discards.
     q_ptrs = q_base + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd
     q = tl.load(q_ptrs, mask=mask_m[:, None] & mask_d[None, :], other=0.0)
 
     # exp(scale * x) = exp2(scale * log2(e) * x): one multiply folded into the scale, and exp2 is
     # the hardware instruction (ex2.approx) that exp is built from.
     qk_scale = scale * 1.4426950408889634
+    if SOFTCAP:
+        # c * tanh(scale x / c) * log2 e: tanh's argument takes scale / c, log2 e goes after it.
+        qk_scale = scale / softcap
+        softcap = softcap * 1.4426950408889634
 
-    # Running state in fp32 whatever the input dtype.
-    m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
+    m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)   # fp32 state for every dtype
     l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
     acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
 
     # Keys [0, n_keys_even) come in whole BLOCK_N blocks: they load without bounds masks.
     n_keys_even = N_KEYS // BLOCK_N * BLOCK_N
+    stop = N_KEYS
+    if IS_CAUSAL:
+        # The tile's last row sees keys up to start_m + BLOCK_M - 1 + CAUSAL_SHIFT: key blocks
+        # from the next whole block on are hidden from every row and never loaded (rounded UP,
+        # so the block holding that key is visited).
+        last_visible = tl.maximum(start_m + BLOCK_M + CAUSAL_SHIFT, 0)
+        stop = tl.minimum((last_visible + BLOCK_N - 1) // BLOCK_N * BLOCK_N, N_KEYS)
+    # A left edge: the tile's first row sees no key before start_m + LEFT_SHIFT, so key blocks
+    # wholly before it are skipped (rounded DOWN, so the block holding that key is visited);
+    # keys from its last row's edge on are past every row's edge, so the stage with the left
+    # mask ends at the first whole block there (rounded UP). The stages after it start there.
+    left_end = 0
+    if HAS_LEFT:
+        first = tl.maximum(start_m + LEFT_SHIFT, 0) // BLOCK_N * BLOCK_N
+        left_end = tl.maximum(start_m + BLOCK_M - 1 + LEFT_SHIFT, 0)
+        left_end = tl.minimum((left_end + BLOCK_N - 1) // BLOCK_N * BLOCK_N, stop)
+        # Stage 0, across the left edge: every mask (a narrow band may meet the diagonal and the
+        # ragged end in one block).
+        acc, l_i, m_i = _attend_key_blocks(
+            acc, l_i, m_i, q, k_base, v_base, offs_m, offs_n, offs_d, mask_d,
+            first, left_end, N_KEYS, CAUSAL_SHIFT, LEFT_SHIFT, qk_scale, softcap,
+            stride_kn, stride_kd, stride_vn, stride_vd,
+            BLOCK_N=BLOCK_N, CAUSAL_MASK=IS_CAUSAL, BOUNDS_MASK=True, LEFT_MASK=True,
+            SOFTCAP=SOFTCAP)
     if IS_CAUSAL:
         # Key j is visible to row i iff j <= i + CAUSAL_SHIFT (0 top-left, Nk - Nq bottom-right).
         # Keys [0, start_m + CAUSAL_SHIFT + 1) are visible to every row of the tile; rounded
@@ -226,44 +264,38 @@ def fa2_fwd_kernel(
         # need no causal mask. The diagonal stage starts there.
         diag_start = tl.maximum(start_m + CAUSAL_SHIFT + 1, 0) // BLOCK_N * BLOCK_N
         full_end = tl.minimum(diag_start, n_keys_even)
-        # The tile's last row sees keys up to start_m + BLOCK_M - 1 + CAUSAL_SHIFT: key blocks
-        # from the next whole block on are hidden from every row and never loaded (rounded UP,
-        # so the block holding that key is visited).
-        last_visible = tl.maximum(start_m + BLOCK_M + CAUSAL_SHIFT, 0)
-        stop = tl.minimum((last_visible + BLOCK_N - 1) // BLOCK_N * BLOCK_N, N_KEYS)
         # Stage 1: whole blocks visible to every row: no mask at all.
         acc, l_i, m_i = _attend_key_blocks(
             acc, l_i, m_i, q, k_base, v_base, offs_m, offs_n, offs_d, mask_d,
-            0, full_end, N_KEYS, CAUSAL_SHIFT, qk_scale,
+            left_end, full_end, N_KEYS, CAUSAL_SHIFT, LEFT_SHIFT, qk_scale, softcap,
             stride_kn, stride_kd, stride_vn, stride_vd,
-            BLOCK_N=BLOCK_N, CAUSAL_MASK=False, BOUNDS_MASK=False)
+            BLOCK_N=BLOCK_N, CAUSAL_MASK=False, BOUNDS_MASK=False, LEFT_MASK=False,
+            SOFTCAP=SOFTCAP)
         # Stage 2: the diagonal blocks inside n_keys_even: causal mask, no bounds mask.
         acc, l_i, m_i = _attend_key_blocks(
             acc, l_i, m_i, q, k_base, v_base, offs_m, offs_n, offs_d, mask_d,
-            full_end, tl.minimum(stop, n_keys_even), N_KEYS, CAUSAL_SHIFT, qk_scale,
+            tl.maximum(full_end, left_end), tl.minimum(stop, n_keys_even), N_KEYS,
+            CAUSAL_SHIFT, LEFT_SHIFT, qk_scale, softcap,
             stride_kn, stride_kd, stride_vn, stride_vd,
-            BLOCK_N=BLOCK_N, CAUSAL_MASK=True, BOUNDS_MASK=False)
-        # Stage 3: the ragged last block, when some row sees part of it: both masks.
-        acc, l_i, m_i = _attend_key_blocks(
-            acc, l_i, m_i, q, k_base, v_base, offs_m, offs_n, offs_d, mask_d,
-            n_keys_even, stop, N_KEYS, CAUSAL_SHIFT, qk_scale,
-            stride_kn, stride_kd, stride_vn, stride_vd,
-            BLOCK_N=BLOCK_N, CAUSAL_MASK=True, BOUNDS_MASK=True)
+            BLOCK_N=BLOCK_N, CAUSAL_MASK=True, BOUNDS_MASK=False, LEFT_MASK=False,
+            SOFTCAP=SOFTCAP)
     else:
         # Whole blocks without any mask, then the ragged last block (if any) with bounds masks.
         acc, l_i, m_i = _attend_key_blocks(
             acc, l_i, m_i, q, k_base, v_base, offs_m, offs_n, offs_d, mask_d,
-            0, n_keys_even, N_KEYS, CAUSAL_SHIFT, qk_scale,
+            left_end, n_keys_even, N_KEYS, CAUSAL_SHIFT, LEFT_SHIFT, qk_scale, softcap,
             stride_kn, stride_kd, stride_vn, stride_vd,
-            BLOCK_N=BLOCK_N, CAUSAL_MASK=False, BOUNDS_MASK=False)
-        acc, l_i, m_i = _attend_key_blocks(
-            acc, l_i, m_i, q, k_base, v_base, offs_m, offs_n, offs_d, mask_d,
-            n_keys_even, N_KEYS, N_KEYS, CAUSAL_SHIFT, qk_scale,
-            stride_kn, stride_kd, stride_vn, stride_vd,
-            BLOCK_N=BLOCK_N, CAUSAL_MASK=False, BOUNDS_MASK=True)
+            BLOCK_N=BLOCK_N, CAUSAL_MASK=False, BOUNDS_MASK=False, LEFT_MASK=False,
+            SOFTCAP=SOFTCAP)
+    # Stage 3: the ragged last block, when some row sees part of it: bounds (and causal) masks.
+    acc, l_i, m_i = _attend_key_blocks(
+        acc, l_i, m_i, q, k_base, v_base, offs_m, offs_n, offs_d, mask_d,
+        tl.maximum(n_keys_even, left_end), stop, N_KEYS, CAUSAL_SHIFT, LEFT_SHIFT, qk_scale,
+        softcap, stride_kn, stride_kd, stride_vn, stride_vd,
+        BLOCK_N=BLOCK_N, CAUSAL_MASK=IS_CAUSAL, BOUNDS_MASK=True, LEFT_MASK=False,
+        SOFTCAP=SOFTCAP)
 
-    # Rows that saw no key (l == 0) end as out 0 and lse -inf, the project's convention.
-    # (l is replaced by 1 there before dividing and taking its log: no 0/0, no log(0).)
+    # Rows that saw no key (l == 0) end as out 0 and lse -inf (l = 1 there: no 0/0, no log 0).
     empty = l_i == 0.0
     l_safe = tl.where(empty, 1.0, l_i)
     out = acc / l_safe[:, None]
@@ -278,20 +310,21 @@ def fa2_fwd_kernel(
 fa2_fwd_autotuned = autotuned(fa2_fwd_kernel)
 
 
-def triton_fa2_forward(q, k, v, *, causal, scale, out=None, lse=None, config=None, kernel=None):
+def triton_fa2_forward(q, k, v, *, causal, scale, window=(-1, -1), softcap=0.0, out=None,
+                       lse=None, config=None, kernel=None):
     """softmax(scale * q k^T) v with its logsumexp: (out (B,Hq,Nq,D), lse (B,Hq,Nq) float32).
 
     q (B, Hq, Nq, D); k, v (B, Hkv, Nk, D) with Hq a multiple of Hkv; any strides. causal is
-    False, True (= "top_left"), "top_left" or "bottom_right". `out` / `lse`, when given, are
-    written in place (their strides honoured) and returned.
+    False, True (= "top_left"), "top_left" or "bottom_right"; window (left, right) and softcap
+    as the README's Variants. `out` / `lse`, when given, are written in place and returned.
 
-    `config`: a dict with exactly the keys of CONFIG_SPACE pins that configuration; None lets
-    the autotuner choose among the valid ones when compiled, and runs BASELINE_CONFIG under the
-    interpreter (timing interpreted kernels would tune for the interpreter). `kernel` swaps in a
+    `config`: a dict over CONFIG_SPACE pins it; None: the autotuner's pick compiled, and
+    BASELINE_CONFIG interpreted (timing the interpreter would tune for it). `kernel` swaps in a
     kernel with fa2_fwd_kernel's signature (mutants).
     """
     # -- validate: everything outside the declared capabilities is refused in one line ----------
     causal, scale = CAPS.check_inputs(q, k, v, causal=causal, scale=scale)
+    window, softcap = CAPS.check_variants(window=window, softcap=softcap)
     if not is_interpreted() and q.device.type != "cuda":
         refuse("device", str(q.device), "cuda when compiled (set TRITON_INTERPRET=1 for CPU)")
     batch, heads, seq_q, head_dim = q.shape
@@ -323,12 +356,14 @@ def triton_fa2_forward(q, k, v, *, causal, scale, out=None, lse=None, config=Non
     def grid(meta):
         return (triton.cdiv(seq_q, meta["BLOCK_M"]), heads, batch)
 
+    upper, lower = variants.mask_edges(causal, window, seq_q, seq_k)
     args = (q, k, v, out, lse,
             *q.stride(), *k.stride(), *v.stride(), *out.stride(), *lse.stride(),
             seq_q, seq_k, head_dim, heads // kv_heads,
-            seq_k - seq_q if causal == "bottom_right" else 0,    # CAUSAL_SHIFT
-            float(scale))
-    meta = dict(BLOCK_D=block_d(head_dim), IS_CAUSAL=causal != "none")
+            upper or 0, lower or 0,                         # CAUSAL_SHIFT, LEFT_SHIFT
+            float(scale), softcap)
+    meta = dict(BLOCK_D=block_d(head_dim), IS_CAUSAL=upper is not None,
+                HAS_LEFT=lower is not None, SOFTCAP=softcap > 0)
     kernel = kernel or fa2_fwd_kernel
     if config is None and not is_interpreted():
         autotuned(kernel)[grid](*args, **meta)        # the production path: the autotuner picks

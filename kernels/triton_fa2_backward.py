@@ -28,10 +28,12 @@ Precision, as FA2: fp32 accumulation everywhere; P and dS are rounded to the inp
 their matmuls (dV += P^T dO, dK += dS^T Q, dQ += dS K), because tensor cores take both operands
 in one dtype. fp32 inputs use tl.dot's default: TF32 compiled on CUDA, IEEE in the interpreter.
 
-Causal block skipping: the dK/dV kernel starts at the first query block that can see any key of
-its block; the dQ kernel stops after the last key block its last row can see. Blocks wholly
-hidden are never loaded. Causal alignment is a runtime shift: key j is visible to query i iff
-j <= i + CAUSAL_SHIFT, with CAUSAL_SHIFT = 0 (top_left) or Nk - Nq (bottom_right).
+Block skipping: the dK/dV kernel visits only the query blocks that can see some key of its
+block; the dQ kernel only the key blocks its rows can see. Blocks wholly hidden are never loaded.
+Masks are two runtime shifts (kernels/triton_fa2_variants.py): key j is visible to query i iff
+i + LEFT_SHIFT <= j (a window's left edge) and j <= i + CAUSAL_SHIFT (causal's diagonal, 0
+top-left or Nk - Nq bottom-right, or a window's right edge, whichever is nearer). A softcap
+recomputes c * tanh(x / c) and multiplies dS by its slope 1 - tanh^2.
 """
 from __future__ import annotations
 
@@ -41,23 +43,16 @@ import triton.language as tl
 
 from fuzzattn.contract import Capabilities, refuse
 from fuzzattn.triton_interpreter.backend import ensure_backend, is_interpreted
-# The configuration space and its shared-memory rule: re-exported, part of this kernel's interface.
+from fuzzattn.kernels import triton_fa2_variants as variants
+# The configuration space, its defaults and shared-memory rule: re-exported, part of this
+# kernel's interface.
 from fuzzattn.kernels.triton_fa2_configs import (  # noqa: F401
-    BACKWARD_CONFIG_SPACE, MAX_HEAD_DIM, block_d, backward_config_invalid as config_invalid)
+    BACKWARD_CONFIG_SPACE, MAX_HEAD_DIM, _COMPILED_DEFAULTS, block_d, default_backward_config
+    as default_config, resolve_backward_config as _resolve_config,
+    backward_config_invalid as config_invalid)
 
 # Must precede the @triton.jit decorations below (they read TRITON_INTERPRET when they run).
 ensure_backend()
-
-# Preference order for config=None when compiled: the first one config_invalid accepts for the
-# head dim and element size is used. 64x64 / 4 warps / 2 stages is FA2's usual middle ground.
-_COMPILED_DEFAULTS = (
-    {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2},
-    {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 1},
-    {"BLOCK_M": 32, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1},
-    {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1},
-)
-# The interpreter pays per op, not per byte: the smallest tiles keep tests fast there.
-_INTERPRETED_DEFAULT = {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1}
 
 CAPS = Capabilities(
     dtypes={"float32", "bfloat16", "float16"},
@@ -68,6 +63,8 @@ CAPS = Capabilities(
     strides="any",
     zero_length=False,
     returns_lse=True,
+    window=True,
+    softcap=True,
     backward=True,
     fp32_matmul="ieee" if is_interpreted() else "tf32",
     deterministic=True,              # no atomics: every program owns the gradient rows it writes
@@ -77,7 +74,7 @@ CAPS = Capabilities(
 
 # As in the forward (FORWARD_UNSPECIALIZED): lengths, the group, the shift and batch/head strides
 # are per-program scalars, not specialised; row and element strides are.
-_SCALARS = ("N_QUERIES", "N_KEYS", "HEAD_DIM", "GROUP_SIZE", "CAUSAL_SHIFT")
+_SCALARS = ("N_QUERIES", "N_KEYS", "HEAD_DIM", "GROUP_SIZE", "CAUSAL_SHIFT", "LEFT_SHIFT")
 PREPROCESS_UNSPECIALIZED = ("stride_ob", "stride_oh", "stride_dob", "stride_doh", "N_QUERIES",
                             "HEAD_DIM")
 GRADIENT_UNSPECIALIZED = _SCALARS + tuple(
@@ -126,12 +123,14 @@ def bwd_dkdv_kernel(
     stride_lb, stride_lh, stride_lm,
     stride_dkb, stride_dkh, stride_dkn, stride_dkd,
     stride_dvb, stride_dvh, stride_dvn, stride_dvd,
-    N_QUERIES, N_KEYS, HEAD_DIM, GROUP_SIZE, CAUSAL_SHIFT,
-    scale,
+    N_QUERIES, N_KEYS, HEAD_DIM, GROUP_SIZE, CAUSAL_SHIFT, LEFT_SHIFT,
+    scale, softcap,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
     IS_CAUSAL: tl.constexpr,
+    HAS_LEFT: tl.constexpr,
+    SOFTCAP: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_hkv = tl.program_id(1)
@@ -162,6 +161,11 @@ def bwd_dkdv_kernel(
     lo = 0
     if IS_CAUSAL:
         lo = (tl.maximum(pid_n * BLOCK_N - CAUSAL_SHIFT, 0) // BLOCK_M) * BLOCK_M
+    # A left edge: query i sees key j only if i <= j - LEFT_SHIFT, so no query from the block's
+    # last key - LEFT_SHIFT + 1 on sees it: the loop ends there.
+    hi = N_QUERIES
+    if HAS_LEFT:
+        hi = tl.minimum(pid_n * BLOCK_N + BLOCK_N - LEFT_SHIFT, N_QUERIES)
 
     # Every query head of the GQA group adds into the same dk, dv: they are the group's sums.
     for g in range(GROUP_SIZE):
@@ -179,7 +183,7 @@ def bwd_dkdv_kernel(
         l_ptrs = l_base + offs_m * stride_lm
         delta_ptrs = delta_base + offs_m
 
-        for start_m in range(lo, N_QUERIES, BLOCK_M):
+        for start_m in range(lo, hi, BLOCK_M):
             offs_m = start_m + offs_m0
             mask_m = offs_m < N_QUERIES
             q_mask = mask_m[:, None] & mask_d[None, :]
@@ -191,9 +195,14 @@ def bwd_dkdv_kernel(
             # Work in the transposed (key, query) frame so that P^T and dS^T come out of the
             # dots directly as the A operands of dV and dK: no transpose of a computed tile.
             s_t = tl.dot(k, tl.trans(q)) * scale                 # (BLOCK_N, BLOCK_M) fp32
+            if SOFTCAP:
+                t_t = variants.tanh(s_t / softcap)               # before the mask, as forward
+                s_t = t_t * softcap
             keep = mask_n[:, None] & mask_m[None, :]
             if IS_CAUSAL:
                 keep = keep & (offs_n[:, None] <= offs_m[None, :] + CAUSAL_SHIFT)
+            if HAS_LEFT:
+                keep = keep & (offs_n[:, None] >= offs_m[None, :] + LEFT_SHIFT)
             s_t = tl.where(keep, s_t, float("-inf"))
             # A row with no visible key has lse = -inf and every score masked: subtract 0 so
             # its P is exp(-inf) = 0, not exp(-inf + inf) = NaN.
@@ -203,6 +212,8 @@ def bwd_dkdv_kernel(
             dv = tl.dot(p_t.to(do.dtype), do, dv)                # dV += P^T dO
             dp_t = tl.dot(v, tl.trans(do))                       # dP^T = V dO^T, fp32
             ds_t = p_t * (dp_t - delta[None, :])                 # dS^T, w.r.t. scaled scores
+            if SOFTCAP:
+                ds_t = ds_t * (1.0 - t_t * t_t)                  # through the cap: 1 - tanh^2
             dk = tl.dot(ds_t.to(q.dtype), q, dk)                 # dK += dS^T Q (scale below)
 
             q_ptrs += BLOCK_M * stride_qm
@@ -231,12 +242,14 @@ def bwd_dq_kernel(
     stride_dob, stride_doh, stride_dom, stride_dod,
     stride_lb, stride_lh, stride_lm,
     stride_dqb, stride_dqh, stride_dqm, stride_dqd,
-    N_QUERIES, N_KEYS, HEAD_DIM, GROUP_SIZE, CAUSAL_SHIFT,
-    scale,
+    N_QUERIES, N_KEYS, HEAD_DIM, GROUP_SIZE, CAUSAL_SHIFT, LEFT_SHIFT,
+    scale, softcap,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
     IS_CAUSAL: tl.constexpr,
+    HAS_LEFT: tl.constexpr,
+    SOFTCAP: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     pid_h = tl.program_id(1)
@@ -272,10 +285,15 @@ def bwd_dq_kernel(
     hi = N_KEYS
     if IS_CAUSAL:
         hi = tl.minimum(pid_m * BLOCK_M + BLOCK_M + CAUSAL_SHIFT, N_KEYS)
+    # A left edge: the block's first row sees no key before pid_m * BLOCK_M + LEFT_SHIFT; start
+    # at the key block holding that key (rounded DOWN).
+    lo = 0
+    if HAS_LEFT:
+        lo = tl.maximum(pid_m * BLOCK_M + LEFT_SHIFT, 0) // BLOCK_N * BLOCK_N
 
-    k_ptrs = k_base + offs_n0[:, None] * stride_kn + offs_d[None, :] * stride_kd
-    v_ptrs = v_base + offs_n0[:, None] * stride_vn + offs_d[None, :] * stride_vd
-    for start_n in range(0, hi, BLOCK_N):
+    k_ptrs = k_base + (lo + offs_n0)[:, None] * stride_kn + offs_d[None, :] * stride_kd
+    v_ptrs = v_base + (lo + offs_n0)[:, None] * stride_vn + offs_d[None, :] * stride_vd
+    for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + offs_n0
         mask_n = offs_n < N_KEYS
         kv_mask = mask_n[:, None] & mask_d[None, :]
@@ -283,13 +301,20 @@ def bwd_dq_kernel(
         v = tl.load(v_ptrs, mask=kv_mask, other=0.0)
 
         s = tl.dot(q, tl.trans(k)) * scale                       # (BLOCK_M, BLOCK_N) fp32
+        if SOFTCAP:
+            t = variants.tanh(s / softcap)
+            s = t * softcap
         keep = mask_m[:, None] & mask_n[None, :]
         if IS_CAUSAL:
             keep = keep & (offs_n[None, :] <= offs_m[:, None] + CAUSAL_SHIFT)
+        if HAS_LEFT:
+            keep = keep & (offs_n[None, :] >= offs_m[:, None] + LEFT_SHIFT)
         s = tl.where(keep, s, float("-inf"))
         p = tl.exp(s - lse_safe[:, None])
         dp = tl.dot(do, tl.trans(v))                             # dP = dO V^T, fp32
         ds = p * (dp - delta[:, None])
+        if SOFTCAP:
+            ds = ds * (1.0 - t * t)
         dq = tl.dot(ds.to(k.dtype), k, dq)                       # dQ += dS K (scale below)
 
         k_ptrs += BLOCK_N * stride_kn
@@ -304,38 +329,6 @@ def bwd_dq_kernel(
 KERNELS = {"preprocess": bwd_preprocess_kernel, "dkdv": bwd_dkdv_kernel, "dq": bwd_dq_kernel}
 
 
-def default_config(head_dim: int, element_size: int = 4) -> dict:
-    """The config used for config=None: 16x16 interpreted, else the first compiled default that
-    config_invalid accepts for this head dim and element size."""
-    if is_interpreted():
-        return dict(_INTERPRETED_DEFAULT)
-    for config in _COMPILED_DEFAULTS:
-        if config_invalid(config, head_dim, element_size=element_size) is None:
-            return dict(config)
-    return dict(_COMPILED_DEFAULTS[-1])
-
-
-def _resolve_config(config, head_dim: int, element_size: int) -> dict:
-    """config=None -> the default; a dict -> every key known, every value in the space, missing
-    keys filled from the default; compiled, it must also pass config_invalid."""
-    resolved = default_config(head_dim, element_size)
-    if config is None:
-        return resolved
-    if not isinstance(config, dict):
-        refuse("config", config, f"None or a dict with keys from {sorted(BACKWARD_CONFIG_SPACE)}")
-    for key, value in config.items():
-        if key not in BACKWARD_CONFIG_SPACE:
-            refuse("config key", key, sorted(BACKWARD_CONFIG_SPACE))
-        if isinstance(value, bool) or value not in BACKWARD_CONFIG_SPACE[key]:
-            refuse(f"config[{key!r}]", value, BACKWARD_CONFIG_SPACE[key])
-    resolved.update(config)
-    if not is_interpreted():
-        why = config_invalid(resolved, head_dim, element_size=element_size)
-        if why is not None:
-            refuse("config", config, f"a config that fits an sm_90 (Hopper) block: {why}")
-    return resolved
-
-
 def _check_like(name: str, t, shape, dtype, device) -> None:
     if not isinstance(t, torch.Tensor):
         refuse(f"type({name})", type(t).__name__, "torch.Tensor")
@@ -347,13 +340,14 @@ def _check_like(name: str, t, shape, dtype, device) -> None:
         refuse(f"{name}.device", str(t.device), str(device))
 
 
-def triton_fa2_backward(q, k, v, out, lse, dout, *, causal, scale, config=None, kernels=None):
+def triton_fa2_backward(q, k, v, out, lse, dout, *, causal, scale, window=(-1, -1), softcap=0.0,
+                        config=None, kernels=None):
     """Gradients (dq, dk, dv) of out = softmax(scale * q k^T, masked) v w.r.t. q, k, v.
 
     q, out, dout (B, Hq, Nq, D); k, v (B, Hkv, Nk, D) with Hq a multiple of Hkv; lse (B, Hq, Nq)
     float32, the forward's natural-log logsumexp (-inf for rows with no visible key). Any
     strides. causal: False / "none", True / "top_left" (j <= i), or "bottom_right"
-    (j <= i + Nk - Nq). dq has q's shape, dk and dv k's (summed over each GQA group), all in the
+    (j <= i + Nk - Nq); window and softcap as the forward's. dq has q's shape, dk and dv k's (summed over each GQA group), all in the
     input dtype and contiguous. config: None (default_config) or a dict over
     BACKWARD_CONFIG_SPACE. kernels: {"preprocess"|"dkdv"|"dq": kernel with the real one's
     signature}, to swap in seeded-bug variants (kernels/mutants/backward_mutants.py).
@@ -362,6 +356,7 @@ def triton_fa2_backward(q, k, v, out, lse, dout, *, causal, scale, config=None, 
     if causal == "none":
         causal = False
     causal, scale = CAPS.check_inputs(q, k, v, causal=causal, scale=scale)
+    window, softcap = CAPS.check_variants(window=window, softcap=softcap)
     if not is_interpreted() and q.device.type != "cuda":
         refuse("device", str(q.device), "cuda when compiled (set TRITON_INTERPRET=1 for CPU)")
     _check_like("out", out, q.shape, q.dtype, q.device)
@@ -374,8 +369,7 @@ def triton_fa2_backward(q, k, v, out, lse, dout, *, causal, scale, config=None, 
     block_m, block_n = cfg["BLOCK_M"], cfg["BLOCK_N"]
     launch = {"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]}
     padded_d = block_d(head_dim)
-    is_causal = causal != "none"
-    shift = seq_k - seq_q if causal == "bottom_right" else 0
+    upper, lower = variants.mask_edges(causal, window, seq_q, seq_k)
     chosen = dict(KERNELS, **(kernels or {}))
 
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
@@ -388,8 +382,10 @@ def triton_fa2_backward(q, k, v, out, lse, dout, *, causal, scale, config=None, 
         BLOCK_M=block_m, BLOCK_D=padded_d, **launch,
     )
     common = (*q.stride(), *k.stride(), *v.stride(), *dout.stride(), *lse.stride())
-    sizes = (seq_q, seq_k, head_dim, heads // kv_heads, shift, float(scale))
-    meta = dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=padded_d, IS_CAUSAL=is_causal, **launch)
+    sizes = (seq_q, seq_k, head_dim, heads // kv_heads, upper or 0, lower or 0, float(scale),
+             softcap)
+    meta = dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=padded_d, IS_CAUSAL=upper is not None,
+                HAS_LEFT=lower is not None, SOFTCAP=softcap > 0, **launch)
     chosen["dkdv"][(triton.cdiv(seq_k, block_n), kv_heads, batch)](
         q, k, v, dout, lse, delta, dk, dv, *common, *dk.stride(), *dv.stride(), *sizes, **meta,
     )

@@ -16,7 +16,7 @@ import itertools
 import torch
 import triton
 
-from fuzzattn.contract import KnownDefect, autotune
+from fuzzattn.contract import KnownDefect, autotune, refuse
 from fuzzattn.triton_interpreter.backend import ensure_backend, is_interpreted
 
 # BACKWARD_CONFIGS below depends on the backend: choose it before reading it.
@@ -123,7 +123,8 @@ def autotuned(kernel):
     """`kernel` (fa2_fwd_kernel or a mutant of it) wrapped in @triton.autotune over AUTOTUNE_CONFIGS.
 
     Built once per kernel and kept: the autotuner's cache of winners lives on this object.
-    Tuned per (Nq, Nk, BLOCK_D, causal, dtype); compiled binaries are shared across keys.
+    Tuned per (Nq, Nk, BLOCK_D, upper edge, left edge, softcap, dtype): a window changes which
+    tiles pay off. Compiled binaries are shared across keys.
     """
     tuner = _AUTOTUNERS.get(kernel)
     if tuner is None:
@@ -131,7 +132,7 @@ def autotuned(kernel):
                                  num_warps=c["num_warps"], num_stages=c["num_stages"])
                    for c in AUTOTUNE_CONFIGS]
         tuner = triton.autotune(configs=configs,
-                                key=["N_QUERIES", "N_KEYS", "BLOCK_D", "IS_CAUSAL"],
+                                key=["N_QUERIES", "N_KEYS", "BLOCK_D", "IS_CAUSAL", "HAS_LEFT", "SOFTCAP"],
                                 prune_configs_by={"early_config_prune": _prune_invalid})(kernel)
         _AUTOTUNERS[kernel] = tuner
     return tuner
@@ -204,6 +205,51 @@ if is_interpreted():
 else:
     BACKWARD_CONFIGS = (("bwd_BLOCK_M", (64, 32, 16, 128)), ("bwd_BLOCK_N", (64, 32, 16, 128)),
                         ("bwd_num_warps", (4, 8)), ("bwd_num_stages", (2, 1, 3)))
+
+
+# -- the backward's defaults ---------------------------------------------------------------------
+# Preference order for config=None when compiled: the first one backward_config_invalid takes
+# for the head dim and element size is used. 64x64 / 4 warps / 2 stages is FA2's usual middle ground.
+_COMPILED_DEFAULTS = (
+    {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2},
+    {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 1},
+    {"BLOCK_M": 32, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1},
+    {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1},
+)
+# The interpreter pays per op, not per byte: the smallest tiles keep tests fast there.
+_INTERPRETED_DEFAULT = {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1}
+
+
+def default_backward_config(head_dim: int, element_size: int = 4) -> dict:
+    """The config used for config=None: 16x16 interpreted, else the first compiled default that
+    backward_config_invalid accepts for this head dim and element size."""
+    if is_interpreted():
+        return dict(_INTERPRETED_DEFAULT)
+    for config in _COMPILED_DEFAULTS:
+        if backward_config_invalid(config, head_dim, element_size=element_size) is None:
+            return dict(config)
+    return dict(_COMPILED_DEFAULTS[-1])
+
+
+def resolve_backward_config(config, head_dim: int, element_size: int) -> dict:
+    """config=None -> the default; a dict -> every key known, every value in the space, missing
+    keys filled from the default; compiled, it must also pass backward_config_invalid."""
+    resolved = default_backward_config(head_dim, element_size)
+    if config is None:
+        return resolved
+    if not isinstance(config, dict):
+        refuse("config", config, f"None or a dict with keys from {sorted(BACKWARD_CONFIG_SPACE)}")
+    for key, value in config.items():
+        if key not in BACKWARD_CONFIG_SPACE:
+            refuse("config key", key, sorted(BACKWARD_CONFIG_SPACE))
+        if isinstance(value, bool) or value not in BACKWARD_CONFIG_SPACE[key]:
+            refuse(f"config[{key!r}]", value, BACKWARD_CONFIG_SPACE[key])
+    resolved.update(config)
+    if not is_interpreted():
+        why = backward_config_invalid(resolved, head_dim, element_size=element_size)
+        if why is not None:
+            refuse("config", config, f"a config that fits an sm_90 (Hopper) block: {why}")
+    return resolved
 
 
 def backward_config_rule(config: dict, case) -> str | None:

@@ -206,7 +206,10 @@ def test_a_palette_campaign_reuses_few_shapes_and_varies_the_rest(monkeypatch):
     seen = _draw(flex.CAPS, 3, 200)
     shapes = {_shape(c) for c in seen}
     assert len(shapes) <= flex.PALETTE_SHAPES
-    assert len({c.data_seed for c in seen}) > 100 and len({c.values for c in seen}) > 3
+    # The rest includes the variants flex declares: Hypothesis often varies a window or softcap
+    # and keeps the data seed, so the seeds alone are fewer (about 100 of 200 draws).
+    assert len({(c.data_seed, c.window, c.softcap) for c in seen}) > 100
+    assert len({c.values for c in seen}) > 3
     assert len({c.causal for c in seen}) == 3
     # Without a palette the same budget draws a new shape nearly every case.
     assert len({_shape(c) for c in _draw(flex.CAPS, None, 200)}) > 100

@@ -65,6 +65,8 @@ CAUGHT_BY = {
     # Keys 3..15 are read from the input's NaN guard, or past it when re-run with a zeroed guard.
     "mutant_maskfree_ragged_tail": (case(seq_k=3), {"out_of_bounds_read", "nonfinite"}),
     "mutant_skip_off_by_one_block": (case(seq_q=16, seq_k=17, causal="bottom_right"), "out"),
+    # One query, 20 keys, window (5, -1): keys 14..19 are kept; rounding 14 up skips 14 and 15.
+    "mutant_window_skip_rounds_up": (case(seq_k=20, window=(5, -1)), {"out", "lse"}),
     # Triton launch errors
     "mutant_grid_floor": (case(), "unwritten_output"),
     "mutant_packed_kv_strides": (case(seq_k=2, heads=2, layout=("contiguous", "transposed", "contiguous")), "out"),

@@ -69,11 +69,12 @@ BACKWARD_BUGS = (
 def _backward(planted: dict, name: str):
     """triton_fa2_backward with the `planted` kernels swapped in, named after the mutant."""
 
-    def backward(q, k, v, out, lse, dout, *, causal, scale, config=None, kernels=None):
+    def backward(q, k, v, out, lse, dout, *, causal, scale, window=(-1, -1), softcap=0.0,
+                 config=None, kernels=None):
         # The real launcher's signature; the planted kernels win over any the caller passes.
         chosen = dict(kernels or {}, **planted)
         return triton_fa2_backward(q, k, v, out, lse, dout, causal=causal, scale=scale,
-                                   config=config, kernels=chosen)
+                                   window=window, softcap=softcap, config=config, kernels=chosen)
 
     backward.__name__ = backward.__qualname__ = name
     return backward

@@ -56,7 +56,8 @@ _MAX_BLOCK_N = max(CONFIG_SPACE["BLOCK_N"])
 def _forward(kernel, name: str, pad_lse: bool = False, pad_kv: bool = False):
     """The real launcher with `kernel` in place of fa2_fwd_kernel, named after the mutant."""
 
-    def forward(q, k, v, *, causal, scale, out=None, lse=None, config=None):
+    def forward(q, k, v, *, causal, scale, window=(-1, -1), softcap=0.0, out=None, lse=None,
+                config=None):
         if pad_lse and lse is None:
             # The planted bug stores lse rows past Nq; give it room inside memory we own.
             rows = math.prod(q.shape[:3])
@@ -66,8 +67,8 @@ def _forward(kernel, name: str, pad_lse: bool = False, pad_kv: bool = False):
             # The planted bug reads up to BLOCK_N - 1 rows past Nk, more than the inputs' guard
             # holds for BLOCK_N > 16: read them from NaN rows of a copy we own instead.
             k, v = _nan_rows_after(k), _nan_rows_after(v)
-        return triton_fa2_forward(q, k, v, causal=causal, scale=scale, out=out, lse=lse,
-                                  config=config, kernel=kernel)
+        return triton_fa2_forward(q, k, v, causal=causal, scale=scale, window=window,
+                                  softcap=softcap, out=out, lse=lse, config=config, kernel=kernel)
 
     forward.__name__ = forward.__qualname__ = name
     return forward
@@ -203,6 +204,11 @@ KERNEL_BUGS = (
      "block that holds it: wrong when BLOCK_M < BLOCK_N or Nk - Nq is not a multiple of BLOCK_N",
      [("stop = tl.minimum((last_visible + BLOCK_N - 1) // BLOCK_N * BLOCK_N, N_KEYS)",
        "stop = tl.minimum(last_visible // BLOCK_N * BLOCK_N, N_KEYS)")]),
+    ("mutant_window_skip_rounds_up",
+     "a window's first key block is the tile's first visible key rounded UP to a key block, so "
+     "the block holding it is skipped: wrong when that key is not the first of its block",
+     [("first = tl.maximum(start_m + LEFT_SHIFT, 0) // BLOCK_N * BLOCK_N",
+       "first = (tl.maximum(start_m + LEFT_SHIFT, 0) + BLOCK_N - 1) // BLOCK_N * BLOCK_N")]),
 )
 # Kernel bugs that may read rows past Nk (more than the inputs' guard holds for wide key blocks).
 _READS_PAST_NK = {"mutant_v_load_unmasked", "mutant_maskfree_ragged_tail",
