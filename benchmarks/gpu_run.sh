@@ -27,7 +27,8 @@
 #   gate        `fuzzattn gate` as a user runs it before a merge (its default budget on a GPU host)
 #   compiled    compile economy: the autotuned example and triton_fa2 fuzzed with default flags
 #               for COMPILED_SECONDS each (cases/s); sdpa bf16 against fp32 in one process
-#               (stage times, and the functions a bf16 case spends its time in)
+#               (stage times, and the functions a bf16 case spends its time in), and per SDPA
+#               backend a new shape's first call against repeats (benchmarks/sdpa_shapes.py)
 #   explain     `fuzzattn explain FILE --impl NAME` for each FILE:NAME in EXPLAIN (default: the
 #               flex strided-last-dim file), to narrow a CUDA-only defect's predicate
 set -uo pipefail
@@ -181,7 +182,9 @@ compiled)
         grep -E "^sdpa " "$OUT/sdpa_$d.txt"
         python3 -c "import pstats,sys; pstats.Stats(sys.argv[1]).sort_stats('tottime').print_stats(25)" \
             "$OUT/sdpa_$d.prof" | tail -n 40
-    done ;;
+    done
+    step "sdpa per backend: a new shape's first call against repeats"
+    python3 benchmarks/sdpa_shapes.py --shapes 30 --repeats 3 ;;
 gate)
     step "fuzzattn gate, as typed"
     rm -rf "$OUT/gate"; cp -r regressions "$OUT/gate"      # what it saves stays out of the tree

@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "benchmarks"
 BUILT = ROOT / "tests" / "purpose_built.py"
 PYTHON_SCRIPTS = ("calibrate_error_stats", "compile_variants", "gpu_campaign", "gpu_triage",
-                  "scan_small_outputs", "speed", "throughput", "verdict_digest")
+                  "scan_small_outputs", "sdpa_shapes", "speed", "throughput", "verdict_digest")
 _loaded: dict = {}
 
 
@@ -91,6 +91,18 @@ def test_the_report_stays_short_and_dated():
     lines = (BENCH / "REPORT.md").read_text().splitlines()
     assert len(lines) <= 200
     assert sum(bool(re.search(r"\b2026-\d\d-\d\d\b", line)) for line in lines) >= 8
+
+
+# -- sdpa_shapes.py ------------------------------------------------------------------------------
+
+def test_sdpa_shapes_times_first_and_repeated_calls_per_backend(capsys):
+    assert _script("sdpa_shapes").main(["--shapes", "2", "--repeats", "1", "--device", "cpu",
+                                        "--dtypes", "float32"]) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()[2:]]
+    assert [row[1] for row in rows] == ["default", "flash", "efficient", "cudnn", "math"]
+    timed = [row for row in rows if row[2] != "refused:"]
+    assert timed and all(float(row[2]) > 0 and float(row[3]) > 0 for row in timed)
+    assert rows[0][5] == "FLASH_ATTENTION"     # what the CPU build's default dispatch picks
 
 
 # -- throughput.py ------------------------------------------------------------------------------
