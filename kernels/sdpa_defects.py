@@ -20,6 +20,13 @@ def _masked_with_stride0_kv_heads(case: AttentionCase) -> bool:
     return case.causal != "none" and "broadcast_heads" in case.layout[1:]
 
 
+def _float_mask_fp32_stride0(case: AttentionCase) -> bool:
+    """sdpa_window: causality or a window reaches EFFICIENT_ATTENTION (fp32's default dispatch)
+    as a float mask, with k or v expanded over its heads."""
+    return (case.dtype == "float32" and (case.causal != "none" or case.windowed)
+            and "broadcast_heads" in case.layout[1:])
+
+
 def _efficient_fp32(case: AttentionCase) -> bool:
     """Default dispatch picks EFFICIENT_ATTENTION for fp32 on CUDA."""
     return case.dtype == "float32" and _masked_with_stride0_kv_heads(case)
@@ -93,5 +100,12 @@ KNOWN_DEFECTS: dict[str, tuple[KnownDefect, ...]] = {
         KnownDefect("backward: NaN dq on a row that sees one key, fp16 bottom-right, custom scale",
                     "cuda", _fp16_bottom_right_custom_scale, "9330b9e5f2b4.json", backward=True,
                     check="grad_nonfinite"),
+    ),
+    "sdpa_window": (
+        KnownDefect(_EFFICIENT_STRIDE0 + " (fp32 dispatch)", "cuda", _float_mask_fp32_stride0,
+                    "3b46e3e5e539.json", check="out"),
+        KnownDefect("backward faults (misaligned address) on rows not 16-byte aligned", "cuda",
+                    _unaligned_rows, "e9ea361b7922.json", backward=True,
+                    check="device_fault"),
     ),
 }

@@ -27,12 +27,12 @@ import torch.nn.functional as F
 
 from fuzzattn.contract import Implementation
 from fuzzattn.kernels import sdpa
+from fuzzattn.kernels.sdpa_defects import KNOWN_DEFECTS
 
-# sdpa's declaration with the window. sdpa's CUDA known defects are not inherited: their
-# predicates name its own mask forms, and this implementation is not yet fuzzed on CUDA. One is
-# expected there all the same: EFFICIENT_ATTENTION (fp32's default) with any attn_mask and
-# stride-0 k/v heads (regressions/3b46e3e5e539.json), which every masked case here reaches.
-CAPS = dataclasses.replace(sdpa.CAPS, window=True, known_defects=())
+# sdpa's declaration with the window, and its own CUDA known defects: sdpa's predicates name
+# sdpa's mask forms, while every masked case here (causal or windowed) reaches SDPA as a float
+# mask.
+CAPS = dataclasses.replace(sdpa.CAPS, window=True, known_defects=KNOWN_DEFECTS["sdpa_window"])
 
 
 def kept_keys(seq_q: int, seq_k: int, causal: str, window: tuple[int, int],
