@@ -1,6 +1,8 @@
 """attention_cases: whole AttentionCases drawn within what an implementation declares."""
 from __future__ import annotations
 
+import itertools
+
 from hypothesis import event, strategies as st
 from hypothesis.errors import InvalidArgument
 
@@ -80,6 +82,10 @@ class _Parts:
         self.softcap = softcaps() if caps.softcap else None
         self.alibi = alibis() if caps.alibi else None
         self.paged_kv = page_sizes() if caps.paged_kv else None
+        # A palette draws the variants from few combinations: each one's flags are constexprs of
+        # a compiled kernel, so every combination is another set of binaries (palette.py).
+        self.variants = None if palette is None else st.sampled_from(
+            subset(variant_combinations(caps), palette, "variants"))
         # A declaration of varlen gets packed cases only (fuzzattn/contract/varlen.py).
         self.packed = None if not caps.varlen else packed_lengths(
             _shapes(caps, packed_profile(profile)),
@@ -87,6 +93,19 @@ class _Parts:
         # A kernel compiled per shape: whole shapes (with scale and layout) from a few entries.
         self.entry = None if shapes is None else st.sampled_from(
             palette_entries(caps, profile, palette, shapes))
+
+
+# The variants whose flags a compiled kernel may take as constexprs, in the order a palette's
+# combinations list them.
+VARIANT_AXES = ("window", "softcap", "alibi", "paged_kv")
+
+
+def variant_combinations(caps: Capabilities) -> list[tuple[str, ...]]:
+    """Every combination of the variants `caps` declares, none first (what shrinking moves
+    toward), then by size."""
+    declared = [name for name in VARIANT_AXES if getattr(caps, name)]
+    return [combo for size in range(len(declared) + 1)
+            for combo in itertools.combinations(declared, size)]
 
 
 _PARTS: dict = {}
@@ -132,14 +151,16 @@ def _cases(draw, caps: Capabilities, dtypes: tuple[str, ...], profile: Profile,
                          seq_k=seq_k, head_dim=head_dim, dtype=dtype, causal=causal, scale=scale,
                          layout=layout, values=values, data_seed=data_seed,
                          seqlens_q=seqlens_q, seqlens_k=seqlens_k)
-    if caps.window:     # a packed case's window spans one sequence: drawn to its longest
+    used = VARIANT_AXES if parts.variants is None else draw(parts.variants)
+    if caps.window and "window" in used:   # a packed case's: drawn to its longest sequence
         case = case.replace(window=draw(windows(max(seqlens_q, default=seq_q),
                                                 max(seqlens_k, default=seq_k))))
-    if parts.softcap is not None and values not in UNCAPPED_VALUES:
+    if parts.softcap is not None and values not in UNCAPPED_VALUES and "softcap" in used:
         case = case.replace(softcap=draw(parts.softcap))
-    if parts.alibi is not None and values not in UNBIASED_VALUES and not case.varlen:
+    if (parts.alibi is not None and values not in UNBIASED_VALUES and not case.varlen
+            and "alibi" in used):
         case = case.replace(alibi=draw(parts.alibi))
-    if parts.paged_kv is not None and not case.varlen:
+    if parts.paged_kv is not None and not case.varlen and "paged_kv" in used:
         case = case.replace(paged_kv=draw(parts.paged_kv))
     case = case.replace(config=draw(configs(caps, case, parts.palette)),
                         generator=_generator(profile, case))

@@ -9,7 +9,9 @@ compiling.
 A campaign with palette n draws its layouts (the q, k, v triple) and its configuration from a
 subset of the declaration: the axis's first choice (what shrinking moves toward, so a shrunk case
 stays as simple as before) plus CHOICES_PER_AXIS - 1 others picked by n. Campaigns with other
-palette numbers (the shards of a run) see other subsets. Everything else stays free: lengths,
+palette numbers (the shards of a run) see other subsets. The declared variants (window, softcap,
+ALiBi, paged KV: flags a compiled kernel takes as constexprs) are one axis of combinations, none
+first, so a palette draws plain cases and one combination. Everything else stays free: lengths,
 batch, heads, values, scale, data seed, and the head dim (bugs that only some head dims show, a
 Q load past D or a truncated head dim, need every head dim drawn).
 """

@@ -12,6 +12,7 @@ from fuzzattn.contract.profiles import PROFILES
 from fuzzattn.run import registry
 from fuzzattn.kernels import triton_fa2, triton_fa2_backward
 from fuzzattn.strategies import attention_cases
+from fuzzattn.strategies.cases import variant_combinations
 from fuzzattn.strategies.configs import valid_configs
 from fuzzattn.strategies.layouts import layout_choices
 from fuzzattn.strategies.lengths import head_dim_choices
@@ -30,7 +31,7 @@ def test_a_subset_keeps_the_first_choice_and_is_the_same_everywhere():
     assert subset([7], 5, "config") == [7]
 
 
-def test_a_palette_narrows_only_layouts_and_configurations():
+def test_a_palette_narrows_only_layouts_configurations_and_variant_combinations():
     impl = registry.get("triton_fa2")
     profile = PROFILES["gpu"]
     layouts = set(subset(layout_choices(impl.caps), 4, "layout"))
@@ -54,6 +55,26 @@ def test_a_palette_narrows_only_layouts_and_configurations():
     lengths = {n for c in seen for n in (c.seq_q, c.seq_k)}
     assert any(n % 16 for n in lengths) and any(n and n % 16 == 0 for n in lengths)
     assert len(lengths) > 40
+    # The variants: plain cases and one combination of the declared ones, not all four.
+    combos = subset(variant_combinations(impl.caps), 4, "variants")
+    assert len(combos) == CHOICES_PER_AXIS < len(variant_combinations(impl.caps)) == 4
+    used = {tuple(name for name, on in (("window", c.windowed), ("softcap", bool(c.softcap))) if on)
+            for c in seen}
+    assert used <= set(combos) and () in used and len(used) == 2
+
+
+def test_without_a_palette_every_variant_combination_comes():
+    impl = registry.get("triton_fa2")
+    seen = set()
+
+    @settings(max_examples=150, database=None, deadline=None,
+              suppress_health_check=list(HealthCheck))
+    @given(attention_cases(impl.caps, dtype="float16", profile=PROFILES["gpu"]))
+    def draw(case):
+        seen.add((case.windowed, bool(case.softcap)))
+
+    draw()
+    assert seen == {(False, False), (True, False), (False, True), (True, True)}
 
 
 def test_only_compiled_triton_kernels_draw_from_a_palette(monkeypatch):
