@@ -6,7 +6,9 @@
 #                                                                          (default: all but explain)
 #   suite       `pytest -n auto` as the README runs it (tests/ and the regressions/ replays) on
 #               compiled kernels and the CUDA backends, its SUITE_DURATIONS slowest tests
-#   zoo         every mutant fuzzed compiled, ZOO processes side by side, ZOO_SECONDS at most each
+#   zoo         every mutant (or those matching the regex ZOO_ONLY) fuzzed compiled, ZOO processes
+#               side by side, ZOO_SECONDS at most each
+#               (ZOO_CASES cases at most each, default 100)
 #   campaign    PARTS isolated campaign parts spread over the GPUs, CAMPAIGN_SECONDS each
 #   throughput  K = 1 and 16 sdpa fp32 fuzzers side by side on GPU 0, 30 s (MPS=1: under MPS)
 #   speed       the forward and backward TFLOP/s tables
@@ -58,11 +60,12 @@ suite)
 zoo)
     step "mutant zoo, compiled"
     rm -rf "$OUT/zoo"; mkdir -p "$OUT/zoo"
-    mapfile -t MUTANTS < <(python3 -m fuzzattn.cli mutants --list | awk '/^mutant_/ {print $1}')
+    mapfile -t MUTANTS < <(python3 -m fuzzattn.cli mutants --list | awk '/^mutant_/ {print $1}' \
+        | grep -E "${ZOO_ONLY:-.}")
     for z in $(seq 0 $(( ZOO - 1 ))); do
         for i in "${!MUTANTS[@]}"; do
             (( i % ZOO == z )) && { OMP_NUM_THREADS=1 python3 -m fuzzattn.cli mutants --only "${MUTANTS[$i]}" \
-                --profile gpu --max-examples 100 --seconds "$ZOO_SECONDS"; echo "${MUTANTS[$i]} exit $?"; }
+                --profile gpu --max-examples "${ZOO_CASES:-100}" --seconds "$ZOO_SECONDS"; echo "${MUTANTS[$i]} exit $?"; }
         done >"$OUT/zoo/lane_$z.txt" 2>&1 &
     done; wait
     # A mutant whose command printed no kill-table row: its lane's log says why.
