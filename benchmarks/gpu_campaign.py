@@ -167,7 +167,8 @@ def _run_campaign(impl, dtype, *, profile, seconds, shard, regressions_dir, know
         entry["hypothesis_seeds"].append(seed)
         # A compiled Triton kernel draws from the seed's compile palette (strategies/palette.py).
         strategy = attention_cases(impl.caps, dtype=dtype, profile=profile,
-                                   palette=campaign_palette(impl, seed if palette is None else palette))
+                                   palette=campaign_palette(impl, seed if palette is None else palette,
+                                                           dtype))
         result = fuzz(impl, strategy, max_examples=profile.max_examples, seconds=left,
                       hypothesis_seed_value=seed, save_to_file=True, regressions_dir=regressions_dir,
                       gradient_every=gradient_every, judge_fn=judge_fn)
@@ -207,7 +208,7 @@ def _warm_up(plan, profile, cases: int, palette) -> None:
     with settings.one_cpu_thread():
         for impl, dtype in plan:
             strategy = attention_cases(impl.caps, dtype=dtype, profile=profile,
-                                       palette=campaign_palette(impl, palette or 0))
+                                       palette=campaign_palette(impl, palette or 0, dtype))
             fuzz(impl, strategy, max_examples=cases, hypothesis_seed_value=WARM_UP_SEED,
                  save_to_file=False, gradient_every=1)
     forget_verdicts()

@@ -50,6 +50,9 @@ CAPS = Capabilities(
     # last bits: not declared there.
     deterministic_backward=not torch.cuda.is_available(),
     known_defects=KNOWN_DEFECTS["sdpa"],       # CUDA only (kernels/sdpa_defects.py)
+    # On CUDA the default dispatch picks cuDNN for bf16/fp16, which plans per new shape.
+    plans_per_shape=sdpa_backends.PLANNED_DTYPES if torch.cuda.is_available() else (),
+    palette_shapes=sdpa_backends.PLANNED_SHAPES,
 )
 
 

@@ -67,6 +67,13 @@ PROBE_HEAD_DIMS = (1, 3, 8, 16, 24, 32, 40, 48, 64, 72, 80, 96, 128, 160, 192, 2
 
 # Probes call the adapter itself (alignment copies, masks and lse included) under a declaration
 # that lets every input through, so only the backend can refuse.
+# cuDNN's half-precision attention builds and caches an execution plan per new shape: a shape's
+# first call ~125 ms, later ones ~1 ms (benchmarks/sdpa_shapes.py, docs in REPORT.md).
+PLANNED_DTYPES = frozenset({"bfloat16", "float16"})
+# Shapes per campaign there: 16 first calls (a few seconds of plans) buy a campaign's shapes
+# variety without a plan per case.
+PLANNED_SHAPES = 16
+
 _PROBE_CAPS = Capabilities(dtypes=set(DTYPES), head_dims=None, max_head_dim=MAX_HEAD_DIM,
                            causal=("top_left", "bottom_right"), gqa=True, strides="any",
                            zero_length=True)
@@ -218,6 +225,9 @@ def probe_backend(forward, backend, device: str | None = None) -> ProbeResult:
         refusals=NO_KERNEL_MESSAGES,
         # The mask forms that ran; none declared without bottom-right, where the form is unused.
         configs={"mask_form": forms} if forms else {},
+        # cuDNN builds an execution plan per new shape (benchmarks/sdpa_shapes.py).
+        plans_per_shape=PLANNED_DTYPES if backend == SDPBackend.CUDNN_ATTENTION else (),
+        palette_shapes=PLANNED_SHAPES,
     )
     return ProbeResult(backend.name, where, caps, failed=tuple(failed))
 

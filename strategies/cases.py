@@ -39,13 +39,16 @@ def attention_cases(caps: Capabilities = Capabilities(), *, dtype: str | None = 
     `palette`: draw the layouts and the configuration, which multiply a compiled kernel's
     variants, from a small subset numbered `palette` (see fuzzattn.strategies.palette), so that a
     campaign's compiled variants repeat; None draws from everything declared. For a declaration
-    that `compiles_per_shape`, the palette fixes shapes, scales and layouts too: `shapes` entries
+    that `compiles_per_shape`, or builds `plans_per_shape` in every drawn dtype, the palette
+    fixes shapes, scales and layouts too: `shapes` entries
     (default: fuzzattn.strategies.shape_palette.palette_size) of that module."""
     if dtype is not None and dtype not in caps.dtypes:
         raise InvalidArgument(f"dtype={dtype!r} is not among the declared dtypes {sorted(caps.dtypes)}")
     profile = profile or active()
     dtypes = [dtype] if dtype is not None else [d for d in DTYPES if d in caps.dtypes]
-    if palette is None or not caps.compiles_per_shape:
+    per_shape = caps.compiles_per_shape or (caps.plans_per_shape
+                                             and set(dtypes) <= caps.plans_per_shape)
+    if palette is None or not per_shape:
         shapes = None
     elif shapes is None:
         shapes = palette_size(caps)

@@ -2,6 +2,7 @@
 compiled kernel repeats its variants without giving up ragged lengths."""
 from __future__ import annotations
 
+import dataclasses
 import inspect
 
 import pytest
@@ -114,3 +115,29 @@ def test_unspecialised_arguments_are_real_scalars_of_the_kernel(kernel, names):
     missing = [n for n in names if n not in params and not n.startswith(("stride_dq", "stride_dk",
                                                                           "stride_dv"))]
     assert not missing, f"not parameters of {kernel}: {missing}"
+
+
+def test_a_dtype_planned_per_shape_draws_from_a_shape_palette_and_the_others_do_not():
+    """SDPA's default dispatch on CUDA plans per shape in bf16/fp16 only (cuDNN): those
+    campaigns draw a few fixed shapes, fp32's stay free, and nothing else about them changes."""
+    sdpa = registry.get("sdpa")
+    impl = dataclasses.replace(sdpa, caps=dataclasses.replace(
+        sdpa.caps, plans_per_shape={"bfloat16", "float16"}, palette_shapes=3))
+    assert campaign_palette(impl, 5, "bfloat16") == 5
+    assert campaign_palette(impl, 5, "float32") is None and campaign_palette(impl, 5) is None
+    assert campaign_palette(sdpa, 5, "bfloat16") is None     # the CPU build plans nothing
+
+    def shapes(dtype):
+        seen = set()
+
+        @settings(max_examples=80, database=None, deadline=None,
+                  suppress_health_check=list(HealthCheck))
+        @given(attention_cases(impl.caps, dtype=dtype, profile=PROFILES["gpu"],
+                               palette=campaign_palette(impl, 5, dtype)))
+        def draw(case):
+            seen.add((case.batch, case.heads, case.seq_q, case.seq_k, case.head_dim, case.layout))
+
+        draw()
+        return seen
+
+    assert len(shapes("bfloat16")) <= 3 < len(shapes("float32"))

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 
-from fuzzattn.contract import Implementation
+from fuzzattn.contract import Capabilities, Implementation
 from fuzzattn.triton_interpreter.backend import is_interpreted
 
 ENV = "FUZZATTN_PALETTE"
@@ -26,18 +26,25 @@ def palette_mode() -> str:
     return mode
 
 
-def campaign_palette(impl: Implementation, number: int) -> int | None:
+def campaign_palette(impl: Implementation, number: int, dtype: str | None = None) -> int | None:
     """The palette a campaign numbered `number` (its Hypothesis seed or shard) draws with: that
-    number for a compiled Triton kernel or a declared per-shape compiler; None (everything
+    number for a compiled Triton kernel, a declared per-shape compiler, or a campaign whose
+    dtype (`dtype`, None: every declared one) builds a plan per shape; None (everything
     declared) for anything else, where narrowing the drawn axes would buy nothing.
     FUZZATTN_PALETTE overrides (module docstring)."""
     mode = palette_mode()
     if mode == "off":
         return None
-    if impl.caps.compiles_per_shape:
+    if impl.caps.compiles_per_shape or plans_per_shape(impl.caps, dtype):
         return number
     if impl.backend != "triton":
         return None
     if mode == "on" or not is_interpreted():
         return number
     return None
+
+
+def plans_per_shape(caps: Capabilities, dtype: str | None) -> bool:
+    """Whether a campaign of `dtype` (None: every declared dtype) builds a plan per new shape."""
+    dtypes = caps.dtypes if dtype is None else {dtype}
+    return bool(caps.plans_per_shape) and set(dtypes) <= caps.plans_per_shape

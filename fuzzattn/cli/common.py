@@ -193,7 +193,7 @@ def campaign_outcome(impl, dtype: str | None, *, profile, max_examples: int | No
         caps = dataclasses.replace(caps, dtypes=caps.dtypes - {"bfloat16"})
     try:
         strategy = attention_cases(caps, dtype=dtype, profile=profile,
-                                   palette=campaign_palette(impl, hypothesis_seed))
+                                   palette=campaign_palette(impl, hypothesis_seed, dtype))
     except HypothesisException as exc:
         return Outcome(stage, label, ERROR, False, detail=flattened(exc), message=flattened(exc))
     strategy = progress.track(strategy, f"{stage} {label}", max_examples, cap=seconds,

@@ -102,6 +102,11 @@ class Capabilities:
     # fixed entries (fuzzattn.strategies.shape_palette) and varies the rest per case.
     compiles_per_shape: bool = False
     palette_shapes: int = 4
+    # The dtypes in which a call builds a plan per new shape and caches it (SDPA's default
+    # dispatch picks cuDNN for bf16/fp16 on CUDA: ~125 ms for a shape's first call, ~1 ms after,
+    # benchmarks/sdpa_shapes.py). Their campaigns draw shapes from a shape palette as
+    # compiles_per_shape does; nothing else changes (the calls are not torch.compile'd).
+    plans_per_shape: frozenset = frozenset()
 
     def __post_init__(self):
         if isinstance(self.configs, dict):
@@ -124,6 +129,7 @@ class Capabilities:
             raise ValueError(f"min_seq_len={self.min_seq_len} must be >= 0 and seq_multiple="
                              f"{self.seq_multiple} >= 1")
         object.__setattr__(self, "dtypes", frozenset(self.dtypes))
+        object.__setattr__(self, "plans_per_shape", frozenset(self.plans_per_shape))
         if self.head_dims is not None:
             object.__setattr__(self, "head_dims", frozenset(self.head_dims))
         object.__setattr__(self, "causal", tuple(self.causal))
