@@ -290,6 +290,6 @@ def _faulting_fp32_tile(case) -> bool:
 
 KNOWN_DEFECTS = (
     KnownDefect("compiled forward faults (illegal memory access): fp32, BLOCK_M=16, BLOCK_N=128, "
-                "4 warps, 1 stage, BLOCK_D=64 (triton 3.6.0, H200)", "cuda",
+                "4 warps, 1 stage, BLOCK_D=64 (triton 3.6.0)", "cuda",
                 _faulting_fp32_tile, "a739a4c48449.json", check="device_fault"),
 )

@@ -310,6 +310,15 @@ def causal_prefix(impl, case, device):
 
     last_checked = min(t - offset, case.seq_q) - 1
     checked = (torch.arange(case.seq_q, device=device) <= last_checked).expand(out.shape[:3])
+    parts = _unchanged_rows(impl, case, inputs, (out, lse), (out2, lse2), checked, device)
+    return relation_verdict("causal_prefix", impl, case, parts,
+                    note=f"keys >= {t} replaced; rows 0-{last_checked} checked")
+
+
+def _unchanged_rows(impl, case, inputs, first, second, checked, device) -> list:
+    """The verdict parts of two runs whose `checked` rows must agree: exactly for deterministic
+    kernels, within both runs' rounding error (the original keys' scores) otherwise."""
+    (out, lse), (out2, lse2) = first, second
     allowed = lse_allowed = torch.zeros((), dtype=torch.float64, device=device)
     if not impl.caps.deterministic:
         r = Rounding(impl, case)
@@ -320,8 +329,7 @@ def causal_prefix(impl, case, device):
     parts = [("out", row_errors(out2, out), allowed, checked)]
     if lse is not None and lse2 is not None:
         parts.append(_lse_part(lse2, lse, lse_allowed, checked))
-    return relation_verdict("causal_prefix", impl, case, parts,
-                    note=f"keys >= {t} replaced; rows 0-{last_checked} checked")
+    return parts
 
 
 # -- 6. sequence isolation ------------------------------------------------------------------
@@ -353,16 +361,7 @@ def sequence_isolation(impl, case, device):
     out2, lse2 = run_once(impl, *replaced.tensors(), case, "others replaced")
     rows = torch.arange(case.seq_q, device=device)
     checked = ((rows >= q0) & (rows < q1)).expand(out.shape[:3])
-    allowed = lse_allowed = torch.zeros((), dtype=torch.float64, device=device)
-    if not impl.caps.deterministic:
-        r = Rounding(impl, case)
-        eps = r.score_error(inputs.q, inputs.k, case.group_size)
-        allowed = _out_allowed(r, (eps, eps), max_abs_v(inputs.v, case.group_size), (out, out2))
-        if lse is not None and lse2 is not None:
-            lse_allowed = _lse_allowed(r, (eps, eps), (lse, lse2))
-    parts = [("out", row_errors(out2, out), allowed, checked)]
-    if lse is not None and lse2 is not None:
-        parts.append(_lse_part(lse2, lse, lse_allowed, checked))
+    parts = _unchanged_rows(impl, case, inputs, (out, lse), (out2, lse2), checked, device)
     return relation_verdict("sequence_isolation", impl, case, parts,
                             note=f"keys outside {k0}-{k1 - 1} replaced; rows {q0}-{q1 - 1} checked")
 
