@@ -67,10 +67,10 @@ STAGES = (
     ("fuzzattn.judgement.judge", "value_verdicts", "value checks"),
     ("fuzzattn.judgement.judge", "same_bits", "determinism compare"),
     ("fuzzattn.judgement.judge", "judge_gradients", "gradients"),
-    ("fuzzattn.gradients.judge", "run_backward", "gradients: runs"),
-    ("fuzzattn.gradients.judge", "oracle_gradients", "gradients: oracle"),
-    ("fuzzattn.gradients.judge", "same_precision_gradients", "gradients: reference"),
-    ("fuzzattn.gradients.judge", "_values", "gradients: value checks"),
+    ("fuzzattn.gradients.gradient_verdicts", "run_backward", "gradients: runs"),
+    ("fuzzattn.gradients.gradient_verdicts", "oracle_gradients", "gradients: oracle"),
+    ("fuzzattn.gradients.gradient_verdicts", "same_precision_gradients", "gradients: reference"),
+    ("fuzzattn.gradients.gradient_verdicts", "_values", "gradients: value checks"),
 )
 OUTSIDE = "outside the judge"
 

@@ -22,7 +22,7 @@ process or a CUDA fault fails that test with its verdict and the run goes on. Fi
 hang/segfault/device_fault always replay in a worker. In-process, a test after which the CUDA
 context is lost fails at teardown saying so, and its xdist worker exits so that the rest run in a
 fresh one (a CUDA fault is sticky). Under MPS a device fault stops the whole run
-(fuzzattn/platform/mps.py).
+(fuzzattn/platform/shared_gpu.py).
 """
 from __future__ import annotations
 
@@ -244,11 +244,11 @@ def pytest_runtest_makereport(item, call):
     global _lost_here, _shared_fault
     outcome = yield
     if call.when == "call" and call.excinfo is not None:
-        from fuzzattn.platform.mps import SharedDeviceFault
+        from fuzzattn.platform.shared_gpu import SharedDeviceFault
         if call.excinfo.errisinstance(SharedDeviceFault):
             # Every later test would meet the same fault (MPS delivers it to every client, and
             # refuses new ones until they all exited): the session stops after this test, and
-            # under xdist the controller stops every worker (fuzzattn/platform/mps.py).
+            # under xdist the controller stops every worker (fuzzattn/platform/shared_gpu.py).
             first_line = str(call.excinfo.value).strip().splitlines()[0][:300]
             _shared_fault = f"fuzzattn: {item.nodeid}: {first_line}"
             item.session.shouldstop = (f"{_shared_fault}; the run stops here: a device fault "

@@ -50,7 +50,7 @@ class RegressionItem(pytest.Item):
 
     def runtest(self):
         from fuzzattn.campaigns.outcome import SKIP, XFAIL
-        from fuzzattn.campaigns.replay import needs_isolation, replay_one
+        from fuzzattn.campaigns.file_replay import needs_isolation, replay_one
         judge_fn = self.judge_for(self.impl, needs_isolation(self.record, self.impl))
         outcome = replay_one(self.record, self.impl, judge_fn=judge_fn)
         if outcome.verdict == SKIP:

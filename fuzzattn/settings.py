@@ -135,7 +135,7 @@ def check_environment() -> None:
     device fault happens)."""
     from fuzzattn.campaigns.compile_palette import palette_mode
     from fuzzattn.judging.placement import host_check_elements, host_judge_macs
-    from fuzzattn.platform.mps import mode as mps_mode
+    from fuzzattn.platform.shared_gpu import mode as mps_mode
     from fuzzattn.strategies.shape_palette import palette_size
     from fuzzattn.contract import Capabilities
     for check in (palette_mode, host_judge_macs, host_check_elements, mps_mode,

@@ -117,7 +117,7 @@ KNOWN_DEFECTS = (
     KnownDefect("compiled forward: heads past the first wrong and nondeterministic, fp32 q and k "
                 "with a strided last dimension", "cuda", _fp32_strided_last_dim_q_and_k,
                 "208e505db4d8.json", check="out", unsafe=True),
-    # A hang is judged in a worker only; a replay of its file is not run (campaigns/replay.py).
+    # A hang is judged in a worker only; a replay of its file is not run (campaigns/file_replay.py).
     KnownDefect("compiled forward gives no result within minutes: flex decoding with a block mask, "
                 "head dim 80, fp32", "cuda", _decoding_fp32_head_dim_80, "a6513705ec89.json",
                 check="hang"),

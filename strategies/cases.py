@@ -17,7 +17,7 @@ from .palette import subset
 from .shape_palette import entries as palette_entries, palette_size
 from .values import value_profiles
 from .variants import alibis, page_sizes, softcaps, windows
-from .varlen import SEQUENCES_PER_BATCH, on_first_sequence, packed_lengths, packed_profile
+from .packed import SEQUENCES_PER_BATCH, on_first_sequence, packed_lengths, packed_profile
 
 # Softmax scales other than the default 1/sqrt(D) (None), drawn in half the cases.
 OTHER_SCALES = (1.0, 0.5, 0.125, 2.0, 0.3)

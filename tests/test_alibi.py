@@ -17,13 +17,13 @@ from fuzzattn.campaigns.campaign import fuzz
 from fuzzattn.campaigns.cause_shrink import candidates
 from fuzzattn.campaigns.defects import match_class, one_change_variants
 from fuzzattn.campaigns.regression_file import load
-from fuzzattn.campaigns.replay import replay_one
+from fuzzattn.campaigns.file_replay import replay_one
 from fuzzattn.cli.explain import variants as explain_variants
 from fuzzattn.contract import Capabilities, Implementation, profiles
 from fuzzattn.contract.alibi import FAMILIES, alibi_slopes, max_bias
 from fuzzattn.contract.capabilities import UnsupportedCaseError
 from fuzzattn.contract.case import CaseError
-from fuzzattn.gradients.oracle import oracle_gradients
+from fuzzattn.gradients.reference_gradients import oracle_gradients
 from fuzzattn.inputs.materialize import materialize
 from fuzzattn.judgement.judge import judge
 from fuzzattn.judging.oracle import oracle

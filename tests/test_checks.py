@@ -317,7 +317,7 @@ def test_a_fault_surfacing_in_the_read_back_is_the_runs_crash(together, monkeypa
 
 
 def test_a_fault_surfacing_in_the_backwards_read_back_is_its_crash(monkeypatch):
-    gradients_module = importlib.import_module("fuzzattn.gradients.runs")
+    gradients_module = importlib.import_module("fuzzattn.gradients.backward_runs")
     monkeypatch.setattr(flight, "recorder", lambda: None)   # in-process: a watched run would end
 
     def faulted(*args, **kwargs):

@@ -123,7 +123,7 @@ def test_a_replay_stopped_by_sigterm_still_reports_what_it_replayed(capsys, monk
     saying so, and the exit status is 143 (seen on the H200: a replay cut by `timeout` printed
     nothing at all)."""
     import signal
-    from fuzzattn.campaigns import replay as replay_module
+    from fuzzattn.campaigns import file_replay as replay_module
     real, calls = replay_module.replay_one, []
 
     def replay_one(record, impl, **kw):

@@ -16,7 +16,7 @@ from fuzzattn.campaigns.campaign import fuzz
 from fuzzattn.campaigns.outcome import OK, XFAIL, XPASS
 from fuzzattn.campaigns.regression_file import (ExpectedFailure, RegressionFile, RegressionFileError,
                                                 load, loadable, parse, write)
-from fuzzattn.campaigns.replay import replay_one
+from fuzzattn.campaigns.file_replay import replay_one
 from fuzzattn.contract import Capabilities, Implementation, KnownDefect
 from fuzzattn.contract.case import AttentionCase
 from fuzzattn.contract.known_defects import covering

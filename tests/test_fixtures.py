@@ -15,7 +15,7 @@ from fuzzattn import AttentionCase, Capabilities, Implementation
 from fuzzattn.campaigns.campaign import Counterexample, check_case
 from fuzzattn.campaigns.regression_file import RegressionFile, RegressionFileError, discover, load, loadable, parse, write
 from fuzzattn.run.registry import implementations, mutants
-from fuzzattn.campaigns.replay import replay_one
+from fuzzattn.campaigns.file_replay import replay_one
 from fuzzattn.kernels.sdpa import sdpa_forward
 
 CASE = AttentionCase(batch=1, heads=1, kv_heads=1, seq_q=3, seq_k=5, head_dim=16)

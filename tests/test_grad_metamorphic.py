@@ -53,7 +53,7 @@ def _cases(relation: str, impl: Implementation):
 def test_real_backward_obeys(impl, relation):
     check = GRAD_RELATIONS[relation]
     if impl.caps.varlen and relation in ("grad_key_permutation", "grad_batch_independence"):
-        pytest.skip("a packed case breaks it, or has one batch element (relations/runs.py)")
+        pytest.skip("a packed case breaks it, or has one batch element (relations/two_runs.py)")
 
     @settings(max_examples=_budget(impl))
     @given(case=_cases(relation, impl))

@@ -20,8 +20,8 @@ from fuzzattn import AttentionCase, Capabilities, Implementation
 from fuzzattn.campaigns.campaign import check_case
 from fuzzattn.contract import profiles
 from fuzzattn.contract.case import DTYPES
-from fuzzattn.gradients import runs as gradient_runs
-from fuzzattn.gradients.oracle import oracle_gradients, same_precision_gradients
+from fuzzattn.gradients import backward_runs as gradient_runs
+from fuzzattn.gradients.reference_gradients import oracle_gradients, same_precision_gradients
 from fuzzattn.judging.oracle import oracle, same_precision_reference
 from fuzzattn.inputs.materialize import as_bits, inputs_sha256, materialize, materialize_dout
 from fuzzattn.judgement.judge import judge, skip_reason
@@ -128,7 +128,7 @@ def test_a_judged_case_computes_each_forward_reference_once(monkeypatch, margins
         return real(*args, **kwargs)
 
     monkeypatch.setattr(oracle_module, "_attend", counting)
-    monkeypatch.setattr("fuzzattn.gradients.oracle._attend", counting)
+    monkeypatch.setattr("fuzzattn.gradients.reference_gradients._attend", counting)
     c = case(seq_q=7, seq_k=5, causal="top_left")
     from fuzzattn.run.registry import implementations
     judged = judge(implementations()["sdpa"], c, "cpu", margins=margins)
@@ -298,7 +298,7 @@ def test_a_gradient_past_the_dtype_range_is_right_as_inf():
     """fp16 dk of a below_sentinel case is ~8e4 exactly, past fp16's 65504: inf is its correct
     rounding (found on the H200 as a false grad_nonfinite of sdpa_math; regressions/016e68cd71a9.json
     replays the case on every implementation). A finite or wrong-signed stand-in is not."""
-    from fuzzattn.gradients.judge import _overflows
+    from fuzzattn.gradients.gradient_verdicts import _overflows
     exact = torch.tensor([8e4, -8e4, 100.0, 8e4], dtype=torch.float64)
     got = torch.tensor([float("inf"), float("-inf"), 100.0, 65504.0], dtype=torch.float16)
     assert _overflows(got, exact).tolist() == [True, True, False, False]
@@ -320,7 +320,7 @@ def test_gradients_the_rule_cannot_bound_are_not_judged():
     failure, while the same rule keeps bounding the gradients of ordinary values."""
     from pathlib import Path
     from fuzzattn.campaigns.regression_file import load
-    from fuzzattn.gradients.oracle import oracle_gradients
+    from fuzzattn.gradients.reference_gradients import oracle_gradients
     from fuzzattn.judging.tolerance import grad_allowance
     record = load(Path(__file__).resolve().parent.parent / "regressions" / "fcde2197009b.json")
     for case, vacuous in ((record.case, True), (record.case.replace(values="normal"), False)):

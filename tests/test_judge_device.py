@@ -9,7 +9,7 @@ import torch
 from fuzzattn import AttentionCase
 from fuzzattn.judgement import judge as judge_module
 from fuzzattn.judgement import value_checks
-from fuzzattn.gradients.oracle import oracle_gradients
+from fuzzattn.gradients.reference_gradients import oracle_gradients
 from fuzzattn.inputs.materialize import materialize, materialize_dout
 from fuzzattn.judging.placement import (CHECK_ENV, ENV, HOST_CHECK_ELEMENTS, HOST_JUDGE_MACS,
                                           check_device, judge_device, moved, moved_together)
@@ -122,7 +122,7 @@ def test_references_are_read_back_once_from_elsewhere_and_not_at_all_from_here(m
         return ref
 
     monkeypatch.setattr(judge_module, "moved_together", spying)
-    monkeypatch.setattr("fuzzattn.gradients.judge.moved_together", spying)
+    monkeypatch.setattr("fuzzattn.gradients.gradient_verdicts.moved_together", spying)
     monkeypatch.setattr(judge_module, "oracle", oracle_spy)
     monkeypatch.setattr(judge_module.runs, "deliver",
                         lambda impl, case, runs, also=(): deliver_spy(impl, case, runs, also))

@@ -153,7 +153,7 @@ def test_a_replay_failing_as_the_implementations_known_defect_is_an_expected_fai
     sdpa file on flex's decoding inputs): that replay is xfail, and any other failure still fails."""
     from fuzzattn.campaigns.outcome import FAIL, XFAIL
     from fuzzattn.campaigns.regression_file import parse
-    from fuzzattn.campaigns.replay import replay_one
+    from fuzzattn.campaigns.file_replay import replay_one
 
     def record(case):
         return parse({"schema": 2, "case": case.to_dict(), "impl": "other",
@@ -186,7 +186,7 @@ def test_an_unsafe_defect_is_judged_only_in_a_worker_process():
 
 def test_a_file_an_unsafe_defect_covers_is_replayed_in_a_worker_process():
     from fuzzattn.campaigns.regression_file import parse
-    from fuzzattn.campaigns.replay import needs_isolation
+    from fuzzattn.campaigns.file_replay import needs_isolation
 
     def record(case, check="out"):
         return parse({"schema": 2, "case": case.to_dict(), "impl": "other", "check": check,

@@ -20,7 +20,7 @@ from fuzzattn.contract import Capabilities, Implementation
 from fuzzattn.triton_interpreter.backend import is_interpreted
 from fuzzattn.judgement.judge import default_device, skip_reason
 from fuzzattn.relations.forward import RELATIONS, check_relations
-from fuzzattn.relations.runs import BROKEN_BY
+from fuzzattn.relations.two_runs import BROKEN_BY
 from fuzzattn.run.registry import implementations
 from fuzzattn.strategies import attention_cases
 from fuzzattn.campaigns.compile_palette import campaign_palette
@@ -78,7 +78,7 @@ def _cases(relation: str, impl: Implementation):
 def test_real_implementation_obeys(impl, relation):
     check = RELATIONS[relation]
     if impl.caps.varlen and relation in BROKEN_BY["varlen"] + ("batch_independence",):
-        pytest.skip("a packed case breaks it, or has one batch element (relations/runs.py)")
+        pytest.skip("a packed case breaks it, or has one batch element (relations/two_runs.py)")
     if relation == "sequence_isolation" and not impl.caps.varlen:
         pytest.skip("packed cases only")
 

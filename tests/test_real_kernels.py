@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from fuzzattn import AttentionCase, Capabilities, Implementation
 from fuzzattn.campaigns.campaign import fuzz, judge_once
 from fuzzattn.campaigns.regression_file import load
-from fuzzattn.campaigns.replay import replay_one
+from fuzzattn.campaigns.file_replay import replay_one
 from fuzzattn.contract import profiles
 from fuzzattn.run.execute import LOG_DIR
 from fuzzattn.judgement.judge import judge

@@ -1,5 +1,5 @@
 """A device fault on a GPU shared through MPS ends the run with an error, never a verdict
-(fuzzattn/platform/mps.py). On the CPU, FUZZATTN_MPS=on stands in for an MPS server and
+(fuzzattn/platform/shared_gpu.py). On the CPU, FUZZATTN_MPS=on stands in for an MPS server and
 tests/isolation_kernels.py's DEVICE_FAULT raises the error torch raises after an illegal memory
 access."""
 from __future__ import annotations
@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from fuzzattn import AttentionCase
 from fuzzattn.campaigns.campaign import forget_verdicts, fuzz
 from fuzzattn.judgement import judge as judge_module
-from fuzzattn.platform import mps as shared_gpu
+from fuzzattn.platform import shared_gpu
 from fuzzattn.isolation.supervisor import IsolatedJudge
 from fuzzattn.judgement.judge import judge
 from fuzzattn.run.loader import load_implementation

@@ -16,7 +16,7 @@ from fuzzattn import AttentionCase
 from fuzzattn.campaigns.campaign import Counterexample, check_case, fuzz
 from fuzzattn.campaigns.cause_shrink import candidates
 from fuzzattn.campaigns.regression_file import load
-from fuzzattn.campaigns.replay import replay_one
+from fuzzattn.campaigns.file_replay import replay_one
 from fuzzattn.campaigns.defects import match_class, one_change_variants
 from fuzzattn.cli.explain import variants as explain_variants
 from fuzzattn.contract import Capabilities, profiles
@@ -24,7 +24,7 @@ from fuzzattn.contract.capabilities import UnsupportedCaseError
 from fuzzattn.contract.case import CaseError
 from fuzzattn.inputs.materialize import materialize
 from fuzzattn.judgement.judge import judge
-from fuzzattn.gradients.oracle import oracle_gradients
+from fuzzattn.gradients.reference_gradients import oracle_gradients
 from fuzzattn.judging.oracle import oracle, some_row_empty, visibility, visible_keys
 from fuzzattn.kernels.torch_tiled import IMPL as TILED, torch_tiled_forward
 from fuzzattn.relations.forward import RELATIONS

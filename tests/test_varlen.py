@@ -16,7 +16,7 @@ from fuzzattn.campaigns.campaign import fuzz
 from fuzzattn.campaigns.cause_shrink import candidates
 from fuzzattn.campaigns.defects import factors, one_change_variants
 from fuzzattn.campaigns.regression_file import load
-from fuzzattn.campaigns.replay import replay_one
+from fuzzattn.campaigns.file_replay import replay_one
 from fuzzattn.campaigns.sequences import EMPTY_SEQUENCE, MANY_SEQUENCES
 from fuzzattn.cli.explain import variants as explain_variants
 from fuzzattn.contract import Implementation, profiles
@@ -33,7 +33,7 @@ from fuzzattn.relations.forward import RELATIONS
 from fuzzattn.run.registry import mutants
 from fuzzattn.strategies.cases import attention_cases, undeclared_cases
 from fuzzattn.strategies.lengths import seq_shapes
-from fuzzattn.strategies.varlen import packed_lengths
+from fuzzattn.strategies.packed import packed_lengths
 
 REGRESSIONS = Path(__file__).resolve().parent.parent / "regressions"
 VARLEN_MUTANTS = ("mutant_varlen_reads_next_sequence", "mutant_varlen_drops_last_sequence")

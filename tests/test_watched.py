@@ -392,7 +392,7 @@ def test_a_fault_met_in_the_read_back_ends_the_watched_process_with_its_case(mon
     context outside any call, and the watched run ended on that error with no case saved (seen
     on an H200 with SDPA's misaligned-address fault). The read-back ends the process instead,
     with the case recorded, as a fault raised inside the call does."""
-    from fuzzattn.gradients import runs as grad_runs
+    from fuzzattn.gradients import backward_runs as grad_runs
     from fuzzattn.run import execute, runs
     from fuzzattn.run.registry import implementations
 

@@ -11,7 +11,7 @@ and gate CI. One module per command; `common` holds what they share.
 Exit status: 0 when everything passed; 1 when something failed (a counterexample, a failing or
 unreadable regression file, a surviving mutant); 2 when the command could not run as asked (a
 bad argument, an implementation that cannot be loaded, a bad git revision); 3 when a device
-fault on a GPU shared through MPS ended the run without a verdict (fuzzattn/platform/mps.py); 70
+fault on a GPU shared through MPS ended the run without a verdict (fuzzattn/platform/shared_gpu.py); 70
 when fuzzattn itself failed (an internal error: one line naming the file its traceback was
 written to); 130 when interrupted; 141, silently, when stdout's reader went away (`| head`).
 Every status-2, 3 or 70 problem is one line on stderr starting with "fuzzattn: error:", never a
@@ -31,7 +31,7 @@ import warnings
 
 from fuzzattn.cli import explain, fuzz, gate, mutants, replay, triage
 from fuzzattn.cli.common import CLIError, flattened
-from fuzzattn.platform.mps import SharedDeviceFault
+from fuzzattn.platform.shared_gpu import SharedDeviceFault
 
 SHARED_DEVICE_FAULT_STATUS = 3
 # sysexits' EX_SOFTWARE: fuzzattn's own fault, to tell apart from a finding (1) and a usage error (2)
@@ -169,7 +169,7 @@ def _main(argv) -> int:
         except KeyboardInterrupt:
             print("\nfuzzattn: error: interrupted", file=sys.stderr)
             return 130
-        except SharedDeviceFault as exc:      # no verdict could be trusted (fuzzattn/platform/mps.py)
+        except SharedDeviceFault as exc:      # no verdict could be trusted (fuzzattn/platform/shared_gpu.py)
             print(f"fuzzattn: error: {flattened(exc)}", file=sys.stderr)
             return SHARED_DEVICE_FAULT_STATUS
         except Exception as exc:

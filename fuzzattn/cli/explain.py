@@ -12,7 +12,7 @@ tensors change with it, which is the point). One table, then one line reading it
 a campaign's table would give the case, found from the same judgements.
 
 A file whose failure ends or corrupts the process judging it (a hang, segfault or device fault,
-or a case the implementation's unsafe known defect covers: campaigns.replay.needs_isolation) has
+or a case the implementation's unsafe known defect covers: campaigns.file_replay.needs_isolation) has
 each variant judged in a worker process of its own, so one variant's fault cannot pass for the
 next one's failure; it costs a worker's start-up per variant. So does `--isolate`, and so does a
 watched explain that a variant crashed (cli/watched.py runs it again with `--isolate`).
@@ -240,7 +240,7 @@ def run(args) -> int:
     if why is not None:
         raise common.CLIError(f"--impl {args.impl}: {impl.name} does not declare the file's case "
                               f"({why}); nothing to explain")
-    from fuzzattn.campaigns.replay import needs_isolation
+    from fuzzattn.campaigns.file_replay import needs_isolation
     isolated = args.isolate or needs_isolation(record, impl)
     rows = variants(impl, record.case)
     print(f"fuzzattn explain: {args.path.name} on {impl.name}\n  case: {record.case}"

@@ -50,7 +50,7 @@ def any_needs_isolation(paths) -> bool:
     be probed in a worker too (the probe call could be the one that dies). Unreadable files are
     left for replay_all to report."""
     from fuzzattn.campaigns.regression_file import RegressionFileError, load
-    from fuzzattn.campaigns.replay import needs_isolation
+    from fuzzattn.campaigns.file_replay import needs_isolation
     for path in paths:
         try:
             if needs_isolation(load(path)):
@@ -144,7 +144,7 @@ def _slow_first(paths, subjects) -> list[int]:
     a fork server and a worker of its own (a CUDA context, a compile), and submitted late it can
     only end late: such files made the tail of a GPU gate's replay."""
     from fuzzattn.campaigns.regression_file import RegressionFileError, load
-    from fuzzattn.campaigns.replay import needs_isolation
+    from fuzzattn.campaigns.file_replay import needs_isolation
 
     def slow(path) -> bool:
         try:
@@ -191,7 +191,7 @@ def _replay_over(processes, paths, subjects, *, only_given, progress, isolate, t
 def _replay_all(paths, subjects, *, only_given, progress, pool, isolate, outcomes,
                 recorded=False, deadline=None) -> list[Outcome]:
     from fuzzattn.campaigns.regression_file import RegressionFileError, load
-    from fuzzattn.campaigns.replay import needs_isolation, replay_one
+    from fuzzattn.campaigns.file_replay import needs_isolation, replay_one
     from fuzzattn.platform import flight
     from fuzzattn.run.execute import one_line
     flight.set_context()        # no campaign: a crash here is the file's row, not a case to shrink
@@ -245,7 +245,7 @@ def _recorded(record):
     """The implementation a regression file names by its impl_spec, loaded once a process (its
     probe call in a worker when the file records a failure that ends a process)."""
     from fuzzattn import settings
-    from fuzzattn.campaigns.replay import needs_isolation
+    from fuzzattn.campaigns.file_replay import needs_isolation
     from fuzzattn.run.loader import ImplementationLoadError
     try:
         return settings.load_outside(record.replay_spec(), isolated=needs_isolation(record))

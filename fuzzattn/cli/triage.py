@@ -58,7 +58,7 @@ def triage(paths: list[Path], given: dict) -> tuple[list[Cause], list[tuple[Path
     from fuzzattn.campaigns.defects import DefectBook
     from fuzzattn.campaigns.found import Counterexample
     from fuzzattn.campaigns.regression_file import RegressionFileError, Written, load
-    from fuzzattn.campaigns.replay import needs_isolation
+    from fuzzattn.campaigns.file_replay import needs_isolation
     books: dict[str, DefectBook] = {}
     causes: dict[int, Cause] = {}
     apart: list[tuple[Path, str]] = []

@@ -38,7 +38,7 @@ from pathlib import Path
 
 from fuzzattn.contract.case import AttentionCase
 from fuzzattn.contract.implementation import Implementation
-from fuzzattn.platform import mps as shared_gpu
+from fuzzattn.platform import shared_gpu
 from fuzzattn.platform.flight import FIRST_CALL, first_of_its_shape
 from fuzzattn.inputs.materialize import inputs_sha256, materialize
 from fuzzattn.platform.device_faults import is_device_fault
@@ -354,7 +354,7 @@ class IsolatedJudge:
         self.stats.device_faults += 1
         self._replace()
         if shared_gpu.mps_active():
-            # Under MPS the fault may be another process's (fuzzattn/platform/mps.py): no verdict.
+            # Under MPS the fault may be another process's (fuzzattn/platform/shared_gpu.py): no verdict.
             fault = next(v for v in verdicts if v.check == "device_fault")
             raise shared_gpu.SharedDeviceFault(shared_gpu.describe(judged.case, fault.detail))
         # A judgement that passed in the worker carries no sha256 or versions; a failure needs them.

@@ -115,7 +115,7 @@ def worker_main(conn, spec: str, fields: bytes | None, device: str, threads: int
         import torch
         from fuzzattn.judgement.judge import judge
         from fuzzattn.platform import cuda_waits
-        from fuzzattn.platform import mps as shared_gpu
+        from fuzzattn.platform import shared_gpu
         shared_gpu.guarding = False    # the supervisor applies the MPS rule to what this reports
         from fuzzattn.triton_interpreter.backend import ensure_backend
         try:

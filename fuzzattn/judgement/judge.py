@@ -28,8 +28,8 @@ from fuzzattn.contract.case import AttentionCase
 from fuzzattn.contract.implementation import Implementation
 from fuzzattn.run import execute
 from fuzzattn.run import pruning, runs
-from fuzzattn.platform import mps as shared_gpu
-from fuzzattn.gradients.judge import judge_gradients
+from fuzzattn.platform import shared_gpu
+from fuzzattn.gradients.gradient_verdicts import judge_gradients
 from fuzzattn.inputs.budget import check_budget
 from fuzzattn.inputs.materialize import (Inputs, born_on_device, inputs_sha256,
                                      materialize)
@@ -124,7 +124,7 @@ def judge(impl: Implementation, case: AttentionCase, device=None, *,
 
     With `expected_sha256` (a counterexample file's pin) the inputs are checked against it right
     after they are materialised, and nothing runs on inputs that drifted. An implementation
-    declaring `backward` also gets the gradient checks (fuzzattn/gradients/judge.py) once every forward
+    declaring `backward` also gets the gradient checks (fuzzattn/gradients/gradient_verdicts.py) once every forward
     check passed, unless `gradients=False` (a forward-only test keeping its budget).
 
     `margins=True`: every numeric verdict judged on the whole rule, its `allowed` the whole
@@ -134,7 +134,7 @@ def judge(impl: Implementation, case: AttentionCase, device=None, *,
     either way.
 
     On a GPU shared through MPS a device fault raises shared_gpu.SharedDeviceFault instead of
-    becoming a verdict: it may be another process's (fuzzattn/platform/mps.py)."""
+    becoming a verdict: it may be another process's (fuzzattn/platform/shared_gpu.py)."""
     if "triton" in sys.modules:
         # `import fuzzattn` only selects the interpreter; its bf16 repairs come with
         # ensure_backend, which the CLI and the pytest plugin run at start-up. A script judging
@@ -227,7 +227,7 @@ def _judge(impl: Implementation, case: AttentionCase, device, *, expected_sha256
 
 def _reusable(computed: list[Reference] | None, references: torch.device) -> list | None:
     """The forward's references (oracle, same-precision) for the gradient references to build
-    on instead of computing them again from the same pristine inputs (fuzzattn/gradients/oracle.py),
+    on instead of computing them again from the same pristine inputs (fuzzattn/gradients/reference_gradients.py),
     when they are still where those compute and already read (a float score magnitude, as the
     gradient oracle makes it there); else None. So on the host, and for cases judged wholly on
     the device they are not: there the forward's magnitude is still unread."""

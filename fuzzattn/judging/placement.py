@@ -85,7 +85,7 @@ def judging():
 
 
 def moved_together(references: list, device: torch.device) -> list:
-    """`references` (oracle.Reference, gradients.oracle.GradReference: dataclasses holding tensors,
+    """`references` (oracle.Reference, gradients.reference_gradients.GradReference: dataclasses holding tensors,
     dicts and dataclasses of tensors) with every tensor on `device`, those elsewhere read back in
     one copy; a 0-d tensor (a score magnitude computed without waiting for it) becomes a float."""
     return rebuilt(references, read_back(tensors_in(references), device))

@@ -40,12 +40,12 @@ Errors are compared as float64 maxima over the whole tensor; the rows over the b
 reported as the failure's location.
 
 Gradients (dq, dk, dv; `grad_finish`), the same kind of rule against the gradient oracle and the
-same-precision reference backward (fuzzattn/gradients/oracle.py):
+same-precision reference backward (fuzzattn/gradients/reference_gradients.py):
 
     allowed = K_GRAD * max|ref - oracle| + GRAD_EPS_ULPS u_op T + u_op T_delta
               + (expm1(2 SCORE_ULPS u(fp32) S) + (n + GRAD_EXTRA_OPS) u(fp32)) T_mag
 
-with T, T_delta, T_mag the largest over the gradient's entries of gradients.oracle.term_magnitudes:
+with T, T_delta, T_mag the largest over the gradient's entries of gradients.reference_gradients.term_magnitudes:
 T the sum of the entry's |terms| (e.g. |scale| sum_j |dS_ij| |k_j| for dq_i), T_delta the part
 of it through Delta = dO . O, T_mag the sum of every product an fp32 sum forming it adds (|dS|
 bounded by P (|dO|.|v| + |dO|.|O|)). Not |oracle| as for out: dq and dk are sums whose terms

@@ -28,7 +28,7 @@ CHECKS = (
     "out_rms",               # output's rms error over the tensor beyond the error-statistics rule
     "rerun",                 # the run after the references disagrees with the oracle
     "nondeterministic",      # a second run on fresh copies differs bitwise
-    # Gradients (fuzzattn/gradients/judge.py), for implementations declaring `backward`; judged only
+    # Gradients (fuzzattn/gradients/gradient_verdicts.py), for implementations declaring `backward`; judged only
     # when every forward check passed, so one bug is reported once, at its forward symptom.
     "grad_crash",            # the backward (or autograd) raised, or answered in a wrong shape/dtype
     "grad_inputs_mutated",   # q, k, v, out, lse or dO (or their storage) changed by the backward

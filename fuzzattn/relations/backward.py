@@ -12,7 +12,7 @@ the forward's out and lse of the same run's inputs. dO is the case's (`inputs.ma
 Verdicts are "metamorphic:<relation>", built like the forward relations' (relations/forward.py).
 
 Tolerance: the gradient rule's noise terms (tolerance.grad_noise) for each of the two runs, per
-row: with T, T_delta, T_mag the row's largest sums of term magnitudes (gradients.oracle.
+row: with T, T_delta, T_mag the row's largest sums of term magnitudes (gradients.reference_gradients.
 term_magnitudes), computed here in fp32 from a softmax of the run's own inputs and its own out
 (no float64, no oracle gradients): a correct kernel's run is within that of exact gradients, so
 two runs are within the sum. The K x reference term has no counterpart (no reference runs),
@@ -27,12 +27,12 @@ from fuzzattn.contract.alibi import alibi_bias, alibi_slopes
 from fuzzattn.contract.case import AttentionCase
 from fuzzattn.contract.implementation import Implementation
 from fuzzattn.run import execute
-from fuzzattn.gradients.oracle import NAMES, term_magnitudes
+from fuzzattn.gradients.reference_gradients import NAMES, term_magnitudes
 from fuzzattn.inputs.materialize import materialize, materialize_dout
 # The forward relations' transformed inputs, and the machinery every relation shares: the same
 # verdict shape, crash and refusal handling.
 from fuzzattn.relations.forward import _transformed
-from fuzzattn.relations.runs import (RunRefused, RunFailed, as_relation, case_generator,
+from fuzzattn.relations.two_runs import (RunRefused, RunFailed, as_relation, case_generator,
                                            relation_verdict, row_errors, run_once)
 from fuzzattn.judging.oracle import case_visible_keys
 from fuzzattn.judging.tolerance import grad_noise

@@ -43,7 +43,7 @@ from fuzzattn.contract.implementation import Implementation
 from fuzzattn.contract.varlen import spans
 from fuzzattn.inputs.materialize import materialize
 from fuzzattn.judgement.judge import default_device
-from fuzzattn.relations.runs import (all_rows, as_relation, case_generator, relation_verdict,
+from fuzzattn.relations.two_runs import (all_rows, as_relation, case_generator, relation_verdict,
                                            row_errors, rows_with_keys, run_once)
 from fuzzattn.relations.rounding import Rounding, finite_abs, max_abs_v, row_abs
 from fuzzattn.judging.verdict import Verdict

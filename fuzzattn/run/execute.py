@@ -304,10 +304,10 @@ def end_on_device_fault(impl, case, stage: str, summary: str, device) -> None:
     context is lost for every later case. Called where the fault surfaces: in the call when it
     synchronises, else in the read-back of its outputs; a fault left to surface in the next
     case's first launch would end the run with the case lost (under MPS the fault may be another
-    process's, and fuzzattn/platform/mps.py ends the run instead)."""
+    process's, and fuzzattn/platform/shared_gpu.py ends the run instead)."""
     record = flight.recorder()
     if record is None or torch.device(device).type != "cuda" or not is_device_fault(summary):
         return
-    from fuzzattn.platform import mps
-    if not mps.mps_active():
+    from fuzzattn.platform import shared_gpu
+    if not shared_gpu.mps_active():
         record.device_fault(impl, case, stage, summary)

@@ -11,7 +11,7 @@ is planted in both, as one logical edit.
 of `triton_fa2_backward`; `SENTINEL_MUTANTS` the same for the bugs only scores past a finite
 mask sentinel show. `MUTANTS` registers each as an `Implementation` of triton_fa2 whose
 forward is the real one and whose `backward_fn` is the mutated backward, so the engine's gradient
-checks (fuzzattn/gradients/judge.py) must kill it; the forward checks all pass.
+checks (fuzzattn/gradients/gradient_verdicts.py) must kill it; the forward checks all pass.
 
 Not planted: a dQ accumulation race. The real backward computes dQ in a second pass where each
 program owns its rows (no atomics, see the kernel module's docstring), so there is no shared

@@ -12,7 +12,7 @@ import torch
 from fuzzattn.contract.case import AttentionCase
 from fuzzattn.contract.dtypes import BY_NAME
 from fuzzattn.contract.implementation import Implementation
-from fuzzattn.gradients.oracle import NAMES
+from fuzzattn.gradients.reference_gradients import NAMES
 from fuzzattn.run import execute
 from fuzzattn.inputs.materialize import (Inputs, born_on_device, changed_flags, materialize,
                                          materialize_dout, moved_with, place, place_flat, view_in)

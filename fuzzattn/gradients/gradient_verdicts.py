@@ -11,7 +11,7 @@ q's layout), so it is judged on exactly what the forward gave; autograd runs the
 Runs, as for the forward:
 1. the adversarial run: q, k, v, dO (and out, lse) inside NaN padding, torch.empty and freed
    blocks of the gradients' sizes NaN-filled; storages snapshotted to catch mutation;
-2. the oracle's and the same-precision reference's gradients on fresh copies (gradients/oracle.py);
+2. the oracle's and the same-precision reference's gradients on fresh copies (gradients/reference_gradients.py);
 3. NaN where the oracle is finite is attributed by re-running with clean memory, then also with
    zero padding (grad_unwritten, grad_out_of_bounds_read, else grad_nonfinite);
 4. exact checks: dq = 0 on rows with no visible key, dk = dv = 0 on keys no row sees;
@@ -29,14 +29,14 @@ import torch
 
 from fuzzattn.contract.case import AttentionCase
 from fuzzattn.contract.implementation import Implementation
-from fuzzattn.gradients.oracle import NAMES, GradReference, oracle_gradients, same_precision_gradients
+from fuzzattn.gradients.reference_gradients import NAMES, GradReference, oracle_gradients, same_precision_gradients
 from fuzzattn.inputs.materialize import Inputs, as_bits, born_on_device, materialize, materialize_dout
 from fuzzattn.judging.placement import judging, moved_together
 from fuzzattn.inputs.transfer import same_device
 from fuzzattn.judging.tolerance import (all_finite, differences, grad_allowance, grad_finish,
                                        maxima, with_reference)
 from fuzzattn.judging.verdict import Verdict, heatmap, locate
-from fuzzattn.gradients.runs import GradRun, on_device, run_backward
+from fuzzattn.gradients.backward_runs import GradRun, on_device, run_backward
 
 ROW_KIND = {"dq": "query rows", "dk": "key rows", "dv": "key rows"}
 
