@@ -112,3 +112,28 @@ def test_the_row_says_which_budget_ended_the_campaign(capsys, tmp_path, budget, 
     assert status == 0 and ended in cells(row), row
     if ended == "7 cases":
         assert row.split()[3] == "7", row
+
+
+def test_seconds_bound_the_command_not_each_campaign(capsys, tmp_path):
+    """`fuzz --seconds S` over several campaigns (sdpa's three dtypes) runs S seconds in all: the
+    campaigns share it, each an equal part of what is left, and each row ends by its time cap."""
+    from fuzzattn import cli
+    started = time.perf_counter()
+    status = cli.main(["fuzz", "--impl", "sdpa", "--seconds", "4.5", "--profile", "dev",
+                       "--regressions-dir", str(tmp_path), "--database", "off"])
+    took = time.perf_counter() - started
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("sdpa ")]
+    assert status == 0 and len(rows) == 3, rows
+    assert all(any(c.startswith("time cap") for c in cells(row)) for row in rows), rows
+    # 4.5 s of fuzzing plus start-up and the last case of each campaign (a cap is checked
+    # between cases), generous for a loaded CI machine; three full caps would be 13.5 s.
+    assert 4.5 <= took < 11, took
+
+
+def test_a_share_is_what_is_left_over_the_campaigns_left():
+    from fuzzattn.cli.fuzz import MIN_SHARE, share
+    now = time.perf_counter()
+    assert share(None, now, 0, 3) is None
+    assert share(9.0, now, 0, 3) == 3.0              # the first: an equal part of all of it
+    assert 3.9 < share(9.0, now - 1.0, 1, 3) <= 4.0  # 1 s used of its 3: the rest gain it
+    assert share(9.0, now - 20.0, 2, 3) == MIN_SHARE  # time spent: the floor, never a negative cap

@@ -1,6 +1,7 @@
 """`fuzzattn fuzz`: one campaign per implementation and declared dtype; exit 1 on a counterexample."""
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from fuzzattn.cli import common, tables, workers
@@ -15,8 +16,9 @@ def add_parser(commands) -> None:
                    help="a registered implementation or mutant, or one defined outside the repo; repeatable")
     common.budget_options(p, "cases per campaign (default: the profile's max_examples, or no "
                              "limit with --seconds alone)",
-                          "wall-time cap per campaign (default: none); alone, each campaign runs "
-                          "this long; with --max-examples, whichever is reached first ends it")
+                          "wall time of the whole command (default: none), shared by its "
+                          "campaigns (one per implementation and dtype); alone, the command runs "
+                          "this long; with --max-examples, whichever is reached first ends each")
     p.add_argument("--dtype", choices=DTYPES, metavar="D",
                    help=f"fuzz only this dtype ({', '.join(DTYPES)}); default: every declared one")
     p.add_argument("--regressions-dir", type=Path, metavar="DIR",
@@ -45,10 +47,11 @@ def run(args) -> int:
     # reported (their files are already saved), then the exit status says how it stopped.
     with common.stop_on_sigterm(), workers.Pool(n_workers, progress) as pool:
         try:
-            for impl, dtype in plan:
+            started = time.perf_counter()
+            for done, (impl, dtype) in enumerate(plan):
                 outcomes.append(workers.run_campaign(
                     pool, impl, dtype, profile=profile, max_examples=max_examples,
-                    seconds=args.seconds, hypothesis_seed=args.hypothesis_seed,
+                    seconds=share(args.seconds, started, done, len(plan)), hypothesis_seed=args.hypothesis_seed,
                     save=not args.no_save, regressions_dir=regressions_dir, progress=progress,
                     isolate=isolate, timeout=timeout, database=database,
                     stop_at_first=args.stop_at_first))
@@ -80,6 +83,23 @@ def run(args) -> int:
                                 f"{tables.totals(outcomes)}")
         return status
     return common.finish(outcomes, tables.totals(outcomes))
+
+
+# A campaign whose share is spent (the ones before it overran theirs) still gets a cap, this
+# small: it then judges nothing and its row says "not fuzzed: the time cap ... ended", a skip,
+# never a pass (a cap of 0 would mean no cap at all).
+MIN_SHARE = 1e-3
+
+
+def share(seconds: float | None, started: float, done: int, planned: int) -> float | None:
+    """The time cap of the next campaign of `planned`, `done` of them ended, the command's
+    `seconds` counted from `started`: an equal part of what is left, so time a quick campaign
+    leaves unused goes to the later ones and the command ends near its --seconds. None: no
+    --seconds, no cap."""
+    if seconds is None:
+        return None
+    left = seconds - (time.perf_counter() - started) if done else seconds
+    return max(left / (planned - done), min(MIN_SHARE, seconds / planned))
 
 
 def _detail(outcome) -> str:
