@@ -1,7 +1,7 @@
 """Known upstream defects: input classes on which a third-party implementation is known to fail.
 
 Fuzzing a real library finds its real defects, and then finds them again in every campaign:
-the H200 campaigns of SDPA's backends stopped within a few cases on the same two or three
+GPU campaigns of SDPA's backends stopped within a few cases on the same two or three
 upstream bugs, and a device fault (which poisons the CUDA context of the process judging it)
 took the rest of an in-process run down with it. Once such a defect is understood it is pinned
 by a regression file whose `expected_failures` entry names it (its replay still reports XFAIL,
