@@ -159,3 +159,21 @@ def test_paged_kv_is_a_one_change_predicate_matched_by_class():
     assert c.replace(paged_kv=0) in candidates(c, TILED.caps)
     changed = {row.changed_to: row.case for row in explain_variants(TILED, c)}
     assert changed["paged_kv=0"] == c.replace(paged_kv=0)
+
+
+@pytest.mark.parametrize("size, seq_q, seq_k, whole, odd", [
+    (2, 1, 1, (2, 2), None),            # Nk + 1 is the whole page: one predicate, the page's
+    (3, 1, 2, (1, 3), None),
+    (4, 3, 3, (4, 4), None),            # Nq == Nk kept: both grow
+    (4, 5, 2, (5, 4), None),
+    (4, 4, 2, (6, 4), None),            # Nq > Nk kept: both grow
+    (4, 3, 5, (3, 8), (3, 6)),          # a cure apart from the page's: both named
+    (4, 3, 8, None, None),
+    (0, 3, 5, None, (3, 6)),
+])
+def test_a_partial_last_page_is_one_predicate_whatever_the_page_size(size, seq_q, seq_k, whole, odd):
+    c = case(paged_kv=size, seq_q=seq_q, seq_k=seq_k)
+    found = {name: variants for name, _, variants in one_change_variants(c, TILED.caps)}
+    for name, lengths in (("last page partial", whole), ("Nk odd", odd)):
+        expected = None if lengths is None else [c.replace(seq_q=lengths[0], seq_k=lengths[1])]
+        assert found.get(name) == expected, (name, found)

@@ -10,10 +10,10 @@ its *cause*, the way crash triagers tell bugs apart by where they strike, not by
     trigger     the one-change predicates its shrunk case needs, found as `fuzzattn explain` finds
                 them: each predicate the case satisfies (a causal alignment, a layout off
                 contiguous, two tensors laid out differently, a value profile, a custom scale, a
-                variant (window, softcap, ALiBi, paging), GQA, unequal lengths, an odd Nk, a dtype
-                but the simplest declared, each configuration axis off its first choice) is undone
-                alone and the case judged again; a predicate whose undoing makes the failure go away
-                is needed. Two tensors laid out differently, when needed, stands for the per-tensor
+                variant (window, softcap, ALiBi, paging), GQA, unequal lengths, an odd Nk, a last
+                page partly filled, a dtype but the simplest declared, each configuration axis off
+                its first choice) is undone alone and the case judged again; a predicate whose
+                undoing makes the failure go away is needed. Two tensors laid out differently, when needed, stands for the per-tensor
                 layouts it implies (layout[v]!=layout[k] needs layout[k] off contiguous on one case
                 and layout[v] on another: one cause).
     symptom     the first failing check (with the exception type for a crash) and the keys of

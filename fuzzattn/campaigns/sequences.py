@@ -5,6 +5,8 @@ A dense case's lengths:
     lengths=Nq<Nk / Nq>Nk   undone by Nk set to Nq and by Nq set to Nk, so a bug needing more
                             than one key or query is not taken for one needing unequal lengths
     Nk odd                  undone by Nk + 1, keeping how Nq compares with Nk
+    last page partial       a paged cache's Nk off whole pages, undone by Nk up to the next
+                            whole page, the same way; where that is Nk + 1, it is named alone
 
 A packed case's sequences (fuzzattn/contract/varlen.py defines the case), toward fewer, shorter
 sequences:
@@ -22,6 +24,7 @@ from fuzzattn.contract.varlen import relengthed
 PREDICATE = ""
 MANY_SEQUENCES = "sequences>1"
 EMPTY_SEQUENCE = "a sequence of length 0"
+PARTIAL_PAGE = "last page partial"
 
 
 def predicates(case: AttentionCase) -> dict[str, tuple[str, list[AttentionCase]]]:
@@ -58,12 +61,22 @@ def _dense_predicates(case: AttentionCase) -> dict[str, tuple[str, list[Attentio
     if case.seq_q != case.seq_k:
         found["lengths"] = ("Nq<Nk" if case.seq_q < case.seq_k else "Nq>Nk",
                             [case.replace(seq_k=case.seq_q), case.replace(seq_q=case.seq_k)])
-    if case.seq_k % 2:
-        # Nk + 1, keeping how Nq compares with Nk (which rows see no key, which mask applies);
-        # where it cannot, Nq + 1 too.
-        longer = case.replace(seq_k=case.seq_k + 1)
-        if (longer.seq_q > longer.seq_k) != (case.seq_q > case.seq_k) or \
-                (longer.seq_q == longer.seq_k) != (case.seq_q == case.seq_k):
-            longer = case.replace(seq_q=case.seq_q + 1, seq_k=case.seq_k + 1)
-        found["Nk odd"] = (PREDICATE, [longer])
+    whole_pages = None
+    if case.paged_kv and case.seq_k % case.paged_kv:
+        # A kernel reading the last page whole, or skipping it, needs its tail: one bug whatever
+        # the page size, not "Nk odd" at size 2 and something else at size 3.
+        whole_pages = _longer(case, -case.seq_k % case.paged_kv)
+        found[PARTIAL_PAGE] = (PREDICATE, [whole_pages])
+    if case.seq_k % 2 and _longer(case, 1) != whole_pages:
+        found["Nk odd"] = (PREDICATE, [_longer(case, 1)])
     return found
+
+
+def _longer(case: AttentionCase, keys: int) -> AttentionCase:
+    """Nk + keys, keeping how Nq compares with Nk (which rows see no key, which mask applies);
+    where it cannot, Nq + keys too."""
+    longer = case.replace(seq_k=case.seq_k + keys)
+    if (longer.seq_q > longer.seq_k) != (case.seq_q > case.seq_k) or \
+            (longer.seq_q == longer.seq_k) != (case.seq_q == case.seq_k):
+        longer = case.replace(seq_q=case.seq_q + keys, seq_k=case.seq_k + keys)
+    return longer
