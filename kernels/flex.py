@@ -7,8 +7,9 @@ its base-2 statistic to natural log before returning it, the contract's unit).
 
 Causal: key j is visible to query i iff j - i <= offset, with offset 0 for top-left and Nk - Nq
 for bottom-right. A sliding window (left, right) is the band Nk - Nq - left <= j - i <=
-Nk - Nq + right in the same mask_mod (flex leaves the bottom-right shift to its user), and a
-softcap is a score_mod, c * tanh(score / c): flex applies it to the scaled score before the mask.
+Nk - Nq + right in the same mask_mod (flex leaves the bottom-right shift to its user), a
+softcap is a score_mod, c * tanh(score / c): flex applies it to the scaled score before the mask,
+and ALiBi is a score_mod subtracting slope_h * |i + Nk - Nq - j| after the cap (_alibi).
 Rows with no visible key are left to flex: its answer for them (out 0, lse -inf) is judged, not
 patched.
 
@@ -136,6 +137,7 @@ CAPS = Capabilities(
     zero_length=False,               # a block mask needs Nq, Nk >= 1
     window=True,                     # a band mask_mod (_band)
     softcap=True,                    # a score_mod (_softcap)
+    alibi=True,                      # a score_mod (_alibi)
     returns_lse=ON_CUDA,
     backward=ON_CUDA,                # autograd through the compiled flex (its own backward kernel)
     deterministic_backward=False,    # not measured on a GPU yet: reruns are not required to match
@@ -187,6 +189,22 @@ def _softcap(cap: float, device: str):
 
 
 @functools.lru_cache(maxsize=256)
+def _alibi(slopes: tuple[float, ...], shift: int, softcap: float, device: str):
+    """The score_mod score - slope_h * |q_idx + shift - kv_idx| (shift = Nk - Nq: the distance
+    from the bottom-right diagonal), applied to the softcapped score when a cap is given
+    (FlashAttention's order); the slopes and the shift captured tensors, as in _visible."""
+    slope = torch.tensor(slopes, dtype=torch.float32, device=device)
+    diagonal = torch.tensor(shift, device=device)
+    cap = _softcap(softcap, device) if softcap else None
+
+    def score_mod(score, b, h, q_idx, kv_idx):
+        if cap is not None:
+            score = cap(score, b, h, q_idx, kv_idx)
+        return score - slope[h] * (q_idx + diagonal - kv_idx).abs()
+    return score_mod
+
+
+@functools.lru_cache(maxsize=256)
 def _block_mask(seq_q: int, seq_k: int, causal: str, window: tuple[int, int], device: str):
     """The block mask of one causal alignment, window and shape (None when every key is
     visible), built once. Causal's diagonal and the window's right edge both bound j - i from
@@ -202,14 +220,23 @@ def _block_mask(seq_q: int, seq_k: int, causal: str, window: tuple[int, int], de
     return _api().create_block_mask(mask_mod, None, None, seq_q, seq_k, device=device)
 
 
-def flex_forward(q, k, v, *, causal, scale, window=(-1, -1), softcap=0.0):
+def flex_forward(q, k, v, *, causal, scale, window=(-1, -1), softcap=0.0, alibi_slopes=None):
     """(out, lse) on CUDA, out on the CPU, from the compiled flex_attention."""
     causal, scale = CAPS.check_inputs(q, k, v, causal=causal, scale=scale)
     window, softcap = CAPS.check_variants(window=window, softcap=softcap)
+    alibi_slopes = CAPS.check_alibi(alibi_slopes, q)
     block_mask = _block_mask(q.shape[2], k.shape[2], causal, window, str(q.device))
     kwargs = dict(block_mask=block_mask, scale=scale, enable_gqa=k.shape[1] != q.shape[1])
-    if softcap:
+    if alibi_slopes is not None:
+        kwargs["score_mod"] = _alibi(tuple(alibi_slopes.tolist()), k.shape[2] - q.shape[2],
+                                     softcap, str(q.device))
+    elif softcap:
         kwargs["score_mod"] = _softcap(softcap, str(q.device))
+    return _call(q, k, v, kwargs)
+
+
+def _call(q, k, v, kwargs):
+    """The compiled flex on (B, H, N, D) tensors: (out, lse) where lse is declared, else out."""
     with _limits():
         if not CAPS.returns_lse:
             return _flex()(q, k, v, **kwargs)
@@ -234,7 +261,8 @@ IMPL = None if UNAVAILABLE else Implementation(
     fn=flex_forward,
     caps=CAPS,
     description="torch.compile(flex_attention): block masks for both causal alignments and "
-                "windows, a softcap score_mod, enable_gqa, lse from return_aux (CUDA), static shapes.",
+                "windows, softcap and ALiBi score_mods, enable_gqa, lse from return_aux (CUDA), "
+                "static shapes.",
     sources=(__file__,),
 )
 

@@ -5,15 +5,18 @@ mask: key j kept for query i iff i + s - left <= j <= i + s + right, s = Nk - Nq
 Variants; -1 leaves a side unbounded), and-ed with causal's j <= i (top-left) or j <= i + s
 (bottom-right). Built here from the definition, shared with no kernel and not with the oracle.
 SDPA has no softcap (a score_mod needs FlexAttention): only the window is declared.
+`masked_sdpa` is the call itself, taking an optional additive bias too: the ALiBi reference
+(kernels/sdpa_alibi.py) and the per-sequence varlen loop (kernels/sdpa_varlen.py) are this call.
 
 The mask is the additive float form (0 kept, -inf hidden) in q's dtype, never the boolean one:
 default dispatch sends bf16/fp16 with a mask to cuDNN on CUDA, whose boolean form lets a masked
-key through (kernels/sdpa_defects.py); the float form is exact on every backend measured.
+key through (kernels/sdpa_defects.py); the float form is exact on every backend measured. A bias
+makes it float32 whatever q's dtype: a bias of hundreds rounded to bf16 would be off by units.
 
 Rows that keep no key (a window past the keys, bottom-right with Nq > Nk, Nk == 0) get every key
-in the mask SDPA sees, so its softmax and its autograd stay finite, and are then set to out 0 and
-lse -inf, the project's convention: torch.where gives them a zero gradient, where a fully masked
-row would give NaN to every key through SDPA's backward.
+in the mask SDPA sees and a zero query, so its softmax and its autograd stay finite, and are then
+set to out 0 and lse -inf, the project's convention: torch.where gives them a zero gradient, where
+a fully masked row would give NaN to every key through SDPA's backward.
 
 The `sdpa` implementations are untouched: this is one more, run under default dispatch.
 """
@@ -54,22 +57,46 @@ def kept_keys(seq_q: int, seq_k: int, causal: str, window: tuple[int, int],
     return kept
 
 
-def sdpa_window_forward(q, k, v, *, causal, scale, window=(-1, -1)):
-    """(out (B,Hq,Nq,D) in q's dtype, lse (B,Hq,Nq) float32): SDPA under the window's mask."""
-    causal, scale = CAPS.check_inputs(q, k, v, causal=causal, scale=scale)
-    window, _ = CAPS.check_variants(window=window, softcap=0.0)
+def keeping_rows(seq_q: int, seq_k: int, causal: str, window: tuple[int, int]) -> range:
+    """The query rows that keep at least one key, from the lengths alone (no read of a mask
+    on the device). Row i keeps keys i + low <= j <= i + top within 0..Nk-1, both edges moving
+    with i, so the rows keeping none are a prefix (top below key 0) and a suffix (low past the
+    last key), or every row (low > top, or no keys)."""
+    left, right = window
+    shift = seq_k - seq_q
+    tops = ([0 if causal == "top_left" else shift] if causal != "none" else []) + (
+        [shift + right] if right >= 0 else [])
+    top = min(tops) if tops else None
+    low = shift - left if left >= 0 else None
+    if seq_k == 0 or (top is not None and low is not None and low > top):
+        return range(0)
+    first = 0 if top is None else max(0, -top)
+    last = seq_q if low is None else min(seq_q, seq_k - low)
+    return range(first, max(first, last))
+
+
+def masked_sdpa(q, k, v, *, causal: str, scale: float, window: tuple[int, int],
+                bias: torch.Tensor | None = None):
+    """(out, lse) of SDPA on checked inputs, causality and the window as a float mask, plus
+    `bias` ((Hq, Nq, Nk) float32, added to the scaled scores before the mask) when given."""
     heads, seq_q = q.shape[1], q.shape[2]
     kv_heads, seq_k = k.shape[1], k.shape[2]
     kept = kept_keys(seq_q, seq_k, causal, window, q.device)
+    rows = keeping_rows(seq_q, seq_k, causal, window)
     empty = None
-    mask = None
+    if len(rows) < seq_q:
+        index = torch.arange(seq_q, device=q.device)
+        empty = (index < rows.start) | (index >= rows.stop)          # (Nq,) rows keeping no key
+        # Their queries are zeroed too: SDPA's CPU backward recomputes their softmax from the
+        # scores, and scores near 1e13 (values=sentinel_sweep) overflowed there to a NaN dq
+        # times the zero gradient torch.where gives them.
+        q = torch.where(empty[:, None], torch.zeros((), dtype=q.dtype, device=q.device), q)
+    mask = bias
     if kept is not None:
-        empty = ~kept.any(dim=-1)                               # (Nq,) rows keeping no key
-        seen = kept | empty[:, None]
-        mask = torch.zeros(seen.shape, dtype=q.dtype, device=q.device)
-        mask.masked_fill_(~seen, -math.inf)
-    elif seq_k == 0:
-        empty = torch.ones(seq_q, dtype=torch.bool, device=q.device)
+        seen = kept if empty is None else kept | empty[:, None]
+        if mask is None:
+            mask = torch.zeros(seen.shape, dtype=q.dtype, device=q.device)
+        mask = mask.masked_fill(~seen, -math.inf)
     q, k, v = (sdpa._aligned_for_cuda(t) for t in (q, k, v))
     gqa = dict(enable_gqa=True) if kv_heads != heads else {}
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, **gqa)
@@ -77,6 +104,8 @@ def sdpa_window_forward(q, k, v, *, causal, scale, window=(-1, -1)):
     # lse in fp32 from the inputs, as sdpa's (SDPA does not return its own).
     q5 = q.unflatten(1, (kv_heads, heads // kv_heads)).float()
     scores = (q5 @ k.unsqueeze(2).float().transpose(-1, -2)) * scale
+    if bias is not None:
+        scores = scores + bias.unflatten(0, (kv_heads, heads // kv_heads))
     if kept is not None:
         scores = scores.masked_fill(~kept, -math.inf)
     if seq_k == 0:
@@ -87,6 +116,13 @@ def sdpa_window_forward(q, k, v, *, causal, scale, window=(-1, -1)):
     if empty is not None:
         out = torch.where(empty[:, None], torch.zeros((), dtype=out.dtype, device=out.device), out)
     return out, lse
+
+
+def sdpa_window_forward(q, k, v, *, causal, scale, window=(-1, -1)):
+    """(out (B,Hq,Nq,D) in q's dtype, lse (B,Hq,Nq) float32): SDPA under the window's mask."""
+    causal, scale = CAPS.check_inputs(q, k, v, causal=causal, scale=scale)
+    window, _ = CAPS.check_variants(window=window, softcap=0.0)
+    return masked_sdpa(q, k, v, causal=causal, scale=scale, window=window)
 
 
 IMPL = Implementation(
