@@ -1,4 +1,4 @@
-"""Purpose-built bad implementations for tests/test_isolation.py.
+"""Purpose-built bad implementations for tests/isolation/test_isolation.py.
 
 Each is correct (SDPA for out, an fp32 logsumexp for lse) until q has at least THRESHOLD query
 rows, and then fails in one of the ways only a supervised worker process survives: it hangs, it
