@@ -5,7 +5,6 @@ from __future__ import annotations
 import itertools
 import json
 import math
-from pathlib import Path
 
 import pytest
 import torch
@@ -13,11 +12,8 @@ from hypothesis import find, settings
 from hypothesis.errors import NoSuchExample
 
 from fuzzattn import AttentionCase
-from fuzzattn.campaigns.campaign import fuzz
 from fuzzattn.campaigns.cause_shrink import candidates
 from fuzzattn.campaigns.defects import match_class, one_change_variants
-from fuzzattn.campaigns.regression_file import load
-from fuzzattn.campaigns.replay import replay_one
 from fuzzattn.cli.explain import variants as explain_variants
 from fuzzattn.contract import Capabilities, Implementation, profiles
 from fuzzattn.contract.alibi import FAMILIES, alibi_slopes, max_bias
@@ -30,19 +26,11 @@ from fuzzattn.judging.oracle import oracle
 from fuzzattn.kernels.torch_tiled import IMPL as TILED, torch_tiled_forward
 from fuzzattn.relations.forward import RELATIONS
 from fuzzattn.relations.rounding import Rounding
-from fuzzattn.run.registry import mutants
 from fuzzattn.strategies.cases import UNBIASED_VALUES, attention_cases
+from variant_kit import (REGRESSIONS, RecordingKernel, assert_catches_only_the_mutant, case,
+                         killing_case, shipped, tensors)
 
-REGRESSIONS = Path(__file__).resolve().parents[2] / "regressions"
 ALIBI_MUTANTS = ("mutant_alibi_wrong_sign", "mutant_alibi_top_left")
-
-
-def case(seq_q, seq_k, **kw) -> AttentionCase:
-    return AttentionCase(batch=1, heads=1, kv_heads=1, seq_q=seq_q, seq_k=seq_k, head_dim=4, **kw)
-
-
-def tensors(c: AttentionCase):
-    return [t.double() for t in materialize(c).tensors()]
 
 
 # -- slopes ---------------------------------------------------------------------------------------
@@ -153,14 +141,11 @@ def test_only_declaring_implementations_get_slopes():
     plain = Capabilities(head_dims=None)
     assert plain.why_not(case(2, 2, alibi="steep")) == "alibi=steep"
     assert TILED.caps.why_not(case(2, 2, alibi="steep", softcap=1.0, window=(1, 1))) is None
-    seen = {}
-
-    def no_alibi(q, k, v, *, causal, scale):       # a plain signature: no alibi_slopes keyword
-        seen["called"] = True
-        return torch.zeros_like(q)
-    Implementation(name="plain", fn=no_alibi, caps=plain)(*materialize(case(2, 2)).tensors(),
-                                                          case(2, 2))
-    assert seen["called"]
+    recording = RecordingKernel()
+    Implementation(name="plain", fn=recording, caps=plain)(*materialize(case(2, 2)).tensors(),
+                                                           case(2, 2))
+    (call,) = recording.calls
+    assert set(call.kwargs) == {"causal", "scale"}          # a plain signature: no alibi_slopes
     q = k = v = torch.zeros(1, 2, 2, 4)
     for bad in (torch.ones(3), torch.ones(2, dtype=torch.float64), torch.tensor([1.0, math.nan]),
                 [1.0, 2.0]):
@@ -169,16 +154,12 @@ def test_only_declaring_implementations_get_slopes():
 
 
 def test_the_alibi_fixtures_fail_their_mutants_and_pass_the_kernel():
-    shipped = {}
-    for path in REGRESSIONS.glob("*.json"):
-        fixture = load(path)
-        if fixture.impl in ALIBI_MUTANTS:
-            shipped[fixture.impl] = fixture
-    assert set(shipped) == set(ALIBI_MUTANTS)
-    for name, fixture in shipped.items():
-        assert fixture.case.alibi and fixture.case.key() == fixture.path.stem
-        assert not replay_one(fixture, mutants()[name]).passed, name
-        assert replay_one(fixture, TILED).passed, name
+    for name in ALIBI_MUTANTS:
+        files = shipped(name)
+        assert files, f"no regression file for {name}"
+        for fixture in files:
+            assert fixture.case.alibi and fixture.case.key() == fixture.path.stem
+            assert_catches_only_the_mutant(fixture, name, TILED)
 
 
 # -- shrinking and explaining ----------------------------------------------------------------------
@@ -232,9 +213,5 @@ def test_tiled_kernel_matches_the_oracle_with_every_family():
 
 @pytest.mark.parametrize("name", ALIBI_MUTANTS)
 def test_a_small_campaign_kills_each_alibi_mutant(name):
-    mutant = mutants()[name]
-    profile = profiles.PROFILES["ci"]
-    result = fuzz(mutant, attention_cases(mutant.caps, dtype="float32", profile=profile),
-                  max_examples=60, save_to_file=False)
-    assert result.counterexample is not None, f"{name} survived {result.cases} cases"
-    assert result.counterexample.judged.case.alibi, result.counterexample.judged.case
+    found = killing_case(name)
+    assert found.alibi, found

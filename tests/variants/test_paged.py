@@ -5,7 +5,6 @@ from __future__ import annotations
 import itertools
 import json
 import math
-from pathlib import Path
 
 import pytest
 import torch
@@ -13,11 +12,8 @@ from hypothesis import find, settings
 from hypothesis.errors import NoSuchExample
 
 from fuzzattn import AttentionCase
-from fuzzattn.campaigns.campaign import fuzz
 from fuzzattn.campaigns.cause_shrink import candidates
 from fuzzattn.campaigns.defects import match_class, one_change_variants
-from fuzzattn.campaigns.regression_file import load
-from fuzzattn.campaigns.replay import replay_one
 from fuzzattn.cli.explain import variants as explain_variants
 from fuzzattn.contract import Capabilities, Implementation, profiles
 from fuzzattn.contract.capabilities import UnsupportedCaseError
@@ -26,10 +22,10 @@ from fuzzattn.contract.paged import page
 from fuzzattn.inputs.materialize import materialize
 from fuzzattn.judgement.judge import judge
 from fuzzattn.kernels.torch_tiled import IMPL as TILED, torch_tiled_forward
-from fuzzattn.run.registry import mutants
 from fuzzattn.strategies.cases import attention_cases
+from variant_kit import (REGRESSIONS, RecordingKernel, assert_catches_only_the_mutant,
+                         killing_case, shipped)
 
-REGRESSIONS = Path(__file__).resolve().parents[2] / "regressions"
 MUTANT = "mutant_paged_logical_blocks"
 
 
@@ -87,14 +83,12 @@ def test_bad_paged_kv_is_a_one_line_error_naming_the_value(value):
 
 def test_only_declaring_implementations_get_pages():
     assert Capabilities(head_dims=None, gqa=True).why_not(case(paged_kv=2)) == "paged_kv=2"
-    seen = {}
-
-    def dense_only(q, k, v, *, causal, scale):        # a plain signature: no block_table keyword
-        seen["shape"] = tuple(k.shape)
-        return torch.zeros_like(q)
-    plain = Implementation(name="plain", fn=dense_only, caps=Capabilities(head_dims=None, gqa=True))
+    recording = RecordingKernel()
+    plain = Implementation(name="plain", fn=recording, caps=Capabilities(head_dims=None, gqa=True))
     plain(*materialize(case()).tensors(), case())
-    assert seen["shape"] == (2, 1, 7, 4)
+    (call,) = recording.calls
+    assert tuple(call.k.shape) == (2, 1, 7, 4)                  # dense k, v
+    assert set(call.kwargs) == {"causal", "scale"}              # a plain signature: no block_table
     c = case(paged_kv=2)
     q, k, v = materialize(c).tensors()
     paged = page(k, v, c)
@@ -122,19 +116,13 @@ def test_tiled_kernel_matches_the_oracle_through_pages():
 
 
 def test_the_paged_fixture_fails_the_mutant_and_passes_the_kernel():
-    shipped = [f for f in map(load, REGRESSIONS.glob("*.json")) if f.impl == MUTANT]
-    assert len(shipped) == 1 and shipped[0].case.paged_kv
-    assert not replay_one(shipped[0], mutants()[MUTANT]).passed
-    assert replay_one(shipped[0], TILED).passed
+    (fixture,) = shipped(MUTANT)
+    assert fixture.case.paged_kv
+    assert_catches_only_the_mutant(fixture, MUTANT, TILED)
 
 
 def test_a_small_campaign_kills_the_mutant():
-    mutant = mutants()[MUTANT]
-    result = fuzz(mutant, attention_cases(mutant.caps, dtype="float32",
-                                          profile=profiles.PROFILES["ci"]),
-                  max_examples=60, save_to_file=False)
-    assert result.counterexample is not None, f"survived {result.cases} cases"
-    assert result.counterexample.judged.case.paged_kv
+    assert killing_case(MUTANT).paged_kv
 
 
 # -- draws, shrinking, explaining ------------------------------------------------------------------

@@ -5,7 +5,6 @@ from __future__ import annotations
 import itertools
 import json
 import math
-from pathlib import Path
 
 import pytest
 import torch
@@ -22,7 +21,6 @@ from fuzzattn.cli.explain import variants as explain_variants
 from fuzzattn.contract import Capabilities, profiles
 from fuzzattn.contract.capabilities import UnsupportedCaseError
 from fuzzattn.contract.case import CaseError
-from fuzzattn.inputs.materialize import materialize
 from fuzzattn.judgement.judge import judge
 from fuzzattn.gradients.oracle import oracle_gradients
 from fuzzattn.judging.oracle import oracle, some_row_empty, visibility, visible_keys
@@ -30,18 +28,10 @@ from fuzzattn.kernels.torch_tiled import IMPL as TILED, torch_tiled_forward
 from fuzzattn.relations.forward import RELATIONS
 from fuzzattn.run.registry import mutants
 from fuzzattn.strategies.cases import UNCAPPED_VALUES, attention_cases
+from variant_kit import REGRESSIONS, case, killing_case, tensors
 
-REGRESSIONS = Path(__file__).resolve().parents[2] / "regressions"
 VARIANT_MUTANTS = ("mutant_window_edge_off_by_one", "mutant_window_top_left",
                    "mutant_softcap_after_mask", "mutant_softcap_unscaled")
-
-
-def case(seq_q, seq_k, **kw) -> AttentionCase:
-    return AttentionCase(batch=1, heads=1, kv_heads=1, seq_q=seq_q, seq_k=seq_k, head_dim=4, **kw)
-
-
-def tensors(c: AttentionCase):
-    return [t.double() for t in materialize(c).tensors()]
 
 
 # -- the oracle on hand-computed cases ---------------------------------------------------------
@@ -259,9 +249,5 @@ def test_a_short_campaign_with_variants_passes_the_tiled_kernel():
 
 @pytest.mark.parametrize("name", VARIANT_MUTANTS)
 def test_a_small_campaign_kills_each_variant_mutant(name):
-    mutant = mutants()[name]
-    profile = profiles.PROFILES["ci"]
-    result = fuzz(mutant, attention_cases(mutant.caps, dtype="float32", profile=profile),
-                  max_examples=60, save_to_file=False)
-    assert result.counterexample is not None, f"{name} survived {result.cases} cases"
-    assert result.counterexample.judged.case.variants, result.counterexample.judged.case
+    found = killing_case(name)
+    assert found.variants, found

@@ -5,18 +5,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from pathlib import Path
 
 import pytest
 import torch
 from hypothesis import find, given, settings
 
 from fuzzattn import AttentionCase
-from fuzzattn.campaigns.campaign import fuzz
 from fuzzattn.campaigns.cause_shrink import candidates
 from fuzzattn.campaigns.defects import factors, one_change_variants
-from fuzzattn.campaigns.regression_file import load
-from fuzzattn.campaigns.replay import replay_one
 from fuzzattn.campaigns.sequences import EMPTY_SEQUENCE, MANY_SEQUENCES
 from fuzzattn.cli.explain import variants as explain_variants
 from fuzzattn.contract import Implementation, profiles
@@ -34,8 +30,9 @@ from fuzzattn.run.registry import mutants
 from fuzzattn.strategies.cases import attention_cases, undeclared_cases
 from fuzzattn.strategies.lengths import seq_shapes
 from fuzzattn.strategies.varlen import packed_lengths
+from variant_kit import (REGRESSIONS, RecordingKernel, assert_catches_only_the_mutant,
+                         killing_case, shipped)
 
-REGRESSIONS = Path(__file__).resolve().parents[2] / "regressions"
 VARLEN_MUTANTS = ("mutant_varlen_reads_next_sequence", "mutant_varlen_drops_last_sequence")
 
 
@@ -87,21 +84,17 @@ def test_a_declaration_takes_packed_cases_only_when_it_declares_varlen():
 # -- the packed call --------------------------------------------------------------------------
 def test_the_call_hands_over_packed_views_and_views_the_answer_back():
     c = packed((3, 0, 2), (1, 4, 2), heads=4, kv_heads=2)
-    seen = {}
-
-    def recording(q, k, v, **kw):
-        seen.update(q=q, k=k, kw=kw)
-        return torch_varlen_forward(q, k, v, **kw)
-
+    recording = RecordingKernel(torch_varlen_forward)
     impl = Implementation("recording", recording, VARLEN.caps)
     inputs = materialize(c)
     out, lse = impl(*inputs.tensors(), c)
-    assert tuple(seen["q"].shape) == (5, 4, 8) and tuple(seen["k"].shape) == (7, 2, 8)
-    assert seen["q"].data_ptr() == inputs.q.data_ptr()        # a view: no copy
-    assert seen["kw"]["cu_seqlens_q"].dtype == torch.int32
-    assert seen["kw"]["cu_seqlens_q"].tolist() == [0, 3, 3, 5]
-    assert seen["kw"]["cu_seqlens_k"].tolist() == [0, 1, 5, 7]
-    assert (seen["kw"]["max_seqlen_q"], seen["kw"]["max_seqlen_k"]) == (3, 4)
+    (call,) = recording.calls
+    assert tuple(call.q.shape) == (5, 4, 8) and tuple(call.k.shape) == (7, 2, 8)
+    assert call.q.data_ptr() == inputs.q.data_ptr()          # a view: no copy
+    assert call.kwargs["cu_seqlens_q"].dtype == torch.int32
+    assert call.kwargs["cu_seqlens_q"].tolist() == [0, 3, 3, 5]
+    assert call.kwargs["cu_seqlens_k"].tolist() == [0, 1, 5, 7]
+    assert (call.kwargs["max_seqlen_q"], call.kwargs["max_seqlen_k"]) == (3, 4)
     assert tuple(out.shape) == (1, 4, 5, 8) and tuple(lse.shape) == (1, 4, 5)
 
 
@@ -216,12 +209,7 @@ def test_shrinking_goes_to_the_fewest_shortest_sequences():
 # -- mutants, the leak relation, files, predicates --------------------------------------------
 @pytest.mark.parametrize("name", VARLEN_MUTANTS)
 def test_a_small_campaign_kills_each_varlen_mutant(name):
-    mutant = mutants()[name]
-    result = fuzz(mutant, attention_cases(mutant.caps, dtype="float32",
-                                          profile=profiles.PROFILES["ci"]),
-                  max_examples=60, save_to_file=False)
-    assert result.counterexample is not None, f"{name} survived {result.cases} cases"
-    assert result.counterexample.judged.case.varlen
+    assert killing_case(name).varlen
 
 
 def test_sequence_isolation_names_a_leak_and_holds_for_the_reference():
@@ -239,13 +227,11 @@ def test_sequence_isolation_names_a_leak_and_holds_for_the_reference():
 
 @pytest.mark.parametrize("name", VARLEN_MUTANTS)
 def test_each_varlen_mutant_ships_a_file_that_catches_it(name):
-    files = [load(p) for p in sorted(REGRESSIONS.glob("*.json"))
-             if json.loads(p.read_text()).get("impl") == name]
+    files = shipped(name)
     assert files, f"no regression file for {name}"
     for fixture in files:
         assert fixture.case.varlen and fixture.case.key() in {p.stem for p in REGRESSIONS.iterdir()}
-        assert not replay_one(fixture, mutants()[name]).passed
-        assert replay_one(fixture, VARLEN).passed
+        assert_catches_only_the_mutant(fixture, name, VARLEN)
 
 
 def test_packed_predicates_replace_the_total_lengths_ones():
