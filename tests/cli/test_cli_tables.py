@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import io
 import os
-import time
 import xml.etree.ElementTree as ET
+from types import SimpleNamespace
 
 import pytest
 
@@ -33,9 +33,20 @@ def test_main_restores_the_profile(capsys, monkeypatch):
     assert os.environ["FUZZATTN_PROFILE"] == "dev"
 
 
+def _clock(monkeypatch, start: float = 1000.0) -> list[float]:
+    """The progress's clock, moved by hand (now[0] += seconds): what it prints then depends on
+    the time the test says passed, not on how loaded the host is. It starts far from 0, as
+    perf_counter does, so the first redraw on a terminal is due at once."""
+    now = [start]
+    monkeypatch.setattr(report, "time", SimpleNamespace(perf_counter=lambda: now[0]))
+    return now
+
+
 def test_progress_is_live_on_a_terminal_and_periodic_lines_elsewhere(monkeypatch):
     from hypothesis import given, settings
     from hypothesis import strategies as st
+
+    now = _clock(monkeypatch)
 
     class Terminal(io.StringIO):
         def isatty(self):
@@ -46,7 +57,7 @@ def test_progress_is_live_on_a_terminal_and_periodic_lines_elsewhere(monkeypatch
         @given(progress.track(st.integers(), "fuzz demo float32", 3, cap=60,
                               counts=lambda: (2, 1, 2)))
         def draw(_):
-            time.sleep(0.02)
+            now[0] += 0.02                  # each case takes 20 ms
         draw()
         progress.clear()
 
@@ -82,15 +93,17 @@ def test_the_progress_counter_never_passes_its_maximum(budget, counts, shown):
     assert line.endswith("11.0/60 s"), line
 
 
-def test_a_status_is_a_line_elsewhere_after_a_quiet_interval():
+def test_a_status_is_a_line_elsewhere_after_a_quiet_interval(monkeypatch):
     """Not a terminal: a status (the gate's 'replay 12/74 FILE') is printed when nothing was for
     an interval (10 s by default), so a long replay shows in a CI log, and not more often."""
+    now = _clock(monkeypatch)
     log = io.StringIO()
     progress = report.Progress(stream=log, every=0.5)
     progress.status("replay 1/3 a.json")              # just started: nothing to say yet
-    time.sleep(0.6)
+    now[0] += 0.6
     progress.status("replay 2/3 b.json")              # quiet for an interval: a line
-    progress.status("replay 3/3 c.json")              # a line just went out
+    now[0] += 0.4
+    progress.status("replay 3/3 c.json")              # a line went out 0.4 s ago
     assert log.getvalue() == "replay 2/3 b.json\n"
 
 

@@ -88,7 +88,9 @@ def test_verdict_then_a_fresh_worker(name, worker):
     assert isolated.stats.starts == starts + 1
     if check == "hang":
         # the timeout, the stack dump (<= 0.5 s) and SIGTERM; not the replacement's start-up
-        assert TIMEOUT <= elapsed < TIMEOUT + 2.0
+        # (~6 s on a GPU host, see `restart` below). 4 s over the timeout leaves a loaded host
+        # room for the dump and the signal and still tells the two apart.
+        assert TIMEOUT <= elapsed < TIMEOUT + 4.0
 
 
 def test_a_device_fault_in_the_backward_replaces_the_worker(worker):

@@ -152,7 +152,7 @@ def test_faults():
 
 @pytest.mark.parametrize("i", range(40))
 def test_later(i):
-    time.sleep(0.2)
+    time.sleep(0.2)     # slow on purpose: 8 s of tests that a stopped run must not get through
 """)
     result = pytester.runpytest_subprocess("-p", "fuzzattn.pytest_plugin", "-p", "no:cacheprovider",
                                            *workers)

@@ -200,7 +200,11 @@ def test_simultaneous_failures_under_xdist_keep_every_fixture(pytester, tmp_path
         @pytest.mark.parametrize("worker", [0, 1])
         def test_fail(worker):
             open(os.path.join({str(barrier)!r}, str(worker)), "w").close()
+            # both workers write at once; the other one's start takes seconds on a loaded host,
+            # so only a generous deadline passed means it will never come
+            deadline = time.monotonic() + 120
             while len(os.listdir({str(barrier)!r})) < 2:
+                assert time.monotonic() < deadline, "the other worker never reached the barrier"
                 time.sleep(0.01)
             for seed in [0, 1, 2, 3] + [100 + worker]:
                 try:
