@@ -38,13 +38,19 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
 # is listed. With every test over 60 s there listed in measured order, pytest -n 16 on a GPU
 # reported its last test but had not ended at 420 s, its workers waiting at exit on inductor's
 # compile pools, against 305 s in this order; until that is understood, one entry.
-_LONGEST = ("test_autotuned_example.py::test_one_fuzz_run",)
-_CAMPAIGNS = ("test_differential.py::test_matches_oracle", "test_gradients.py::test_gradients_match_oracle",
-              "test_metamorphic.py::test_real_", "test_grad_metamorphic.py::test_real_backward_obeys")
+# Paths from the repository root (tests/meta/test_provenance.py checks that each exists).
+_LONGEST = ("tests/user_facing/test_autotuned_example.py::test_one_fuzz_run",)
+_CAMPAIGNS = ("tests/kernels/test_differential.py::test_matches_oracle",
+              "tests/gradients/test_gradients.py::test_gradients_match_oracle",
+              "tests/relations/test_metamorphic.py::test_real_",
+              "tests/relations/test_grad_metamorphic.py::test_real_backward_obeys")
 _COMPILED = ("triton_fa2", "flex")
-_PROCESSES = ("test_expected_failures.py", "test_watched.py", "test_isolation.py", "test_cli.py",
-              "test_install_layout.py", "test_benchmarks.py", "test_public_api.py", "test_fixtures.py",
-              "test_tiers.py", "test_palette.py", "test_cli_mutants.py", "test_workers.py")
+_PROCESSES = ("tests/regression_files/test_expected_failures.py", "tests/isolation/test_watched.py",
+              "tests/isolation/test_isolation.py", "tests/cli/test_cli.py",
+              "tests/meta/test_install_layout.py", "tests/meta/test_benchmarks.py",
+              "tests/user_facing/test_public_api.py", "tests/regression_files/test_fixtures.py",
+              "tests/judging/test_tiers.py", "tests/strategies/test_palette.py",
+              "tests/cli/test_cli_mutants.py", "tests/cli/test_workers.py")
 
 
 def rank(nodeid: str) -> tuple:
@@ -55,7 +61,7 @@ def rank(nodeid: str) -> tuple:
             return (0, i)
     if any(part in nodeid for part in _CAMPAIGNS) and any(k in nodeid for k in _COMPILED):
         return (1, 0)
-    return (2, 0) if nodeid.split("::")[0].rpartition("/")[2] in _PROCESSES else (3, 0)
+    return (2, 0) if nodeid.split("::")[0] in _PROCESSES else (3, 0)
 
 
 def pytest_collection_modifyitems(items):

@@ -14,7 +14,7 @@ Seeded bugs, on purpose:
    one out. Cured by an even Nk; with Nk = 1 no key is left, and every output row is NaN.
 
 fuzzattn reports exactly two defects for it, each once, with one regression file each
-(tests/test_two_bug_example.py pins that, with one and with two workers).
+(tests/user_facing/test_two_bug_example.py pins that, with one and with two workers).
 """
 import fuzzattn  # noqa: F401
 

@@ -5,7 +5,7 @@ The public API a user's own Hypothesis test needs:
     from hypothesis import given
     from fuzzattn import AttentionCase, Capabilities, Implementation, attention_cases, check_case, refuse
 
-The walk of one case, one subpackage a step (tests/test_layers.py keeps the imports pointing
+The walk of one case, one subpackage a step (tests/meta/test_layers.py keeps the imports pointing
 down this list, and free of cycles):
 
     contract/            plain data: AttentionCase, dtypes, Capabilities, Implementation, profiles

@@ -250,7 +250,7 @@ def _call(q, k, v, kwargs):
 # skipped". It failed 15 of the regression files replayed on it. The template is generated for
 # the host's vector ISA, and on another CPU (AVX-512) the same lengths come out right, so the
 # defect is not on every CPU. Flex is registered on CUDA only; on the CPU `IMPL` stays importable
-# for direct use, and tests/test_flex.py measures the defect where it runs (skipped, saying so,
+# for direct use, and tests/kernels/test_flex.py measures the defect where it runs (skipped, saying so,
 # on a CPU that computes these lengths right).
 CPU_DEFECT = (None if ON_CUDA else
               f"torch {torch.__version__}: compiled CPU flex_attention gives wrong outputs or NaN "

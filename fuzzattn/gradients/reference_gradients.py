@@ -6,7 +6,7 @@ on rows with no visible key), dV = P^T dO, dS = P (dO V^T - rowsum(dO * O)), dQ 
 scale dS^T Q, each of dK and dV summed over its GQA group; under a softcap c, dS is also multiplied
 by the cap's slope 1 - tanh^2(scale q k^T / c); an ALiBi bias enters P only. (Autograd of the
 forward oracle gives the same values to float64 rounding; by hand, P and dO V^T serve the term
-magnitudes the gradient rule needs too, and no graph is built. tests/test_gradients.py checks it
+magnitudes the gradient rule needs too, and no graph is built. tests/gradients/test_gradients.py checks it
 against a textbook autograd.) It shares no code with any implementation.
 
 The same-precision reference is what a careful FlashAttention-2 backward computes at the input

@@ -19,7 +19,7 @@ int64 arithmetic that wraps on every torch device. Why the bits agree across dev
   below 2^24, so its conversion to float32 is exact, then multiplied by a float32 constant:
   one correctly rounded IEEE product, the same on every device;
 - rounding to bf16/fp16 afterwards is round-to-nearest-even on the CPU and on CUDA alike.
-tests/test_value_sources.py pins values on the CPU; its GPU test compares CPU and CUDA bits.
+tests/inputs/test_value_sources.py pins values on the CPU; its GPU test compares CPU and CUDA bits.
 On the CPU the counter costs ~20 ns a value against randn's ~4 (measured here), which is why the
 CPU profiles keep torch_cpu.
 

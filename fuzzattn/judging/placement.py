@@ -80,7 +80,7 @@ def judging():
     implementation's own runs: a kernel that keeps tensors across calls (a cached mask, a
     workspace) would keep inference tensors, and its next autograd call would fail on them
     ("Inference tensors cannot be saved for backward"), a crash of the harness's making
-    (tests/test_gradients.py pins it)."""
+    (tests/gradients/test_gradients.py pins it)."""
     return torch.inference_mode()
 
 

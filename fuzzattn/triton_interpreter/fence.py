@@ -12,7 +12,7 @@ import operator
 import re
 import sys
 
-# Every patch was compared against triton 3.6.0's own functions (tests/test_interpreter_speed.py).
+# Every patch was compared against triton 3.6.0's own functions (tests/triton_interpreter/test_interpreter_speed.py).
 TESTED = (">=3.6", "<3.7")
 MARK = "_fuzzattn_speed"     # set on each speed edit: makes installing idempotent, lets tests find them
 

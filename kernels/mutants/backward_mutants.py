@@ -96,7 +96,7 @@ class _DqGridFloor:
 
 # Bugs that ordinary values never show: a finite mask sentinel loses only to scores past it.
 # Kept apart from BACKWARD_MUTANTS, each of which differs from float64 on ordinary values
-# (tests/test_triton_backward.py); their case is a sentinel_sweep one (tests/test_mutants.py).
+# (tests/kernels/test_triton_backward.py); their case is a sentinel_sweep one (tests/kernels/test_mutants.py).
 SENTINEL_BUGS = (
     ("mutant_bwd_sentinel_minus_1e4",
      "backward masks recomputed scores with -1e4 instead of -inf (the sentinel of many "
