@@ -28,11 +28,6 @@ an entry point and never imports the oracle.
 # is chosen before anything else in the package, or a user's code, can import triton.
 from importlib.metadata import PackageNotFoundError, version
 
-from fuzzattn._checkout import find_folders_beside
-
-find_folders_beside(__name__)
-
-# isort: split
 from fuzzattn.triton_interpreter.backend import select_backend
 
 select_backend()

@@ -22,7 +22,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 # Rank of each part of the fuzzattn package: a module may import its own rank or lower.
-LAYERS = {"_checkout": 0, "contract": 0, "platform": 1, "triton_interpreter": 1, "inputs": 2,
+LAYERS = {"contract": 0, "platform": 1, "triton_interpreter": 1, "inputs": 2,
           "judging": 3, "run": 4, "gradients": 5, "judgement": 6, "relations": 7, "isolation": 8,
           "strategies": 8, "campaigns": 9, "cli": 10, "pytest_plugin": 10, "pytest_regressions": 10,
           "pytest_watched": 10, "settings": 10}
