@@ -322,3 +322,27 @@ def test_the_hypothesis_internals_campaigns_use_are_fenced_by_version(monkeypatc
     assert why.startswith("hypothesis 7.1.0 is outside") and "< 7" in why
     with pytest.raises(ValueError, match="hypothesis 7.1.0"):
         check_environment()                # the CLI's one-line usage error, before anything runs
+
+
+HEAVY = ("torch", "triton", "numpy", "hypothesis")
+# what a command line does first: import the package, build the parser (`fuzzattn --help`)
+LIGHT_START = ("import os, sys, fuzzattn; from fuzzattn.cli import build_parser; build_parser(); "
+               f"print(os.environ.get('TRITON_INTERPRET'), *[m for m in {HEAVY!r} if m in sys.modules])")
+
+
+@pytest.mark.parametrize("interpret", ["1", None], ids=["chosen", "unset"])
+def test_importing_fuzzattn_and_its_command_line_imports_no_torch(interpret):
+    """The public API and the commands import torch, Hypothesis and triton when first used. With
+    TRITON_INTERPRET unset the interpreter is still chosen at import, from no GPU in sight."""
+    import os
+    import subprocess
+    import sys
+    from fuzzattn.triton_interpreter.backend import GPU_SIGNS
+    if interpret is None and any(os.path.exists(sign) for sign in GPU_SIGNS):
+        pytest.skip("a GPU is in sight here: torch decides, so `import fuzzattn` imports it")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update({"TRITON_INTERPRET": interpret} if interpret else {})
+    done = subprocess.run([sys.executable, "-c", LIGHT_START], capture_output=True, text=True,
+                          timeout=120, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["1"], done.stdout

@@ -40,6 +40,9 @@ from fuzzattn.judgement.judge import JudgedCase
 from fuzzattn.platform.gc_tuning import freeze_long_lived
 from fuzzattn.run.loader import findable_spec
 
+# A failure's explanation names the kernel's lines, not the harness's (hypothesis_internals).
+hypothesis_internals.install()
+
 # Shrinking's shares of a time cap: a round's shrink may take a quarter (a cause met early must
 # not starve the search), and the causes left cut short or unshrunk share 15% more past the cap.
 ROUND_SHRINK_SHARE = 0.25
