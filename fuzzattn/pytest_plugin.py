@@ -62,9 +62,8 @@ class _State:
     """What pytest_configure changed, to be put back at unconfigure."""
 
     def __init__(self):
-        from hypothesis import settings
-        getter = getattr(settings, "get_current_profile_name", None)
-        self.hypothesis_profile = getter() if getter else getattr(settings, "_current_profile", None)
+        from fuzzattn.campaigns.hypothesis_internals import profile_name
+        self.hypothesis_profile = profile_name()
         self.env = {"FUZZATTN_PROFILE": os.environ.get("FUZZATTN_PROFILE")}
         self.threads = None
         self.outside_specs = None

@@ -324,6 +324,36 @@ def test_the_hypothesis_internals_campaigns_use_are_fenced_by_version(monkeypatc
         check_environment()                # the CLI's one-line usage error, before anything runs
 
 
+def test_the_run_hypothesis_reports_and_the_profile_loaded_are_read_within_the_fence(monkeypatch):
+    """The one regression file of a failure is written on the run Hypothesis reports."""
+    import hypothesis
+    from hypothesis import given, settings, strategies as st
+    from fuzzattn.campaigns.hypothesis_internals import final_run, profile_name
+    seen = []
+
+    @settings(max_examples=50, database=None, derandomize=True, deadline=None)
+    @given(st.integers(0, 100))
+    def fails_from_ten(x):
+        seen.append((x, final_run()))
+        assert x < 10
+
+    with pytest.raises(AssertionError):
+        fails_from_ten()
+    assert seen[-1] == (10, True) and not any(final for _, final in seen[:-1]), seen
+    assert final_run() is False                                      # outside any test
+    monkeypatch.setattr(hypothesis, "__version__", "7.1.0")          # unknown: every failing run
+    seen.clear()
+    with pytest.raises(AssertionError):
+        fails_from_ten()
+    assert all(final for _, final in seen)
+    assert profile_name() == settings.get_current_profile_name()
+    # a Hypothesis without the public getter: its class attribute is read only inside the fence
+    monkeypatch.setattr(hypothesis, "settings", type("settings", (), {"_current_profile": "theirs"}))
+    assert profile_name() is None                                    # 7.1.0
+    monkeypatch.setattr(hypothesis, "__version__", "6.100.0")
+    assert profile_name() == "theirs"
+
+
 HEAVY = ("torch", "triton", "numpy", "hypothesis")
 # what a command line does first: import the package, build the parser (`fuzzattn --help`)
 LIGHT_START = ("import os, sys, fuzzattn; from fuzzattn.cli import build_parser; build_parser(); "

@@ -23,7 +23,7 @@ import itertools
 import time
 
 from hypothesis import Phase, given, reject, seed as hypothesis_seed, settings, strategies as st
-from hypothesis.control import current_build_context, currently_in_test_context
+from hypothesis import currently_in_test_context
 from hypothesis.errors import FlakyFailure, HypothesisException
 
 from fuzzattn.campaigns import hypothesis_internals
@@ -220,7 +220,7 @@ class _Rounds:
         return test
 
     def body(self, case):
-        final = currently_in_test_context() and current_build_context().is_final
+        final = hypothesis_internals.final_run()
         if not final and self._winding_down():
             if self.target is None:
                 raise _TimeIsUp          # before any new failure: the search ends here
