@@ -282,6 +282,7 @@ def pytest_sessionfinish(session):
         workeroutput["fuzzattn_unjudged"] = [[*key, n] for key, n in _unjudged_here().items()]
 
 
+@pytest.hookimpl(optionalhook=True)     # pytest-xdist's hook: absent without it, and then unused
 def pytest_testnodedown(node, error):
     """xdist controller: add up the workers' counts of judged cases and of draws refused or
     passed over (xdist calls this per finished worker)."""

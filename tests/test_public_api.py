@@ -87,6 +87,14 @@ def test_an_opted_in_run_says_what_it_set_up(pytester):
                                  "fuzzattn: triton *"])
 
 
+def test_the_plugin_runs_without_pytest_xdist(pytester):
+    """pytest-xdist is the suite's test extra, not a dependency: its hook is optional here."""
+    pytester.makepyfile(test_ok="def test_ok():\n    pass\n")
+    result = pytester.runpytest_subprocess("-p", "no:xdist", "-p", "fuzzattn.pytest_plugin",
+                                           "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1)
+
+
 def test_a_bad_profile_name_is_one_line(pytester):
     pytester.makepyfile(test_ok="def test_ok():\n    pass\n")
     result = pytester.runpytest_subprocess("-p", "fuzzattn.pytest_plugin", "--fuzzattn-profile", "nope")
