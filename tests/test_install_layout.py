@@ -5,6 +5,7 @@ fuzzattn.kernels and fuzzattn.strategies, never the generic top-level `kernels` 
 a user's own code may hold. The installer maps them (pyproject.toml's package-dir), for a wheel
 as for an editable install; the package itself adds nothing to Python's import system."""
 import ast
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -35,9 +36,15 @@ def probe(cwd: Path, **env) -> list[str]:
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
-    folder = tmp_path_factory.mktemp("wheel")
+    """The wheel, built from a copy of what the build reads: setuptools builds in the source
+    folder (build/, *.egg-info), where two xdist workers' builds would collide."""
+    source, folder = tmp_path_factory.mktemp("source"), tmp_path_factory.mktemp("wheel")
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, source / name)
+    for name in ("fuzzattn", "kernels", "strategies"):
+        shutil.copytree(ROOT / name, source / name, ignore=shutil.ignore_patterns("__pycache__"))
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-                    "-w", str(folder), str(ROOT)], check=True, capture_output=True, timeout=300)
+                    "-w", str(folder), str(source)], check=True, capture_output=True, timeout=300)
     [built] = folder.glob("fuzzattn-*.whl")
     return built
 
