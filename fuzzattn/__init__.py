@@ -51,7 +51,8 @@ def __getattr__(name: str):
     elif name == "attention_cases":
         from fuzzattn import strategies as home
     elif name == "__version__":
-        return _version()
+        value = globals()[name] = _version()
+        return value
     else:
         raise AttributeError(f"module 'fuzzattn' has no attribute {name!r}")
     value = globals()[name] = getattr(home, name)      # later reads skip this function
