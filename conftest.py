@@ -12,19 +12,38 @@ tests that fuzz and shrink take minutes each: docs/CALIBRATION.md#suite-order).
 pytest_plugins = ["pytester", "fuzzattn.pytest_plugin"]
 
 import os
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
+
+import pytest
 
 if not os.environ.get("FUZZATTN_PROFILE") and not os.environ.get("CI"):
     os.environ["FUZZATTN_PROFILE"] = "dev"
 
-# Subprocesses the suite starts (pytester's runpytest_subprocess, `python -m fuzzattn.cli`) must
-# import this checkout, not whichever fuzzattn is installed in the environment (an editable
-# install of another worktree): they run from temporary directories, where the current directory
-# no longer puts this checkout first on sys.path.
-_ROOT = str(Path(__file__).resolve().parent)
-os.environ["PYTHONPATH"] = os.pathsep.join(
-    [_ROOT] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != _ROOT])
+_ROOT = Path(__file__).resolve().parent
+# What a process the suite starts from a temporary directory (pytester's runpytest_subprocess,
+# `python -m fuzzattn.cli`, the installed command) imports: the environment's fuzzattn, and
+# the folders the install maps into it (pyproject.toml's package-dir).
+_PACKAGES = ("fuzzattn", "kernels", "strategies")
+_INSTALLED = ("import importlib.util as u; "
+              "print(*(u.find_spec(m).origin for m in ('fuzzattn', 'fuzzattn.kernels', 'fuzzattn.strategies')))")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config):
+    """Stop at once unless the environment's fuzzattn is this checkout (`pip install -e .`, as
+    .ci/run does): the suite's subprocesses would judge another checkout's code, or none."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        return                      # the controller checked the same environment
+    done = subprocess.run([sys.executable, "-c", _INSTALLED], cwd=tempfile.gettempdir(),
+                          capture_output=True, text=True, timeout=120)
+    found = [str(Path(origin).resolve()) for origin in done.stdout.split()]
+    if done.returncode != 0 or found != [str(_ROOT / f / "__init__.py") for f in _PACKAGES]:
+        found = " ".join(found) if done.returncode == 0 else (done.stderr.strip().splitlines() or ["?"])[-1]
+        raise pytest.UsageError(f"this suite tests {_ROOT}, but a process started outside it "
+                                f"imports fuzzattn from {found}: pip install -e {_ROOT}")
 
 
 # Longest first. pytest-xdist hands tests to workers in collection order, and a long test

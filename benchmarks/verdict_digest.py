@@ -2,7 +2,7 @@
 or its speed changed no verdict: write a digest on each tree and compare them.
 
     python benchmarks/verdict_digest.py OUT [--cases 150] [--margins] [--also IMPL:DTYPE]
-    PYTHONPATH=/path/to/other/tree python benchmarks/verdict_digest.py OUT2
+    python benchmarks/verdict_digest.py OUT2     # in the other tree, after its pip install -e .
     python benchmarks/verdict_digest.py --compare OUT OUT2         # or `cmp OUT OUT2`
 
 Judged: sdpa (float32, bfloat16), torch_tiled (float16) and two mutants that fail in different

@@ -25,36 +25,47 @@ the contract; fuzzattn.kernels (kernels/: the implementations under test) regist
 an entry point and never imports the oracle.
 """
 # Triton fixes its backend when first imported, so the interpreter (on machines without a GPU)
-# is chosen before anything else in the package, or a user's code, can import triton.
-from importlib.metadata import PackageNotFoundError, version
-
-from fuzzattn._checkout import find_folders_beside
-
-find_folders_beside(__name__)
-
-# isort: split
+# is chosen before anything else in the package, or a user's code, can import triton. Without
+# a GPU in sight that costs no torch import (select_backend).
 from fuzzattn.triton_interpreter.backend import select_backend
 
 select_backend()
 
-# isort: split
-from fuzzattn.contract import (AttentionCase, Capabilities, Implementation, KnownDefect,
-                               UnsupportedCaseError, refuse)
-from fuzzattn.campaigns.campaign import Counterexample, check_case
-from fuzzattn.judgement.judge import JudgedCase, judge
-from fuzzattn.judging.verdict import Verdict
-from fuzzattn.strategies import attention_cases
-from fuzzattn.campaigns import hypothesis_internals
-
-hypothesis_internals.install()
-# pytest's one-line summary of a failure starts with the exception's module path: the public one
-Counterexample.__module__ = __name__
-
-try:
-    __version__ = version("fuzzattn")
-except PackageNotFoundError:         # imported from a checkout that was never installed
-    __version__ = "0+unknown"
-
+# The public API is imported on first use (PEP 562): `import fuzzattn` alone, as every command
+# line and worker process does first, stays free of torch and Hypothesis (`fuzzattn --help`).
 __all__ = ["AttentionCase", "Capabilities", "Counterexample", "Implementation", "JudgedCase",
            "KnownDefect", "UnsupportedCaseError", "Verdict", "attention_cases", "check_case",
            "judge", "refuse", "__version__"]
+
+
+def __getattr__(name: str):
+    if name in ("AttentionCase", "Capabilities", "Implementation", "KnownDefect",
+                "UnsupportedCaseError", "refuse"):
+        from fuzzattn import contract as home
+    elif name in ("Counterexample", "check_case"):
+        from fuzzattn.campaigns import campaign as home
+    elif name in ("JudgedCase", "judge"):
+        from fuzzattn.judgement import judge as home
+    elif name == "Verdict":
+        from fuzzattn.judging import verdict as home
+    elif name == "attention_cases":
+        from fuzzattn import strategies as home
+    elif name == "__version__":
+        value = globals()[name] = _version()
+        return value
+    else:
+        raise AttributeError(f"module 'fuzzattn' has no attribute {name!r}")
+    value = globals()[name] = getattr(home, name)      # later reads skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version("fuzzattn")
+    except PackageNotFoundError:         # imported from a checkout that was never installed
+        return "0+unknown"

@@ -62,9 +62,8 @@ class _State:
     """What pytest_configure changed, to be put back at unconfigure."""
 
     def __init__(self):
-        from hypothesis import settings
-        getter = getattr(settings, "get_current_profile_name", None)
-        self.hypothesis_profile = getter() if getter else getattr(settings, "_current_profile", None)
+        from fuzzattn.campaigns.hypothesis_internals import profile_name
+        self.hypothesis_profile = profile_name()
         self.env = {"FUZZATTN_PROFILE": os.environ.get("FUZZATTN_PROFILE")}
         self.threads = None
         self.outside_specs = None
@@ -283,6 +282,7 @@ def pytest_sessionfinish(session):
         workeroutput["fuzzattn_unjudged"] = [[*key, n] for key, n in _unjudged_here().items()]
 
 
+@pytest.hookimpl(optionalhook=True)     # pytest-xdist's hook: absent without it, and then unused
 def pytest_testnodedown(node, error):
     """xdist controller: add up the workers' counts of judged cases and of draws refused or
     passed over (xdist calls this per finished worker)."""

@@ -23,7 +23,7 @@ import itertools
 import time
 
 from hypothesis import Phase, given, reject, seed as hypothesis_seed, settings, strategies as st
-from hypothesis.control import current_build_context, currently_in_test_context
+from hypothesis import currently_in_test_context
 from hypothesis.errors import FlakyFailure, HypothesisException
 
 from fuzzattn.campaigns import hypothesis_internals
@@ -39,6 +39,9 @@ from fuzzattn.contract.implementation import Implementation
 from fuzzattn.judgement.judge import JudgedCase
 from fuzzattn.platform.gc_tuning import freeze_long_lived
 from fuzzattn.run.loader import findable_spec
+
+# A failure's explanation names the kernel's lines, not the harness's (hypothesis_internals).
+hypothesis_internals.install()
 
 # Shrinking's shares of a time cap: a round's shrink may take a quarter (a cause met early must
 # not starve the search), and the causes left cut short or unshrunk share 15% more past the cap.
@@ -217,7 +220,7 @@ class _Rounds:
         return test
 
     def body(self, case):
-        final = currently_in_test_context() and current_build_context().is_final
+        final = hypothesis_internals.final_run()
         if not final and self._winding_down():
             if self.target is None:
                 raise _TimeIsUp          # before any new failure: the search ends here

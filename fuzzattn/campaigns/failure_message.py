@@ -8,7 +8,7 @@ inside a Hypothesis test, whose own report prints the same call as the falsifyin
 """
 from __future__ import annotations
 
-from hypothesis.control import currently_in_test_context
+from hypothesis import currently_in_test_context
 
 from fuzzattn.campaigns import regression_file
 

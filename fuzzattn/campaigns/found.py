@@ -16,6 +16,8 @@ from fuzzattn.judgement.judge import JudgedCase
 
 class Counterexample(AssertionError):
     """A case on which an implementation failed a check; carries the judged case and its file."""
+    # pytest's one-line summary of a failure starts with the exception's module path: the public one
+    __module__ = "fuzzattn"
 
     def __init__(self, judged: JudgedCase, written: regression_file.Written | None):
         self.judged = judged

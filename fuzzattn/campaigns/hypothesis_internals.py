@@ -8,6 +8,13 @@ database key: it keeps them in three attributes of the wrapped test, unchanged t
 Outside CAMPAIGN_TESTED, `campaign_internals_supported` says no and a campaign refuses with one
 line naming the version, rather than run with settings it did not mean.
 
+**The final run, and the profile loaded.** A campaign writes a regression file only on the run
+Hypothesis makes last, of the minimal failing example: its build context's `is_final`, an
+attribute with no public reader (outside CAMPAIGN_TESTED every failing run counts as final: more
+files, none lost). The command line and the pytest plugin put back the settings profile they
+found: `settings.get_current_profile_name()` where Hypothesis has it, else (inside
+CAMPAIGN_TESTED) the class attribute behind it.
+
 **The explain phase.** After shrinking a failure, Hypothesis traces the test again and reports the lines "always and
 only run by failing test cases". In a test that calls `check_case`, the lines that describe,
 save and raise a failure are such lines in every failure: reported, they point the reader at
@@ -37,6 +44,7 @@ _PACKAGE = str(Path(__file__).resolve().parent.parent) + os.sep
 _MARK = "_fuzzattn_untraced"
 
 
+@functools.cache          # asked on every drawn case
 def applies(version: str, tested=TESTED) -> bool:
     """Whether a Hypothesis of this version is inside `tested` (its lower bound included)."""
     have = release(version)
@@ -72,6 +80,30 @@ def use_seed(test, seed: int) -> None:
 def use_database_key(test, key: bytes) -> None:
     """Keep a @given test's failures in the example database under `key`."""
     test._hypothesis_internal_database_key = key
+
+
+def final_run() -> bool:
+    """Whether this call of a @given test's body is Hypothesis's last one, on the minimal failing
+    example it reports (False outside a test)."""
+    import hypothesis
+    if not hypothesis.currently_in_test_context():
+        return False
+    if not applies(hypothesis.__version__, CAMPAIGN_TESTED):
+        return True
+    from hypothesis.control import current_build_context
+    return current_build_context().is_final
+
+
+def profile_name() -> str | None:
+    """The name of the Hypothesis settings profile loaded now (None where it cannot be read)."""
+    import hypothesis
+    from hypothesis import settings
+    getter = getattr(settings, "get_current_profile_name", None)
+    if getter is not None:
+        return getter()
+    if applies(hypothesis.__version__, CAMPAIGN_TESTED):
+        return getattr(settings, "_current_profile", None)
+    return None
 
 
 def ours(filename: str) -> bool:

@@ -52,7 +52,6 @@ from typing import Any
 from fuzzattn.campaigns.covers import written as written_covers
 from fuzzattn.contract.case import AttentionCase, CaseError
 from fuzzattn.inputs.budget import CaseTooLargeError, check_budget
-from fuzzattn.run.loader import is_file_target
 
 SCHEMA_VERSION = 2
 READABLE_SCHEMAS = (1, 2)
@@ -103,6 +102,7 @@ def display_path(path) -> str:
 def portable_spec(spec: str | None, directory: Path) -> str | None:
     """The spec as a file in `directory` records it: a kernel file under the project root (the
     directory's parent) relative to it, with '/' separators; anything else as it was given."""
+    from fuzzattn.run.loader import is_file_target     # with torch: not needed to read a file
     target, sep, name = (spec or "").rpartition(":")
     if not sep or not is_file_target(target):
         return spec
@@ -163,6 +163,7 @@ class RegressionFile:
     def replay_spec(self) -> str | None:
         """impl_spec as `--impl` takes it here: a relative file path resolved against the
         project root (the parent of the file's directory), shown from the working directory."""
+        from fuzzattn.run.loader import is_file_target
         target, sep, name = (self.impl_spec or "").rpartition(":")
         if not sep or self.path is None or not is_file_target(target) or Path(target).is_absolute():
             return self.impl_spec

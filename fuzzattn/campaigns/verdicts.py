@@ -21,9 +21,10 @@ from __future__ import annotations
 import collections
 import dataclasses
 
-from hypothesis.control import current_build_context, currently_in_test_context
+from hypothesis import currently_in_test_context
 
 from fuzzattn.campaigns.flaky import flaky_or_consistent
+from fuzzattn.campaigns.hypothesis_internals import final_run
 from fuzzattn.contract.case import AttentionCase
 from fuzzattn.contract.implementation import Implementation
 from fuzzattn.contract.known_defects import covering
@@ -35,7 +36,7 @@ _MEMO_SIZE = 20_000       # remembered verdicts per process (a few hundred bytes
 
 def is_final_run() -> bool:
     # called directly (replay, a unit test): every failure is final
-    return not currently_in_test_context() or current_build_context().is_final
+    return not currently_in_test_context() or final_run()
 
 
 _memo: collections.OrderedDict[tuple[str, str], JudgedCase] = collections.OrderedDict()

@@ -61,8 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
 def _profile_restored():
     """Put back the Hypothesis profile and FUZZATTN_PROFILE: main() may run inside pytest."""
     from hypothesis import settings
-    getter = getattr(settings, "get_current_profile_name", None)
-    name = getter() if getter else getattr(settings, "_current_profile", None)
+    from fuzzattn.campaigns.hypothesis_internals import profile_name
+    name = profile_name()
     env = os.environ.get("FUZZATTN_PROFILE")
     try:
         yield

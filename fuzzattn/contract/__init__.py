@@ -10,10 +10,22 @@
 
 Nothing here imports the engine, campaigns, the command line, strategies or kernels.
 """
-from fuzzattn.contract.capabilities import Capabilities, UnsupportedCaseError, refuse
-from fuzzattn.contract.case import AttentionCase, CaseError
-from fuzzattn.contract.implementation import ContractError, Implementation
-from fuzzattn.contract.known_defects import KnownDefect
-
+# Re-exported on first use (PEP 562): the command line reads the dtype and profile tables here
+# before anything needs torch, which capabilities and implementation import.
 __all__ = ["AttentionCase", "Capabilities", "CaseError", "ContractError", "Implementation",
            "KnownDefect", "UnsupportedCaseError", "refuse"]
+
+
+def __getattr__(name: str):
+    if name in ("Capabilities", "UnsupportedCaseError", "refuse"):
+        from fuzzattn.contract import capabilities as home
+    elif name in ("AttentionCase", "CaseError"):
+        from fuzzattn.contract import case as home
+    elif name in ("ContractError", "Implementation"):
+        from fuzzattn.contract import implementation as home
+    elif name == "KnownDefect":
+        from fuzzattn.contract import known_defects as home
+    else:
+        raise AttributeError(f"module 'fuzzattn.contract' has no attribute {name!r}")
+    value = globals()[name] = getattr(home, name)      # later reads skip this function
+    return value

@@ -8,7 +8,10 @@ rounded to float32 here, once: a kernel is given them so, and the references rea
 """
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 # The ALiBi paper's geometric slopes 2^(-8 (h + 1) / H), for any H (for H not a power of two the
 # paper interleaves two such sequences; one sequence keeps every head's slope distinct).
@@ -28,6 +31,7 @@ def alibi_slopes(family: str, heads: int, device=None) -> torch.Tensor:
     """(heads,) float32: each query head's slope in `family` (AttentionCase.alibi)."""
     if family not in FAMILIES:
         raise ValueError(f"alibi={family!r} is not a slope family (known: {', '.join(FAMILIES)})")
+    import torch          # here: a case names its family without torch (the command line's tables)
     return torch.tensor([FAMILIES[family](h, heads) for h in range(heads)], dtype=torch.float32,
                         device=device)
 
@@ -35,6 +39,7 @@ def alibi_slopes(family: str, heads: int, device=None) -> torch.Tensor:
 def alibi_bias(slopes: torch.Tensor, seq_q: int, seq_k: int, dtype: torch.dtype) -> torch.Tensor:
     """(H, Nq, Nk) in `dtype`: -slope_h * |i + Nk - Nq - j|, the distance from the bottom-right
     diagonal, as FlashAttention defines it (computed in `dtype` from the float32 slopes)."""
+    import torch
     i = torch.arange(seq_q, device=slopes.device, dtype=dtype)[:, None]
     j = torch.arange(seq_k, device=slopes.device, dtype=dtype)[None, :]
     distance = (i + (seq_k - seq_q) - j).abs()

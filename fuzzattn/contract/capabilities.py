@@ -14,7 +14,7 @@ from typing import Callable
 import torch
 
 from fuzzattn.contract.case import CAUSAL_ALIGNMENTS, AttentionCase
-from fuzzattn.contract.dtypes import BY_TORCH, DTYPES
+from fuzzattn.contract.dtypes import DTYPES, of_torch
 from fuzzattn.contract.varlen import why_not_packed
 
 # The contract's base: what a plain callable is assumed to support when it declares nothing.
@@ -248,7 +248,7 @@ class Capabilities:
                 refuse(f"type({name})", type(t).__name__, "torch.Tensor")
             if t.dim() != 4:
                 refuse(f"{name}.dim()", t.dim(), "4: (B, H, N, D)")
-            if getattr(BY_TORCH.get(t.dtype), "name", None) not in self.dtypes:
+            if getattr(of_torch(t.dtype), "name", None) not in self.dtypes:
                 refuse(f"{name}.dtype", str(t.dtype), sorted(self.dtypes))
         if not (k.dtype == v.dtype == q.dtype):
             refuse("dtypes (q, k, v)", (str(q.dtype), str(k.dtype), str(v.dtype)), "one shared dtype")

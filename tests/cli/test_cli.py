@@ -270,7 +270,7 @@ def test_gate_with_no_regression_file_fails_unless_allowed(capsys, monkeypatch, 
 
 
 def test_gate_changed_since_harness_change_fuzzes_everything(capsys, monkeypatch, tmp_path):
-    judge_file = Path(cli.__file__).resolve().parent.parent / "engine" / "judge.py"
+    judge_file = Path(cli.__file__).resolve().parent.parent / "judgement" / "judge.py"
     monkeypatch.setattr(changes, "changed_files", lambda rev: {judge_file})
     status, out, _ = run(capsys, "gate", "--max-examples", 1, "--seconds", 1, "--regressions-dir",
                          tmp_path, "--changed-since", "HEAD", "--allow-empty")

@@ -21,9 +21,9 @@ START_UP = 300          # seconds for a child's imports and a few cases on a loa
 
 def user_env() -> dict:
     """What a user's shell has: this environment without what marks a process as part of a
-    pytest-xdist or watched run, and without the suite's PYTHONPATH (conftest.py), whose entry
-    for this checkout would mask a shadowing folder (a regular package anywhere on sys.path wins
-    over a namespace package earlier on it)."""
+    pytest-xdist or watched run, and without PYTHONPATH, where an entry for this checkout would
+    mask a shadowing folder (a regular package anywhere on sys.path wins over a namespace
+    package earlier on it)."""
     return {k: v for k, v in os.environ.items()
             if not k.startswith(("PYTEST_XDIST", "FUZZATTN_SUPERVISED", "FUZZATTN_FLIGHT",
                                  "FUZZATTN_DEBUG"))

@@ -22,7 +22,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 # Rank of each part of the fuzzattn package: a module may import its own rank or lower.
-LAYERS = {"_checkout": 0, "contract": 0, "platform": 1, "triton_interpreter": 1, "inputs": 2,
+LAYERS = {"contract": 0, "platform": 1, "triton_interpreter": 1, "inputs": 2,
           "judging": 3, "run": 4, "gradients": 5, "judgement": 6, "relations": 7, "isolation": 8,
           "strategies": 8, "campaigns": 9, "cli": 10, "pytest_plugin": 10, "pytest_regressions": 10,
           "pytest_watched": 10, "settings": 10}
@@ -290,3 +290,43 @@ def test_the_length_check_finds_a_long_function_and_accepts_a_stated_reason(tmp_
     probe.write_text(f'def steps():\n    """One pass.\n\n    Long because the loop is one.\n'
                      f'    """\n{body}')
     assert long_functions(probe) == []
+
+
+# Hypothesis's private parts: its internal modules (hypothesis.control's public names are
+# re-exported by hypothesis itself), and the attributes it keeps on a test and on settings.
+HYPOTHESIS_PRIVATE_MODULES = ("hypothesis.internal", "hypothesis.control", "hypothesis._")
+HYPOTHESIS_PRIVATE_NAMES = ("_hypothesis_", "_current_profile")
+HYPOTHESIS_ADAPTER = ROOT / "fuzzattn" / "campaigns" / "hypothesis_internals.py"
+
+
+def hypothesis_private_uses(path: Path) -> list[str]:
+    """Imports of Hypothesis's private modules, and private names, a file uses."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            modules = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+            found += [f"line {node.lineno}: {m}" for m in modules if m.startswith(HYPOTHESIS_PRIVATE_MODULES)]
+        elif isinstance(node, (ast.Attribute, ast.Constant)):
+            name = node.attr if isinstance(node, ast.Attribute) else node.value
+            if isinstance(name, str) and name.startswith(HYPOTHESIS_PRIVATE_NAMES):
+                found.append(f"line {node.lineno}: {name}")
+    return found
+
+
+@pytest.mark.parametrize("path", [p for p in PACKAGE if p != HYPOTHESIS_ADAPTER], ids=_id)
+def test_hypothesis_internals_are_used_only_through_the_fenced_adapter(path):
+    assert not hypothesis_private_uses(path), (
+        f"{_id(path)} uses Hypothesis's private parts {hypothesis_private_uses(path)}: "
+        f"go through fuzzattn/campaigns/hypothesis_internals.py, fenced by version")
+
+
+def test_the_adapter_check_finds_private_imports_and_attributes(tmp_path):
+    probe = tmp_path / "probe.py"
+    probe.write_text("from hypothesis.control import current_build_context\n"
+                     "import hypothesis.internal.scrutineer\nfrom hypothesis import given\n"
+                     "def f(test, settings):\n    test._hypothesis_internal_use_seed = 1\n"
+                     "    return getattr(settings, '_current_profile')\n")
+    assert hypothesis_private_uses(probe) == [
+        "line 1: hypothesis.control", "line 2: hypothesis.internal.scrutineer",
+        "line 5: _hypothesis_internal_use_seed", "line 6: _current_profile"]
+    assert hypothesis_private_uses(HYPOTHESIS_ADAPTER)           # where they all are

@@ -141,8 +141,6 @@ def test_pytest_item_is_xfail_and_an_unexpected_pass_fails_strictly(pytester, mo
     regressions = pytester.mkdir("regressions")
     _file(regressions, {"bottom_right_as_top_left": REASON, "exact": REASON})
     monkeypatch.delenv("FUZZATTN_REGRESSIONS_DIR", raising=False)
-    # the subprocess imports this checkout's fuzzattn, whatever the environment has installed
-    monkeypatch.setenv("PYTHONPATH", str(ROOT))
     result = pytester.runpytest_subprocess(
         "regressions", "-v", "-p", "no:cacheprovider", "-p", "fuzzattn.pytest_plugin",
         f"--fuzzattn-impl={LEAKY_SPEC}", f"--fuzzattn-impl={EXACT_SPEC}",

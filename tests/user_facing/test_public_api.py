@@ -87,6 +87,14 @@ def test_an_opted_in_run_says_what_it_set_up(pytester):
                                  "fuzzattn: triton *"])
 
 
+def test_the_plugin_runs_without_pytest_xdist(pytester):
+    """pytest-xdist is the suite's test extra, not a dependency: its hook is optional here."""
+    pytester.makepyfile(test_ok="def test_ok():\n    pass\n")
+    result = pytester.runpytest_subprocess("-p", "no:xdist", "-p", "fuzzattn.pytest_plugin",
+                                           "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1)
+
+
 def test_a_bad_profile_name_is_one_line(pytester):
     pytester.makepyfile(test_ok="def test_ok():\n    pass\n")
     result = pytester.runpytest_subprocess("-p", "fuzzattn.pytest_plugin", "--fuzzattn-profile", "nope")
@@ -322,3 +330,57 @@ def test_the_hypothesis_internals_campaigns_use_are_fenced_by_version(monkeypatc
     assert why.startswith("hypothesis 7.1.0 is outside") and "< 7" in why
     with pytest.raises(ValueError, match="hypothesis 7.1.0"):
         check_environment()                # the CLI's one-line usage error, before anything runs
+
+
+def test_the_run_hypothesis_reports_and_the_profile_loaded_are_read_within_the_fence(monkeypatch):
+    """The one regression file of a failure is written on the run Hypothesis reports."""
+    import hypothesis
+    from hypothesis import given, settings, strategies as st
+    from fuzzattn.campaigns.hypothesis_internals import final_run, profile_name
+    seen = []
+
+    @settings(max_examples=50, database=None, derandomize=True, deadline=None)
+    @given(st.integers(0, 100))
+    def fails_from_ten(x):
+        seen.append((x, final_run()))
+        assert x < 10
+
+    with pytest.raises(AssertionError):
+        fails_from_ten()
+    assert seen[-1] == (10, True) and not any(final for _, final in seen[:-1]), seen
+    assert final_run() is False                                      # outside any test
+    monkeypatch.setattr(hypothesis, "__version__", "7.1.0")          # unknown: every failing run
+    seen.clear()
+    with pytest.raises(AssertionError):
+        fails_from_ten()
+    assert all(final for _, final in seen)
+    assert profile_name() == settings.get_current_profile_name()
+    # a Hypothesis without the public getter: its class attribute is read only inside the fence
+    monkeypatch.setattr(hypothesis, "settings", type("settings", (), {"_current_profile": "theirs"}))
+    assert profile_name() is None                                    # 7.1.0
+    monkeypatch.setattr(hypothesis, "__version__", "6.100.0")
+    assert profile_name() == "theirs"
+
+
+HEAVY = ("torch", "triton", "numpy", "hypothesis")
+# what a command line does first: import the package, build the parser (`fuzzattn --help`)
+LIGHT_START = ("import os, sys, fuzzattn; from fuzzattn.cli import build_parser; build_parser(); "
+               f"print(os.environ.get('TRITON_INTERPRET'), *[m for m in {HEAVY!r} if m in sys.modules])")
+
+
+@pytest.mark.parametrize("interpret", ["1", None], ids=["chosen", "unset"])
+def test_importing_fuzzattn_and_its_command_line_imports_no_torch(interpret):
+    """The public API and the commands import torch, Hypothesis and triton when first used. With
+    TRITON_INTERPRET unset the interpreter is still chosen at import, from no GPU in sight."""
+    import os
+    import subprocess
+    import sys
+    from fuzzattn.triton_interpreter.backend import GPU_SIGNS
+    if interpret is None and any(os.path.exists(sign) for sign in GPU_SIGNS):
+        pytest.skip("a GPU is in sight here: torch decides, so `import fuzzattn` imports it")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update({"TRITON_INTERPRET": interpret} if interpret else {})
+    done = subprocess.run([sys.executable, "-c", LIGHT_START], capture_output=True, text=True,
+                          timeout=120, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["1"], done.stdout
