@@ -12,8 +12,8 @@ from fuzzattn.contract.profiles import Profile, active
 
 from .configs import configs, constrained_length
 from .layouts import layout_choices, layouts
-from .lengths import head_dims, seq_lens, seq_shapes
-from .palette import subset
+from .lengths import head_dim_choices, seq_lens, seq_shapes
+from .palette import head_dim_subset, subset
 from .shape_palette import entries as palette_entries, palette_size
 from .values import value_profiles
 from .variants import alibis, page_sizes, softcaps, windows
@@ -73,9 +73,11 @@ class _Parts:
         self.causal = {family: st.sampled_from(_causal_choices(caps, family))
                        for family in ("decode", "square", "chunk", "tall", None)}
         self.scale = st.one_of(st.none(), st.sampled_from(OTHER_SCALES))
-        # Head dims are never narrowed by a palette: bugs that only some head dims show (a mask
-        # past D, a truncated head dim) need them all (strategies/palette.py).
-        self.head_dim = head_dims(caps.head_dims, max_head_dim=caps.max_head_dim)
+        # A palette narrows head dims by class (what a compiled kernel pads them to) and keeps
+        # every head dim of its classes: bugs that only some head dims show (a mask past D, a
+        # truncated head dim) need the odd ones too (strategies/palette.py).
+        dims = head_dim_choices(caps.head_dims, max_head_dim=caps.max_head_dim)
+        self.head_dim = st.sampled_from(dims if palette is None else head_dim_subset(dims, palette))
         if palette is None:
             self.layout = layouts(caps)
         else:

@@ -36,3 +36,26 @@ def subset(choices: Sequence[T], palette: int, axis: str) -> list[T]:
     others = random.Random(f"{axis}:{palette}").sample(range(1, len(choices)), CHOICES_PER_AXIS - 1)
     return [choices[0]] + [choices[i] for i in sorted(others)]
 
+
+
+def dim_class(head_dim: int) -> int:
+    """The head dim a tiled kernel pads `head_dim` to: a power of two of at least 16, what
+    `tl.dot` wants (a compiled kernel's BLOCK_D constexpr: one set of binaries per class)."""
+    return max(16, 1 << max(head_dim - 1, 0).bit_length())
+
+
+def head_dim_subset(dims: Sequence[int], palette: int) -> list[int]:
+    """The head dims of `dims` a palette draws, in their order: those of the first dim's class
+    and of CHOICES_PER_AXIS - 1 other classes (listed widest first: the widest holds the most
+    head dims and the longest rows), and of each class its first dim (a power of two where the
+    class has one) and CHOICES_PER_AXIS - 1 others. A dim below its class's width (a mask past D
+    reads padding) stays in every class that has one; each dim of a class changes the strides'
+    specialisation classes, so each is a variant of every kernel."""
+    by_class: dict[int, list[int]] = {}
+    for d in dims:
+        by_class.setdefault(dim_class(d), []).append(d)
+    first, *others = by_class
+    classes = [first] + sorted(others, reverse=True)
+    kept = {d for c in subset(classes, palette, "head_dim")
+            for d in subset(by_class[c], palette, f"head_dim:{c}")}
+    return [d for d in dims if d in kept]
