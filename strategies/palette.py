@@ -44,18 +44,22 @@ def dim_class(head_dim: int) -> int:
     return max(16, 1 << max(head_dim - 1, 0).bit_length())
 
 
+# Row strides of a head dim divisible by this many elements share Triton's specialisation class
+# of integer arguments (divisible by 16); the others fall in another.
+ALIGNED = 16
+
+
 def head_dim_subset(dims: Sequence[int], palette: int) -> list[int]:
-    """The head dims of `dims` a palette draws, in their order: those of the first dim's class
-    and of CHOICES_PER_AXIS - 1 other classes (listed widest first: the widest holds the most
-    head dims and the longest rows), and of each class its first dim (a power of two where the
-    class has one) and CHOICES_PER_AXIS - 1 others. A dim below its class's width (a mask past D
-    reads padding) stays in every class that has one; each dim of a class changes the strides'
-    specialisation classes, so each is a variant of every kernel."""
-    by_class: dict[int, list[int]] = {}
+    """The head dims of `dims` a palette draws, in their order: one group of dims a compiled
+    kernel builds the same binaries for, chosen by the palette. A group is a class (BLOCK_D)
+    and, within it, the dims whose row strides are divisible by ALIGNED, or the others: Triton
+    specialises on the head dim through both (HEAD_DIM itself is not specialised), so each group
+    is one set of binaries of every kernel and a palette holds one. Dims below their class's
+    width (a mask past D reads padding) are in every group but the aligned ones of 16 and 32;
+    the groups come over a rotation's palettes (fuzzattn/campaigns/rotation.py)."""
+    groups: dict[tuple[int, bool], list[int]] = {}
     for d in dims:
-        by_class.setdefault(dim_class(d), []).append(d)
-    first, *others = by_class
-    classes = [first] + sorted(others, reverse=True)
-    kept = {d for c in subset(classes, palette, "head_dim")
-            for d in subset(by_class[c], palette, f"head_dim:{c}")}
-    return [d for d in dims if d in kept]
+        groups.setdefault((dim_class(d), d % ALIGNED == 0), []).append(d)
+    order = sorted(groups, reverse=True)           # widest class first, aligned first
+    chosen = order[random.Random(f"head_dim:{palette}").randrange(len(order))]
+    return [d for d in dims if d in groups[chosen]]

@@ -12,7 +12,7 @@ import dataclasses
 
 # Cases a campaign draws from one palette before it moves on: long enough that the palette's
 # variants, once compiled, serve many cases (set with benchmarks/compile_variants.py).
-EVERY = 500
+EVERY = 1000
 
 
 @dataclasses.dataclass(frozen=True)
