@@ -240,13 +240,14 @@ def test_the_pool_compiles_the_next_palette_before_the_campaign_moves_to_it(tmp_
     rotation = _rotating(impl, first, step, every=12, ahead=ahead)
     begin = rotation.begin
 
-    def marked(turn):           # a line in the record where the campaign moves on
-        begin(turn)
+    def marked(turn, **kw):     # a line in the record where the campaign moves on
+        begin(turn, **kw)
         with open(record, "a") as f:
             f.write(f"{os.getpid()} turn {rotation.palette}\n")
     rotation.begin = marked
     try:
         fuzz(impl, rotation.strategy(), max_examples=24, save_to_file=False, rotation=rotation)
+        assert not ahead.pending       # the budget's last turn had no next palette warmed
     finally:
         ahead.close()
     lines = [line.split() for line in record.read_text().splitlines()]

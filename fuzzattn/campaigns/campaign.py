@@ -351,7 +351,8 @@ class _Rounds:
         campaign the end of the palette's turn it is in (which it moves on to here)."""
         if self.rotation is None:
             return self.limit
-        self.rotation.begin(self.rotation.rotation.turn(self.drawn))
+        turn = self.rotation.rotation.turn(self.drawn)
+        self.rotation.begin(turn, last=(turn + 1) * self.rotation.rotation.every >= self.limit)
         return min(self.limit, self.rotation.turn_end())
 
     def finished(self, **kw) -> Campaign:

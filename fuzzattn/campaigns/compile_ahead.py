@@ -15,6 +15,8 @@ rather than compiling the same binaries beside it.
   nothing is compiled per variant (SDPA's per-shape plans, `plans_per_shape`, live in the
   process that builds them, not on disk: another process cannot build them for it);
 - FUZZATTN_COMPILE_AHEAD=off.
+A campaign whose case budget ends within its current turn warms no next palette
+(rotation.RotatingCases.begin); one ended by time alone cannot know, and warms it.
 """
 from __future__ import annotations
 

@@ -53,15 +53,17 @@ class RotatingCases:
     def palette(self) -> int:
         return self.rotation.palette(self.turn)
 
-    def begin(self, turn: int) -> None:
+    def begin(self, turn: int, *, last: bool = False) -> None:
         """Draw from the palette of `turn` from now on (once its warm-up, if one was asked for,
-        has ended), and have the next one compiled ahead."""
+        has ended), and have the next one compiled ahead unless this is the `last` turn the
+        campaign's case budget reaches."""
         self.turn = turn
         if not self.palettes or self.palettes[-1] != self.palette:
             self.palettes.append(self.palette)
             if self.ahead is not None:
                 self.ahead.ready(self.palette)
-                self.ahead.warm(self.rotation.palette(turn + 1))
+                if not last:
+                    self.ahead.warm(self.rotation.palette(turn + 1))
 
     def turn_end(self) -> int:
         """The number of drawn cases at which the current turn ends."""
