@@ -129,16 +129,17 @@ def choose_backend() -> None:
 
 def check_environment() -> None:
     """Settings read from the environment deep inside a run (FUZZATTN_PALETTE, FUZZATTN_SHAPES,
-    FUZZATTN_HOST_JUDGE_MACS, FUZZATTN_HOST_CHECK_ELEMENTS, FUZZATTN_MPS), checked up front by
+    FUZZATTN_COMPILE_AHEAD, FUZZATTN_HOST_JUDGE_MACS, FUZZATTN_HOST_CHECK_ELEMENTS, FUZZATTN_MPS), checked up front by
     the CLI and the pytest plugin: a bad value is a one-line usage error (ValueError naming it)
     before anything runs, not an internal error halfway through (FUZZATTN_MPS is read only when a
     device fault happens)."""
+    from fuzzattn.campaigns.compile_ahead import ahead_mode
     from fuzzattn.campaigns.compile_palette import palette_mode
     from fuzzattn.judging.placement import host_check_elements, host_judge_macs
     from fuzzattn.platform.shared_gpu import mode as mps_mode
     from fuzzattn.strategies.shape_palette import palette_size
     from fuzzattn.contract import Capabilities
-    for check in (palette_mode, host_judge_macs, host_check_elements, mps_mode,
+    for check in (palette_mode, ahead_mode, host_judge_macs, host_check_elements, mps_mode,
                   lambda: palette_size(Capabilities())):
         check()
     from fuzzattn.campaigns.hypothesis_internals import campaign_internals_supported

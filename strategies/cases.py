@@ -12,8 +12,8 @@ from fuzzattn.contract.profiles import Profile, active
 
 from .configs import configs, constrained_length
 from .layouts import layout_choices, layouts
-from .lengths import head_dims, seq_lens, seq_shapes
-from .palette import subset
+from .lengths import head_dim_choices, head_dims, seq_lens, seq_shapes
+from .palette import head_dim_subset, subset
 from .shape_palette import entries as palette_entries, palette_size
 from .values import value_profiles
 from .variants import alibis, page_sizes, softcaps, windows
@@ -36,9 +36,10 @@ def attention_cases(caps: Capabilities = Capabilities(), *, dtype: str | None = 
                     shapes: int | None = None) -> st.SearchStrategy[AttentionCase]:
     """Cases inside `caps`, sized by `profile` (default: the active one); `dtype` pins one.
 
-    `palette`: draw the layouts and the configuration, which multiply a compiled kernel's
-    variants, from a small subset numbered `palette` (see fuzzattn.strategies.palette), so that a
-    campaign's compiled variants repeat; None draws from everything declared. For a declaration
+    `palette`: draw the layouts, head dims, configuration and variant combinations, which
+    multiply a compiled kernel's variants, from a small subset numbered `palette` (see
+    fuzzattn.strategies.palette), so that a campaign's compiled variants repeat; None draws from
+    everything declared. For a declaration
     that `compiles_per_shape`, or builds `plans_per_shape` in every drawn dtype, the palette
     fixes shapes, scales and layouts too: `shapes` entries
     (default: fuzzattn.strategies.shape_palette.palette_size) of that module."""
@@ -73,9 +74,12 @@ class _Parts:
         self.causal = {family: st.sampled_from(_causal_choices(caps, family))
                        for family in ("decode", "square", "chunk", "tall", None)}
         self.scale = st.one_of(st.none(), st.sampled_from(OTHER_SCALES))
-        # Head dims are never narrowed by a palette: bugs that only some head dims show (a mask
-        # past D, a truncated head dim) need them all (strategies/palette.py).
+        # A palette draws one group of head dims, one set of binaries (palette.head_dim_subset):
+        # the dims it leaves out come with the campaign's later palettes.
         self.head_dim = head_dims(caps.head_dims, max_head_dim=caps.max_head_dim)
+        if palette is not None:
+            self.head_dim = st.sampled_from(head_dim_subset(
+                head_dim_choices(caps.head_dims, max_head_dim=caps.max_head_dim), palette))
         if palette is None:
             self.layout = layouts(caps)
         else:

@@ -11,9 +11,11 @@ subset of the declaration: the axis's first choice (what shrinking moves toward,
 stays as simple as before) plus CHOICES_PER_AXIS - 1 others picked by n. Campaigns with other
 palette numbers (the shards of a run) see other subsets. The declared variants (window, softcap,
 ALiBi, paged KV: flags a compiled kernel takes as constexprs) are one axis of combinations, none
-first, so a palette draws plain cases and one combination. Everything else stays free: lengths,
-batch, heads, values, scale, data seed, and the head dim (bugs that only some head dims show, a
-Q load past D or a truncated head dim, need every head dim drawn).
+first, so a palette draws plain cases and one combination. The head dims come from one group the
+kernel builds the same binaries for (`head_dim_subset`), with no first choice kept: shrinking
+moves toward the group's first dim. Everything else stays free: lengths, batch, heads, values,
+scale, data seed. A long campaign moves on to other palettes (fuzzattn/campaigns/rotation.py),
+so what one palette leaves out (a head dim past 32, a Q load past D) comes over its turns.
 """
 from __future__ import annotations
 
@@ -36,3 +38,30 @@ def subset(choices: Sequence[T], palette: int, axis: str) -> list[T]:
     others = random.Random(f"{axis}:{palette}").sample(range(1, len(choices)), CHOICES_PER_AXIS - 1)
     return [choices[0]] + [choices[i] for i in sorted(others)]
 
+
+
+def dim_class(head_dim: int) -> int:
+    """The head dim a tiled kernel pads `head_dim` to: a power of two of at least 16, what
+    `tl.dot` wants (a compiled kernel's BLOCK_D constexpr: one set of binaries per class)."""
+    return max(16, 1 << max(head_dim - 1, 0).bit_length())
+
+
+# Row strides of a head dim divisible by this many elements share Triton's specialisation class
+# of integer arguments (divisible by 16); the others fall in another.
+ALIGNED = 16
+
+
+def head_dim_subset(dims: Sequence[int], palette: int) -> list[int]:
+    """The head dims of `dims` a palette draws, in their order: one group of dims a compiled
+    kernel builds the same binaries for, chosen by the palette. A group is a class (BLOCK_D)
+    and, within it, the dims whose row strides are divisible by ALIGNED, or the others: Triton
+    specialises on the head dim through both (HEAD_DIM itself is not specialised), so each group
+    is one set of binaries of every kernel and a palette holds one. Dims below their class's
+    width (a mask past D reads padding) are in every group but the aligned ones of 16 and 32;
+    the groups come over a rotation's palettes (fuzzattn/campaigns/rotation.py)."""
+    groups: dict[tuple[int, bool], list[int]] = {}
+    for d in dims:
+        groups.setdefault((dim_class(d), d % ALIGNED == 0), []).append(d)
+    order = sorted(groups, reverse=True)           # widest class first, aligned first
+    chosen = order[random.Random(f"head_dim:{palette}").randrange(len(order))]
+    return [d for d in dims if d in groups[chosen]]

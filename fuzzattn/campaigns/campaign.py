@@ -91,7 +91,7 @@ def fuzz(impl: Implementation, strategy: st.SearchStrategy[AttentionCase], *, ma
          shrink: bool = True, isolate: bool = False, timeout: float | None = None,
          stop_at_first: bool = True, first_cases=(),
          judge_fn=None, gradient_every: int = 1, database=None,
-         database_key: bytes | None = None) -> Campaign:
+         database_key: bytes | None = None, rotation=None) -> Campaign:
     """Judge up to `max_examples` drawn cases (None: no limit, `seconds` alone ends it), or until
     `seconds` pass, and shrink the first failure; `Campaign.ended` says which ended it. Once the time cap is spent, draws are no longer judged: before a failure the search
     ends at the next draw; during shrinking the shrink winds down, and Hypothesis's final replay
@@ -120,7 +120,11 @@ def fuzz(impl: Implementation, strategy: st.SearchStrategy[AttentionCase], *, ma
 
     `database`: a Hypothesis ExampleDatabase (a seeded campaign only; None: no memory between
     runs), its failures under `database_key` (default: the cli name, which survives code edits)
-    replayed first. Each defect left cut short or unshrunk gets its own shrink (found.py)."""
+    replayed first. Each defect left cut short or unshrunk gets its own shrink (found.py).
+
+    `rotation` (campaigns/rotation.RotatingCases, whose `strategy()` `strategy` draws through):
+    every `rotation.rotation.every` drawn cases the campaign moves on to its next palette, in a
+    round of its own."""
     if gradient_every < 1:
         raise ValueError(f"gradient_every={gradient_every} must be at least 1")
     if (unsupported := hypothesis_internals.campaign_internals_supported()) is not None:
@@ -139,7 +143,7 @@ def fuzz(impl: Implementation, strategy: st.SearchStrategy[AttentionCase], *, ma
                          regressions_dir=regressions_dir, device=device, shrink=shrink,
                          stop_at_first=stop_at_first, judge_fn=judge_fn,
                          gradient_every=gradient_every, database=database,
-                         database_key=database_key)
+                         database_key=database_key, rotation=rotation)
         rounds.judge_first(first_cases)
         return rounds.run()
 
@@ -161,11 +165,11 @@ class _Rounds:
 
     def __init__(self, impl, strategy, *, max_examples, seconds, hypothesis_seed_value,
                  save_to_file, regressions_dir, device, shrink, stop_at_first, judge_fn,
-                 gradient_every, database=None, database_key=None):
+                 gradient_every, database=None, database_key=None, rotation=None):
         self.impl, self.seconds, self.seed = impl, seconds, hypothesis_seed_value
         self.save_to_file, self.regressions_dir, self.device = save_to_file, regressions_dir, device
         self.shrink, self.stop_at_first, self.judge_fn = shrink, stop_at_first, judge_fn
-        self.gradient_every = gradient_every
+        self.gradient_every, self.rotation = gradient_every, rotation
         self.limit = UNBOUNDED if max_examples is None else max_examples
         self.judged = self.drawn = 0        # drawn: judged outside shrinking (the case budget)
         self.first: int | None = None       # cases judged when the first defect was found
@@ -318,8 +322,9 @@ class _Rounds:
             later = {"phases": [p for p in base.phases if p != Phase.reuse]} if round_number else {}
             if round_number and self.seed is None:
                 later["derandomize"] = False
+            drawn_before, end = self.drawn, self._turn_end()
             hypothesis_internals.use_settings(self.test, settings(
-                base, max_examples=self.limit - self.drawn, **later))
+                base, max_examples=end - self.drawn, **later))
             if round_number:
                 hypothesis_internals.use_seed(self.test, (self.seed or 0) + round_number)
             try:
@@ -338,8 +343,20 @@ class _Rounds:
                 return self.finished(
                     error=f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}")
             else:
-                break                   # a round without a new defect: its budget is spent
+                # A round without a new defect: its budget is spent, unless only its palette's
+                # turn ended (or it drew short of it: the same turn again, with another seed).
+                if self.rotation is None or self.drawn == drawn_before or self.drawn >= self.limit:
+                    break
         return self.finished()
+
+    def _turn_end(self) -> int:
+        """How many drawn cases the next round may reach: the budget's, or for a rotating
+        campaign the end of the palette's turn it is in (which it moves on to here)."""
+        if self.rotation is None:
+            return self.limit
+        turn = self.rotation.rotation.turn(self.drawn)
+        self.rotation.begin(turn, last=(turn + 1) * self.rotation.rotation.every >= self.limit)
+        return min(self.limit, self.rotation.turn_end())
 
     def finished(self, **kw) -> Campaign:
         book = self.book

@@ -6,7 +6,8 @@ on the CPU too), whose new variants are compiles; `off` draws from everything de
 implementation (a campaign that values reach over speed); `on` narrows every Triton kernel,
 interpreted too (how to measure on the CPU what palettes cost in bugs found). A palette of a
 `compiles_per_shape` implementation fixes its shapes as well (strategies/shape_palette.py, sized
-by FUZZATTN_SHAPES or the declaration).
+by FUZZATTN_SHAPES or the declaration). The campaign's number is its first palette: a long
+campaign moves on to others (campaigns/rotation.py).
 """
 from __future__ import annotations
 

@@ -173,11 +173,13 @@ def stop_option(p: argparse.ArgumentParser) -> None:
 def campaign_outcome(impl, dtype: str | None, *, profile, max_examples: int | None, seconds: float | None,
                  hypothesis_seed: int, save: bool, regressions_dir, progress, stage: str = "fuzz",
                  shrink: bool = True, isolate: bool = False, timeout: float | None = None,
-                 database=None, stop_at_first: bool = False) -> Outcome:
+                 database=None, stop_at_first: bool = False, shards: int = 1) -> Outcome:
     """Fuzz one implementation (one dtype) and describe it as an Outcome (its Campaign attached);
     `database`: the Hypothesis example database it replays and saves failures in (example_db).
     The campaign goes on after a counterexample and reports every distinct defect unless
-    `stop_at_first`; an implementation whose load probe failed has that case judged first."""
+    `stop_at_first`; an implementation whose load probe failed has that case judged first.
+    A palette campaign rotates its palette (campaigns/rotation.py) by `shards`, the number of
+    processes sharing the campaign, with the next palette compiled ahead where that helps."""
     from hypothesis.errors import HypothesisException
     from fuzzattn import settings
     from fuzzattn.campaigns.campaign import fuzz
@@ -191,9 +193,14 @@ def campaign_outcome(impl, dtype: str | None, *, profile, max_examples: int | No
         return Outcome(stage, label, SKIP, True, detail=broken_bf16, skipped=True)
     if dtype is None and broken_bf16 and "bfloat16" in caps.dtypes and len(caps.dtypes) > 1:
         caps = dataclasses.replace(caps, dtypes=caps.dtypes - {"bfloat16"})
+    palette = campaign_palette(impl, hypothesis_seed, dtype)
     try:
-        strategy = attention_cases(caps, dtype=dtype, profile=profile,
-                                   palette=campaign_palette(impl, hypothesis_seed, dtype))
+        rotation = None if palette is None else rotating_cases(impl, caps, dtype, profile,
+                                                               palette, shards)
+        strategy = (attention_cases(caps, dtype=dtype, profile=profile) if rotation is None
+                    else rotation.strategy())
+        if rotation is not None:
+            rotation.cases(palette)          # a bad declaration's error, before anything runs
     except HypothesisException as exc:
         return Outcome(stage, label, ERROR, False, detail=flattened(exc), message=flattened(exc))
     strategy = progress.track(strategy, f"{stage} {label}", max_examples, cap=seconds,
@@ -216,14 +223,35 @@ def campaign_outcome(impl, dtype: str | None, *, profile, max_examples: int | No
                       regressions_dir=regressions_dir, shrink=shrink, isolate=isolate,
                       timeout=timeout if isolate else None, stop_at_first=stop_at_first,
                       first_cases=first_cases, database=database,
-                      database_key=example_db.key(impl.cli_name, dtype, profile.name))
+                      database_key=example_db.key(impl.cli_name, dtype, profile.name),
+                      rotation=rotation)
     except Exception as exc:   # e.g. a drawn case the harness cannot judge here: report, go on
+        _close(rotation)
         progress.clear()
         text = f"{type(exc).__name__}: {flattened(exc)}"
         return Outcome(stage, label, ERROR, False, seconds=time.perf_counter() - start,
                        detail=text, message=f"{text}\n  run: {rerun}")
+    _close(rotation)
     progress.clear()
     return _described(result, stage, label, rerun, seconds, max_examples)
+
+
+def rotating_cases(impl, caps, dtype: str | None, profile, palette: int, shards: int):
+    """The rotating cases of a palette campaign numbered `palette` over `shards` processes, with
+    a compile-ahead pool where compiling ahead can help (campaigns/compile_ahead.py)."""
+    from fuzzattn.campaigns.compile_ahead import compile_ahead
+    from fuzzattn.campaigns.rotation import PaletteRotation, RotatingCases
+    from fuzzattn.strategies.cases import attention_cases
+
+    def cases(number: int):
+        return attention_cases(caps, dtype=dtype, profile=profile, palette=number)
+    return RotatingCases(PaletteRotation(palette, shards), cases,
+                         ahead=compile_ahead(impl, dtype, profile.name))
+
+
+def _close(rotation) -> None:
+    if rotation is not None and rotation.ahead is not None:
+        rotation.ahead.close()
 
 
 def _counter(impl):

@@ -343,9 +343,9 @@ class Pool:
                         None if max_examples is None else max_examples // n + (i < max_examples % n),
                         deadline, hypothesis_seed * n + i, save,
                         None if regressions_dir is None else str(regressions_dir), isolate, timeout,
-                        database, stage, options, os.getcwd(), dict(os.environ)) for i in range(n)]
-        for i in range(3 * self.n):
-            self._counts[i] = 0
+                        database, stage, dict(options, shards=n), os.getcwd(), dict(os.environ))
+                  for i in range(n)]      # shards=n: palettes rotating by n never meet
+        self._counts[:3 * self.n] = [0] * (3 * self.n)
 
         def counts():
             return tuple(sum(self._counts[j:3 * n:3]) for j in range(3))

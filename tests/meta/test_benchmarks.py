@@ -343,16 +343,36 @@ def test_calibration_judges_real_kernels_and_the_precision_mutants(restored, mon
         assert mutant in out.split("precision mutants")[1]
 
 
-def test_compile_variants_counts_forward_and_backward_variants():
+def _compile_variants(*args: str) -> list[str]:
     """Run as documented, in a process of its own: it must import the kernels compiled."""
-    done = subprocess.run([sys.executable, str(BENCH / "compile_variants.py"), "--cases", "3",
-                           "--dtype", "float16", "--palette", "0"], capture_output=True, text=True,
-                          cwd=ROOT, timeout=300)
+    done = subprocess.run([sys.executable, str(BENCH / "compile_variants.py"), *args],
+                          capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
-    lines = done.stdout.splitlines()
+    return done.stdout.splitlines()
+
+
+def test_compile_variants_counts_forward_and_backward_variants_by_axis():
+    lines = _compile_variants("--cases", "3", "--dtype", "float16", "--palette", "0")
     assert lines[0] == "palette=0 dtype=float16 gradient_every=4"
-    cases, forward, backward = (int(x) for x in lines[-1].split()[:3])
+    cases, forward, backward = (int(x) for x in lines[2].split()[:3])
     assert cases == 3 and 1 <= forward <= 3 and backward >= 1    # the first case runs the backward
+    total = forward + backward
+    assert lines[3] == f"forward+backward variants per 1,000 cases: {1000 * total / 3:.1f}"
+    axes = {line[:22].strip(): line.split()[-2:] for line in lines[6:12]}
+    assert list(axes) == ["config", "head dim (BLOCK_D)", "variant flags", "dtype",
+                          "pointer alignment", "row/element strides"]
+    assert all(1 <= int(parts) and int(without) <= total for parts, without in axes.values())
+    seen = {line[:26].strip(): (int(line.split()[-2]), int(line.split()[-1])) for line in lines[14:]}
+    assert seen["head dim class (BLOCK_D)"] == (4, 1) and seen["dtype"] == (1, 1)
+    assert all(1 <= n <= declared for declared, n in seen.values())
+
+
+def test_compile_variants_rotates_palettes_as_a_campaign_does():
+    lines = _compile_variants("--cases", "6", "--dtype", "float16", "--palette", "0",
+                              "--rotate-every", "2", "--shards", "1")
+    assert lines[0].endswith("rotate_every=2 shards=1 palettes=3")
+    seen = {line[:26].strip(): int(line.split()[-1]) for line in lines[14:]}
+    assert seen["head dim class (BLOCK_D)"] == 3   # palettes 0, 1, 2: one class each, all apart
 
 
 def test_verdict_digest_writes_every_row_and_compares_by_line(tmp_path, restored):

@@ -4,20 +4,27 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import os
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 
+from compile_recorder import RECORD_ENV
+from fuzzattn.campaigns.campaign import fuzz
+from fuzzattn.campaigns.compile_ahead import CompileAhead, compile_ahead
 from fuzzattn.campaigns.compile_palette import campaign_palette
+from fuzzattn.campaigns.rotation import PaletteRotation, RotatingCases
 from fuzzattn.contract.profiles import PROFILES
 from fuzzattn.run import registry
+from fuzzattn.run.loader import load_implementation
 from fuzzattn.kernels import triton_fa2, triton_fa2_backward
 from fuzzattn.strategies import attention_cases
 from fuzzattn.strategies.cases import variant_combinations
 from fuzzattn.strategies.configs import valid_configs
 from fuzzattn.strategies.layouts import layout_choices
 from fuzzattn.strategies.lengths import head_dim_choices
-from fuzzattn.strategies.palette import CHOICES_PER_AXIS, subset
+from fuzzattn.strategies.palette import CHOICES_PER_AXIS, dim_class, head_dim_subset, subset
 
 
 def test_a_subset_keeps_the_first_choice_and_is_the_same_everywhere():
@@ -32,7 +39,7 @@ def test_a_subset_keeps_the_first_choice_and_is_the_same_everywhere():
     assert subset([7], 5, "config") == [7]
 
 
-def test_a_palette_narrows_only_layouts_configurations_and_variant_combinations():
+def test_a_palette_narrows_layouts_head_dims_configurations_and_variant_combinations():
     impl = registry.get("triton_fa2")
     profile = PROFILES["gpu"]
     layouts = set(subset(layout_choices(impl.caps), 4, "layout"))
@@ -49,10 +56,13 @@ def test_a_palette_narrows_only_layouts_configurations_and_variant_combinations(
     for case in seen:
         allowed = subset(valid_configs(impl.caps, case), 4, "config")
         assert case.config in allowed
-    # Head dims stay free (a palette of two let head-dim bugs of the zoo survive), and so do
-    # lengths: ragged, tile multiples and single rows all still come.
+    # Head dims come from one group a compiled kernel builds the same binaries for: one class
+    # (BLOCK_D), row strides all divisible by 16 or none; lengths stay free: ragged, tile
+    # multiples and single rows all still come.
     dims = head_dim_choices(impl.caps.head_dims, max_head_dim=impl.caps.max_head_dim)
-    assert len({c.head_dim for c in seen}) > len(dims) // 2
+    drawn_dims = {c.head_dim for c in seen}
+    assert drawn_dims == set(head_dim_subset(dims, 4))
+    assert len({(dim_class(d), d % 16 == 0) for d in drawn_dims}) == 1
     lengths = {n for c in seen for n in (c.seq_q, c.seq_k)}
     assert any(n % 16 for n in lengths) and any(n and n % 16 == 0 for n in lengths)
     assert len(lengths) > 40
@@ -141,3 +151,127 @@ def test_a_dtype_planned_per_shape_draws_from_a_shape_palette_and_the_others_do_
         return seen
 
     assert len(shapes("bfloat16")) <= 3 < len(shapes("float32"))
+
+
+# -- rotation and compile-ahead ------------------------------------------------------------------
+RECORDER_FILE = Path(__file__).with_name("compile_recorder.py")
+
+
+def test_a_rotation_steps_by_the_shards_so_shards_never_share_a_palette():
+    shards, turns = 16, 40
+    seen = [{PaletteRotation(seed * shards + i, shards).palette(t) for t in range(turns)}
+            for seed in (0,) for i in range(shards)]
+    assert all(len(palettes) == turns for palettes in seen)
+    assert sum(len(p) for p in seen) == len(set().union(*seen))      # pairwise disjoint
+    rotation = PaletteRotation(5, 16, every=100)
+    assert [rotation.palette(rotation.turn(n)) for n in (0, 99, 100, 250)] == [5, 5, 21, 37]
+    with pytest.raises(ValueError, match="every=0 must be at least 1"):
+        PaletteRotation(0, 1, every=0)
+
+
+def test_the_union_over_a_rotation_covers_every_head_dim_class_and_variant_combination():
+    impl = registry.get("triton_fa2")
+    dims = head_dim_choices(impl.caps.head_dims, max_head_dim=impl.caps.max_head_dim)
+    rotation = PaletteRotation(3, 16)
+    palettes = [rotation.palette(t) for t in range(12)]
+    assert {dim_class(d) for p in palettes for d in head_dim_subset(dims, p)} == {
+        dim_class(d) for d in dims}
+    assert {c for p in palettes for c in subset(variant_combinations(impl.caps), p, "variants")
+            } == set(variant_combinations(impl.caps))
+    # A run of 16 shards covers every head dim within two turns.
+    assert {d for p in range(2 * 16) for d in head_dim_subset(dims, p)} == set(dims)
+
+
+def _rotating(impl, first: int, step: int, every: int, ahead=None) -> RotatingCases:
+    def cases(palette):
+        return attention_cases(impl.caps, dtype="float32", profile=PROFILES["ci"], palette=palette)
+    return RotatingCases(PaletteRotation(first, step, every), cases, ahead=ahead)
+
+
+def _differing_turns(impl) -> tuple[int, int]:
+    """(first, step): a rotation whose second palette draws a head dim class its first does not."""
+    dims = sorted(impl.caps.head_dims)
+    for first in range(20):
+        if set(head_dim_subset(dims, first)) != set(head_dim_subset(dims, first + 3)):
+            return first, 3
+    raise AssertionError("no two palettes differ")
+
+
+def test_a_campaign_moves_to_its_next_palette_every_so_many_cases(tmp_path):
+    impl = load_implementation(f"{RECORDER_FILE}:RECORDER", probe=False)
+    first, step = _differing_turns(impl)
+    rotation = _rotating(impl, first, step, every=8)
+    drawn = []
+    strategy = rotation.strategy().map(lambda case: drawn.append((rotation.palette, case)) or case)
+    result = fuzz(impl, strategy, max_examples=24, save_to_file=False, rotation=rotation)
+    assert result.counterexample is None and result.cases >= 24
+    assert rotation.palettes == [first, first + step, first + 2 * step]
+    dims = sorted(impl.caps.head_dims)
+    for palette, case in drawn:
+        assert case.head_dim in head_dim_subset(dims, palette)
+    assert {p for p, _ in drawn} == set(rotation.palettes)
+
+
+def test_a_failure_found_after_a_rotation_still_shrinks_and_replays(tmp_path):
+    """BUGGY fails on head dim 64 only: a palette without class 64 cannot find it, the next one
+    does; its shrink and final replay draw from the palette it came from (no FlakyFailure)."""
+    impl = load_implementation(f"{RECORDER_FILE}:BUGGY", probe=False)
+    dims = sorted(impl.caps.head_dims)
+    first = next(p for p in range(40) if 64 not in head_dim_subset(dims, p)
+                 and 64 in head_dim_subset(dims, p + 1))
+    rotation = _rotating(impl, first, 1, every=10)
+    result = fuzz(impl, rotation.strategy(), max_examples=60, save_to_file=False,
+                  rotation=rotation)
+    assert result.error is None and len(rotation.palettes) >= 2
+    found = result.counterexample
+    assert found is not None and found.judged.case.head_dim == 64
+    case, defect = found.judged.case, result.defects[0]
+    assert defect.shrunk and not defect.shrink_note
+    assert (case.batch, case.heads) == (1, 1) and case.seq_q + case.seq_k <= 4
+
+
+def test_the_pool_compiles_the_next_palette_before_the_campaign_moves_to_it(tmp_path, monkeypatch):
+    record = tmp_path / "calls"
+    monkeypatch.setenv(RECORD_ENV, str(record))
+    spec = f"{RECORDER_FILE}:RECORDER"
+    impl = load_implementation(spec, probe=False)
+    first, step = _differing_turns(impl)
+    ahead = CompileAhead(spec, "float32", "ci", cases=40, wait=600)
+    rotation = _rotating(impl, first, step, every=12, ahead=ahead)
+    begin = rotation.begin
+
+    def marked(turn, **kw):     # a line in the record where the campaign moves on
+        begin(turn, **kw)
+        with open(record, "a") as f:
+            f.write(f"{os.getpid()} turn {rotation.palette}\n")
+    rotation.begin = marked
+    try:
+        fuzz(impl, rotation.strategy(), max_examples=24, save_to_file=False, rotation=rotation)
+        assert not ahead.pending       # the budget's last turn had no next palette warmed
+    finally:
+        ahead.close()
+    lines = [line.split() for line in record.read_text().splitlines()]
+    ours = str(os.getpid())
+    moved = lines.index([ours, "turn", str(first + step)])
+    calls_before = [line for line in lines[:moved] if line[1] != "turn"]
+    judged_first = {v for pid, v in calls_before if pid == ours}
+    warmed = {v for pid, v in calls_before if pid != ours}
+    judged_next = {line[1] for line in lines[moved + 1:] if line[0] == ours}
+    # The next palette brought variants the first never drew, and the pool had run every one
+    # the campaign then drew, before it moved on.
+    assert judged_next - judged_first
+    assert judged_next <= warmed
+
+
+def test_compile_ahead_is_off_where_nothing_compiles(monkeypatch):
+    monkeypatch.delenv("FUZZATTN_COMPILE_AHEAD", raising=False)
+    assert compile_ahead(registry.get("triton_fa2"), "float16", "gpu") is None   # interpreted
+    assert compile_ahead(registry.get("sdpa"), "float16", "gpu") is None
+    import fuzzattn.triton_interpreter.backend as backend
+    monkeypatch.setattr(backend, "is_interpreted", lambda: False)
+    assert isinstance(compile_ahead(registry.get("triton_fa2"), "float16", "gpu"), CompileAhead)
+    monkeypatch.setenv("FUZZATTN_COMPILE_AHEAD", "off")
+    assert compile_ahead(registry.get("triton_fa2"), "float16", "gpu") is None
+    monkeypatch.setenv("FUZZATTN_COMPILE_AHEAD", "always")
+    with pytest.raises(ValueError, match="FUZZATTN_COMPILE_AHEAD='always' is not one of auto, off"):
+        compile_ahead(registry.get("triton_fa2"), "float16", "gpu")
