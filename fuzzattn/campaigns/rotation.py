@@ -13,6 +13,20 @@ import dataclasses
 # Cases a campaign draws from one palette before it moves on: long enough that the palette's
 # variants, once compiled, serve many cases (set with benchmarks/compile_variants.py).
 EVERY = 1000
+# A campaign with a case budget sees at least this many palettes: one palette holds one variant
+# combination (plain plus window, or plus softcap, ...), so a 100-case campaign that kept its
+# first palette could never draw the variant a bug needs (a window mutant survived a 100-case
+# campaign of palette 0, whose combination is softcap). No turn is shorter than MIN_TURN cases.
+TURNS = 4
+MIN_TURN = 25
+
+
+def cases_per_turn(max_examples: int | None) -> int:
+    """How many cases a campaign of `max_examples` (None: bounded by time only) draws from
+    each palette: EVERY, or less so that its budget spans TURNS palettes."""
+    if max_examples is None:
+        return EVERY
+    return max(MIN_TURN, min(EVERY, max_examples // TURNS))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -196,7 +196,7 @@ def campaign_outcome(impl, dtype: str | None, *, profile, max_examples: int | No
     palette = campaign_palette(impl, hypothesis_seed, dtype)
     try:
         rotation = None if palette is None else rotating_cases(impl, caps, dtype, profile,
-                                                               palette, shards)
+                                                               palette, shards, max_examples)
         strategy = (attention_cases(caps, dtype=dtype, profile=profile) if rotation is None
                     else rotation.strategy())
         if rotation is not None:
@@ -236,16 +236,18 @@ def campaign_outcome(impl, dtype: str | None, *, profile, max_examples: int | No
     return _described(result, stage, label, rerun, seconds, max_examples)
 
 
-def rotating_cases(impl, caps, dtype: str | None, profile, palette: int, shards: int):
+def rotating_cases(impl, caps, dtype: str | None, profile, palette: int, shards: int,
+                   max_examples: int | None = None):
     """The rotating cases of a palette campaign numbered `palette` over `shards` processes, with
-    a compile-ahead pool where compiling ahead can help (campaigns/compile_ahead.py)."""
+    a compile-ahead pool where compiling ahead can help (campaigns/compile_ahead.py); a campaign
+    of `max_examples` cases turns often enough to see several palettes (rotation.cases_per_turn)."""
     from fuzzattn.campaigns.compile_ahead import compile_ahead
-    from fuzzattn.campaigns.rotation import PaletteRotation, RotatingCases
+    from fuzzattn.campaigns.rotation import PaletteRotation, RotatingCases, cases_per_turn
     from fuzzattn.strategies.cases import attention_cases
 
     def cases(number: int):
         return attention_cases(caps, dtype=dtype, profile=profile, palette=number)
-    return RotatingCases(PaletteRotation(palette, shards), cases,
+    return RotatingCases(PaletteRotation(palette, shards, cases_per_turn(max_examples)), cases,
                          ahead=compile_ahead(impl, dtype, profile.name))
 
 
