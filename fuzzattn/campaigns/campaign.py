@@ -355,7 +355,9 @@ class _Rounds:
         if self.rotation is None:
             return self.limit
         turn = self.rotation.rotation.turn(self.drawn)
-        self.rotation.begin(turn, last=(turn + 1) * self.rotation.rotation.every >= self.limit)
+        until = None if self.seconds is None else self.start + self.seconds
+        self.rotation.begin(turn, last=(turn + 1) * self.rotation.rotation.every >= self.limit,
+                            until=until)
         return min(self.limit, self.rotation.turn_end())
 
     def finished(self, **kw) -> Campaign:

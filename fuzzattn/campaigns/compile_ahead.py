@@ -8,13 +8,18 @@ without judging anything, so that those caches hold the next palette's binaries 
 campaign gets there; the campaign, moving on, waits for that warm-up to end (at most WAIT s)
 rather than compiling the same binaries beside it.
 
-`compile_ahead` starts no pool (returns None) where it cannot help:
+It is opt-in (FUZZATTN_COMPILE_AHEAD=on): its gain is one measurement so far (a cold triton_fa2
+campaign over 16 workers judged 25 cases/s with it, 19 without: benchmarks/REPORT.md), and a
+warm-up competes with the judging processes for the cores compiling needs. A campaign never
+waits for a warm-up past its own time cap, and a warm-up draws no more cases than a turn holds.
+
+`compile_ahead` starts no pool (returns None) where it is off or cannot help:
 - interpreted Triton (no GPU, or TRITON_INTERPRET=1): nothing is compiled, only run, so a
   warm-up would only take a core from the judging;
 - an implementation that is neither a compiled Triton kernel nor declares `compiles_per_shape`:
   nothing is compiled per variant (SDPA's per-shape plans, `plans_per_shape`, live in the
   process that builds them, not on disk: another process cannot build them for it);
-- FUZZATTN_COMPILE_AHEAD=off.
+- FUZZATTN_COMPILE_AHEAD=off (the default).
 A campaign whose case budget ends within its current turn warms no next palette
 (rotation.RotatingCases.begin); one ended by time alone cannot know, and warms it.
 """
@@ -22,27 +27,30 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import time
 
 ENV = "FUZZATTN_COMPILE_AHEAD"
 CASES = 200         # drawn per warmed palette: what the campaign's first cases there would compile
 WAIT = 120.0        # seconds a campaign moving on waits at most for its palette's warm-up
 
 
-def compile_ahead(impl, dtype: str | None, profile: str) -> "CompileAhead | None":
-    """A compile-ahead pool for `impl`'s rotating campaign, or None where it cannot help."""
+def compile_ahead(impl, dtype: str | None, profile: str,
+                  turn_cases: int = CASES) -> "CompileAhead | None":
+    """A compile-ahead pool for `impl`'s rotating campaign of `turn_cases` cases a palette, or
+    None where it is off or cannot help."""
     from fuzzattn.triton_interpreter.backend import is_interpreted
     mode = ahead_mode()
     compiles = impl.caps.compiles_per_shape or (impl.backend == "triton" and not is_interpreted())
     if mode == "off" or not compiles:
         return None
-    return CompileAhead(impl.cli_name, dtype, profile)
+    return CompileAhead(impl.cli_name, dtype, profile, cases=min(CASES, turn_cases))
 
 
 def ahead_mode() -> str:
-    """FUZZATTN_COMPILE_AHEAD: `auto` (the default: where it can help) or `off`."""
-    mode = os.environ.get(ENV, "auto") or "auto"
-    if mode not in ("auto", "off"):
-        raise ValueError(f"{ENV}={mode!r} is not one of auto, off")
+    """FUZZATTN_COMPILE_AHEAD: `off` (the default) or `on` (where it can help)."""
+    mode = os.environ.get(ENV, "off") or "off"
+    if mode not in ("on", "off"):
+        raise ValueError(f"{ENV}={mode!r} is not one of on, off")
     return mode
 
 
@@ -71,14 +79,16 @@ class CompileAhead:
         send.close()
         self.pending[palette] = (process, receive)
 
-    def ready(self, palette: int) -> int | None:
-        """Wait (at most `wait` s) for `palette`'s warm-up; the cases it ran, None if it was
-        never asked for, is still running (left to go on warming) or failed (the campaign then
-        compiles for itself: a warm-up's failure is no finding, the campaign judges those cases)."""
+    def ready(self, palette: int, until: float | None = None) -> int | None:
+        """Wait (at most `wait` s, and never past perf_counter() `until`: the campaign's time
+        cap) for `palette`'s warm-up; the cases it ran, None if it was never asked for, is still
+        running (left to go on warming) or failed (the campaign then compiles for itself: a
+        warm-up's failure is no finding, the campaign judges those cases)."""
         if palette not in self.pending:
             return None
         process, receive = self.pending[palette]
-        if not receive.poll(self.wait):
+        wait = self.wait if until is None else max(0.0, min(self.wait, until - time.perf_counter()))
+        if not receive.poll(wait):
             return None
         del self.pending[palette]
         try:

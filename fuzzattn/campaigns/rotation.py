@@ -67,15 +67,15 @@ class RotatingCases:
     def palette(self) -> int:
         return self.rotation.palette(self.turn)
 
-    def begin(self, turn: int, *, last: bool = False) -> None:
+    def begin(self, turn: int, *, last: bool = False, until: float | None = None) -> None:
         """Draw from the palette of `turn` from now on (once its warm-up, if one was asked for,
-        has ended), and have the next one compiled ahead unless this is the `last` turn the
-        campaign's case budget reaches."""
+        has ended, or the campaign's time cap ends at perf_counter() `until`), and have the next
+        one compiled ahead unless this is the `last` turn the campaign's case budget reaches."""
         self.turn = turn
         if not self.palettes or self.palettes[-1] != self.palette:
             self.palettes.append(self.palette)
             if self.ahead is not None:
-                self.ahead.ready(self.palette)
+                self.ahead.ready(self.palette, until=until)
                 if not last:
                     self.ahead.warm(self.rotation.palette(turn + 1))
 

@@ -226,12 +226,12 @@ def campaign_outcome(impl, dtype: str | None, *, profile, max_examples: int | No
                       database_key=example_db.key(impl.cli_name, dtype, profile.name),
                       rotation=rotation)
     except Exception as exc:   # e.g. a drawn case the harness cannot judge here: report, go on
-        _close(rotation)
         progress.clear()
         text = f"{type(exc).__name__}: {flattened(exc)}"
         return Outcome(stage, label, ERROR, False, seconds=time.perf_counter() - start,
                        detail=text, message=f"{text}\n  run: {rerun}")
-    _close(rotation)
+    finally:                   # ^C and SIGTERM too: a warm-up process never outlives its campaign
+        _close(rotation)
     progress.clear()
     return _described(result, stage, label, rerun, seconds, max_examples)
 
@@ -247,8 +247,9 @@ def rotating_cases(impl, caps, dtype: str | None, profile, palette: int, shards:
 
     def cases(number: int):
         return attention_cases(caps, dtype=dtype, profile=profile, palette=number)
-    return RotatingCases(PaletteRotation(palette, shards, cases_per_turn(max_examples)), cases,
-                         ahead=compile_ahead(impl, dtype, profile.name))
+    every = cases_per_turn(max_examples)
+    return RotatingCases(PaletteRotation(palette, shards, every), cases,
+                         ahead=compile_ahead(impl, dtype, profile.name, every))
 
 
 def _close(rotation) -> None:

@@ -266,18 +266,39 @@ def test_the_pool_compiles_the_next_palette_before_the_campaign_moves_to_it(tmp_
     assert judged_next <= warmed
 
 
-def test_compile_ahead_is_off_where_nothing_compiles(monkeypatch):
-    monkeypatch.delenv("FUZZATTN_COMPILE_AHEAD", raising=False)
-    assert compile_ahead(registry.get("triton_fa2"), "float16", "gpu") is None   # interpreted
-    assert compile_ahead(registry.get("sdpa"), "float16", "gpu") is None
+def test_compile_ahead_is_opt_in_and_off_where_nothing_compiles(monkeypatch):
     import fuzzattn.triton_interpreter.backend as backend
+    monkeypatch.delenv("FUZZATTN_COMPILE_AHEAD", raising=False)
     monkeypatch.setattr(backend, "is_interpreted", lambda: False)
-    assert isinstance(compile_ahead(registry.get("triton_fa2"), "float16", "gpu"), CompileAhead)
-    monkeypatch.setenv("FUZZATTN_COMPILE_AHEAD", "off")
-    assert compile_ahead(registry.get("triton_fa2"), "float16", "gpu") is None
+    assert compile_ahead(registry.get("triton_fa2"), "float16", "gpu") is None   # the default
+    monkeypatch.setenv("FUZZATTN_COMPILE_AHEAD", "on")
+    ahead = compile_ahead(registry.get("triton_fa2"), "float16", "gpu", turn_cases=25)
+    assert isinstance(ahead, CompileAhead) and ahead.cases == 25   # no more than a turn holds
+    assert compile_ahead(registry.get("sdpa"), "float16", "gpu") is None
+    monkeypatch.setattr(backend, "is_interpreted", lambda: True)
+    assert compile_ahead(registry.get("triton_fa2"), "float16", "gpu") is None   # interpreted
     monkeypatch.setenv("FUZZATTN_COMPILE_AHEAD", "always")
-    with pytest.raises(ValueError, match="FUZZATTN_COMPILE_AHEAD='always' is not one of auto, off"):
+    with pytest.raises(ValueError, match="FUZZATTN_COMPILE_AHEAD='always' is not one of on, off"):
         compile_ahead(registry.get("triton_fa2"), "float16", "gpu")
+
+
+def test_a_campaign_never_waits_for_a_warm_up_past_its_time_cap():
+    """A warm-up still running when the campaign moves on is waited for at most until the
+    campaign's cap ends (`until`), not the pool's whole `wait`."""
+    import time
+
+    class Silent:                 # a warm-up's pipe end that never answers
+        def poll(self, timeout):
+            waited.append(timeout)
+            return False
+    waited = []
+    ahead = CompileAhead("triton_fa2", "float16", "gpu", wait=120.0)
+    ahead.pending[7] = (None, Silent())
+    assert ahead.ready(7, until=time.perf_counter() + 2.0) is None
+    assert ahead.ready(7, until=time.perf_counter() - 5.0) is None      # the cap already spent
+    assert ahead.ready(7) is None
+    assert 1.5 < waited[0] <= 2.0 and waited[1] == 0.0 and waited[2] == 120.0, waited
+    ahead.pending.clear()
 
 
 def test_a_campaign_with_a_case_budget_sees_several_palettes():
