@@ -35,7 +35,7 @@ from fuzzattn.cli import common, merged
 
 # --workers auto on a CUDA host: processes per visible GPU (at most one per core); several overlap
 # their host phases with each other's kernels; past one worker a core the total falls
-# (benchmarks/REPORT.md, "Worker processes": benchmarks/throughput.py --cli-workers).
+# (benchmarks/REPORT.md, its SDPA-over-workers row; benchmarks/throughput.py --cli-workers).
 PER_GPU = 16
 # --workers auto without CUDA: one process per core up to this (past a handful, the fork server's
 # start-up and each worker's shrink of a shared failure cost more than they return)
