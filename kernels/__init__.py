@@ -11,8 +11,8 @@ ensure_backend()
 
 import torch  # noqa: E402
 
-from . import (flex, flex_varlen, sdpa, sdpa_alibi, sdpa_varlen,  # noqa: E402  (after ensure_backend)
-               sdpa_window, torch_tiled, torch_varlen, triton_fa2)
+from . import (flex, sdpa, sdpa_alibi, sdpa_varlen, sdpa_window,  # noqa: E402  (after ensure_backend)
+               torch_tiled, torch_varlen, triton_fa2)
 
 # sdpa.BACKEND_IMPLS: one SDPA backend each, those that can run on this torch and device
 # (sdpa.UNAVAILABLE says why the others are absent).
@@ -27,4 +27,4 @@ UNJUDGED_ON_CUDA = (sdpa_alibi.IMPL, sdpa_varlen.IMPL)
 IMPLEMENTATIONS = ((triton_fa2.IMPL, torch_tiled.IMPL, torch_varlen.IMPL, sdpa.IMPL)
                    + sdpa.BACKEND_IMPLS + (sdpa_window.IMPL,)
                    + (() if torch.cuda.is_available() else UNJUDGED_ON_CUDA)
-                   + tuple(impl for impl in (flex.REGISTERED,) if impl is not None))
+                   + (() if flex.REGISTERED is None else (flex.REGISTERED,)))

@@ -12,7 +12,8 @@ contract's packed lse as it stands, no transpose.
 Each packed position's sequence, offset within it and its sequence's Lk - Lq are captured int32
 tensors of the totals' lengths, built per call from the offsets; the block mask is built per call
 too (the sequences change with each case). Compilation is kernels/flex.py's: static shapes, a
-compile per total length, and the same CUDA-only registration (flex.CPU_DEFECT).
+compile per total length. Not registered (kernels/__init__.py): `--impl
+fuzzattn.kernels.flex_varlen:IMPL` fuzzes it.
 """
 from __future__ import annotations
 
@@ -100,6 +101,3 @@ IMPL = None if flex.UNAVAILABLE else Implementation(
                 "sequence, a softcap score_mod, lse from return_aux (CUDA).",
     sources=(__file__, flex.__file__),
 )
-
-# What the registry lists: as flex's (flex.CPU_DEFECT says why not on the CPU).
-REGISTERED = IMPL if flex.CPU_DEFECT is None else None

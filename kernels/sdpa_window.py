@@ -57,24 +57,6 @@ def kept_keys(seq_q: int, seq_k: int, causal: str, window: tuple[int, int],
     return kept
 
 
-def keeping_rows(seq_q: int, seq_k: int, causal: str, window: tuple[int, int]) -> range:
-    """The query rows that keep at least one key, from the lengths alone (no read of a mask
-    on the device). Row i keeps keys i + low <= j <= i + top within 0..Nk-1, both edges moving
-    with i, so the rows keeping none are a prefix (top below key 0) and a suffix (low past the
-    last key), or every row (low > top, or no keys)."""
-    left, right = window
-    shift = seq_k - seq_q
-    tops = ([0 if causal == "top_left" else shift] if causal != "none" else []) + (
-        [shift + right] if right >= 0 else [])
-    top = min(tops) if tops else None
-    low = shift - left if left >= 0 else None
-    if seq_k == 0 or (top is not None and low is not None and low > top):
-        return range(0)
-    first = 0 if top is None else max(0, -top)
-    last = seq_q if low is None else min(seq_q, seq_k - low)
-    return range(first, max(first, last))
-
-
 def masked_sdpa(q, k, v, *, causal: str, scale: float, window: tuple[int, int],
                 bias: torch.Tensor | None = None):
     """(out, lse) of SDPA on checked inputs, causality and the window as a float mask, plus
@@ -82,18 +64,19 @@ def masked_sdpa(q, k, v, *, causal: str, scale: float, window: tuple[int, int],
     heads, seq_q = q.shape[1], q.shape[2]
     kv_heads, seq_k = k.shape[1], k.shape[2]
     kept = kept_keys(seq_q, seq_k, causal, window, q.device)
-    rows = keeping_rows(seq_q, seq_k, causal, window)
-    empty = None
-    if len(rows) < seq_q:
-        index = torch.arange(seq_q, device=q.device)
-        empty = (index < rows.start) | (index >= rows.stop)          # (Nq,) rows keeping no key
+    empty = None                                        # (Nq,) rows keeping no key
+    if kept is not None:
+        empty = ~kept.any(dim=-1)
+    elif seq_k == 0:
+        empty = torch.ones(seq_q, dtype=torch.bool, device=q.device)
+    if empty is not None:
         # Their queries are zeroed too: SDPA's CPU backward recomputes their softmax from the
         # scores, and scores near 1e13 (values=sentinel_sweep) overflowed there to a NaN dq
         # times the zero gradient torch.where gives them.
         q = torch.where(empty[:, None], torch.zeros((), dtype=q.dtype, device=q.device), q)
     mask = bias
     if kept is not None:
-        seen = kept if empty is None else kept | empty[:, None]
+        seen = kept | empty[:, None]
         if mask is None:
             mask = torch.zeros(seen.shape, dtype=q.dtype, device=q.device)
         mask = mask.masked_fill(~seen, -math.inf)

@@ -47,9 +47,7 @@ def attention_cases(caps: Capabilities = Capabilities(), *, dtype: str | None = 
         raise InvalidArgument(f"dtype={dtype!r} is not among the declared dtypes {sorted(caps.dtypes)}")
     profile = profile or active()
     dtypes = [dtype] if dtype is not None else [d for d in DTYPES if d in caps.dtypes]
-    per_shape = caps.compiles_per_shape or (caps.plans_per_shape
-                                             and set(dtypes) <= caps.plans_per_shape)
-    if palette is None or not per_shape:
+    if palette is None or not caps.per_shape(dtypes):
         shapes = None
     elif shapes is None:
         shapes = palette_size(caps)

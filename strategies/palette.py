@@ -39,7 +39,6 @@ def subset(choices: Sequence[T], palette: int, axis: str) -> list[T]:
     return [choices[0]] + [choices[i] for i in sorted(others)]
 
 
-
 def dim_class(head_dim: int) -> int:
     """The head dim a tiled kernel pads `head_dim` to: a power of two of at least 16, what
     `tl.dot` wants (a compiled kernel's BLOCK_D constexpr: one set of binaries per class)."""

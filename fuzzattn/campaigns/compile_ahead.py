@@ -3,10 +3,11 @@
 Compiled Triton writes every binary it builds to its on-disk cache (TRITON_CACHE_DIR, by default
 ~/.triton/cache), and inductor its generated code and compiled graphs (TORCHINDUCTOR_CACHE_DIR);
 a process meeting a variant already there loads it in milliseconds instead of compiling it for
-seconds. While a rotating campaign (campaigns/rotation.py) judges palette p, a process draws cases of the palette it moves to next and runs the implementation on them
-without judging anything, so that those caches hold the next palette's binaries when the
-campaign gets there; the campaign, moving on, waits for that warm-up to end (at most WAIT s)
-rather than compiling the same binaries beside it.
+seconds. While a rotating campaign (campaigns/rotation.py) judges palette p, a process draws
+cases of the palette it moves to next and runs the implementation on them without judging
+anything, so that those caches hold the next palette's binaries when the campaign gets there;
+the campaign, moving on, waits for that warm-up to end (at most WAIT s, never past its time
+cap) rather than compiling the same binaries beside it.
 
 It is opt-in (FUZZATTN_COMPILE_AHEAD=on): its gain is one measurement so far (a cold triton_fa2
 campaign over 16 workers judged 25 cases/s with it, 19 without: benchmarks/REPORT.md), and a

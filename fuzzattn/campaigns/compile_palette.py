@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 
-from fuzzattn.contract import Capabilities, Implementation
+from fuzzattn.contract import Implementation
 from fuzzattn.triton_interpreter.backend import is_interpreted
 
 ENV = "FUZZATTN_PALETTE"
@@ -36,16 +36,10 @@ def campaign_palette(impl: Implementation, number: int, dtype: str | None = None
     mode = palette_mode()
     if mode == "off":
         return None
-    if impl.caps.compiles_per_shape or plans_per_shape(impl.caps, dtype):
+    if impl.caps.per_shape(impl.caps.dtypes if dtype is None else {dtype}):
         return number
     if impl.backend != "triton":
         return None
     if mode == "on" or not is_interpreted():
         return number
     return None
-
-
-def plans_per_shape(caps: Capabilities, dtype: str | None) -> bool:
-    """Whether a campaign of `dtype` (None: every declared dtype) builds a plan per new shape."""
-    dtypes = caps.dtypes if dtype is None else {dtype}
-    return bool(caps.plans_per_shape) and set(dtypes) <= caps.plans_per_shape

@@ -13,9 +13,9 @@ its *cause*, the way crash triagers tell bugs apart by where they strike, not by
                 variant (window, softcap, ALiBi, paging), GQA, unequal lengths, an odd Nk, a last
                 page partly filled, a dtype but the simplest declared, each configuration axis off
                 its first choice) is undone alone and the case judged again; a predicate whose
-                undoing makes the failure go away is needed. Two tensors laid out differently, when needed, stands for the per-tensor
-                layouts it implies (layout[v]!=layout[k] needs layout[k] off contiguous on one case
-                and layout[v] on another: one cause).
+                undoing makes the failure go away is needed. Two tensors laid out differently,
+                when needed, stands for the per-tensor layouts it implies (layout[v]!=layout[k]
+                needs layout[k] off contiguous on one case and layout[v] on another: one cause).
     symptom     the first failing check (with the exception type for a crash) and the keys of
                 every check its case failed: what tells causes apart when the trigger is empty
                 (the plainest case fails), and what a round's shrink holds to.

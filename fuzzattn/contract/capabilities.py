@@ -144,6 +144,13 @@ class Capabilities:
         if self.fp32_matmul not in FP32_MATMULS:
             raise ValueError(f"fp32_matmul={self.fp32_matmul!r} is not one of {FP32_MATMULS}")
 
+    def per_shape(self, dtypes) -> bool:
+        """Whether a campaign over `dtypes` meets a compile or a plan at every new shape (so a
+        palette campaign draws whole shapes from a shape palette): compiles_per_shape, or a
+        plan per shape in every one of `dtypes`."""
+        return self.compiles_per_shape or (bool(self.plans_per_shape)
+                                           and set(dtypes) <= self.plans_per_shape)
+
     def accepts_head_dim(self, d: int) -> bool:
         return d in self.head_dims if self.head_dims is not None else 1 <= d <= self.max_head_dim
 

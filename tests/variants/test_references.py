@@ -13,7 +13,6 @@ with a block mask: rms error 3.5e-4 against 1.2e-4 allowed), so the shared draws
 from __future__ import annotations
 
 import dataclasses
-import itertools
 
 import pytest
 import torch
@@ -43,7 +42,10 @@ def eager_flex(monkeypatch):
 # -- declarations ----------------------------------------------------------------------------------
 def test_the_sdpa_references_are_registered_declaring_their_variants():
     registered = implementations()
-    assert registered["sdpa_alibi"] is sdpa_alibi.IMPL and registered["sdpa_varlen"] is sdpa_varlen.IMPL
+    # Registered where a campaign has judged them: off CUDA (kernels/__init__.py says why).
+    on_cuda = torch.cuda.is_available()
+    assert registered.get("sdpa_alibi") is (None if on_cuda else sdpa_alibi.IMPL)
+    assert registered.get("sdpa_varlen") is (None if on_cuda else sdpa_varlen.IMPL)
     alibi, varlen = sdpa_alibi.CAPS, sdpa_varlen.CAPS
     assert alibi.alibi and alibi.window and not alibi.softcap and not alibi.varlen
     assert varlen.varlen and varlen.window and not varlen.softcap and not varlen.alibi
@@ -51,16 +53,7 @@ def test_the_sdpa_references_are_registered_declaring_their_variants():
     # Defects are declared where a campaign saw them: none for these yet, on any device.
     assert alibi.known_defects == varlen.known_defects == ()
     assert flex.CAPS.alibi and flex_varlen.CAPS.varlen and flex_varlen.CAPS.softcap
-    assert ("flex_varlen" in registered) == (flex.CPU_DEFECT is None)
-
-
-def test_the_rows_keeping_a_key_are_known_from_the_lengths():
-    for seq_q, seq_k, causal, left, right in itertools.product(
-            range(6), range(6), ("none", "top_left", "bottom_right"), range(-1, 7), range(-1, 7)):
-        kept = visible_keys(seq_q, seq_k, causal, window=(left, right))
-        want = [i for i in range(seq_q) if seq_k and (kept is None or bool(kept[i].any()))]
-        got = sdpa_window.keeping_rows(seq_q, seq_k, causal, (left, right))
-        assert list(got) == want, (seq_q, seq_k, causal, left, right)
+    assert "flex_varlen" not in registered          # its compiled path not judged anywhere yet
 
 
 def test_the_sdpa_bias_is_the_distance_from_the_bottom_right_diagonal():
