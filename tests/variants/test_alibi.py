@@ -19,7 +19,6 @@ from fuzzattn.contract import Capabilities, Implementation, profiles
 from fuzzattn.contract.alibi import FAMILIES, alibi_slopes, max_bias
 from fuzzattn.contract.capabilities import UnsupportedCaseError
 from fuzzattn.contract.case import CaseError
-from fuzzattn.gradients.reference_gradients import oracle_gradients
 from fuzzattn.inputs.materialize import materialize
 from fuzzattn.judgement.judge import judge
 from fuzzattn.judging.oracle import oracle
@@ -27,8 +26,8 @@ from fuzzattn.kernels.torch_tiled import IMPL as TILED, torch_tiled_forward
 from fuzzattn.relations.forward import RELATIONS
 from fuzzattn.relations.rounding import Rounding
 from fuzzattn.strategies.cases import UNBIASED_VALUES, attention_cases
-from variant_kit import (REGRESSIONS, RecordingKernel, assert_catches_only_the_mutant, case,
-                         killing_case, shipped, tensors)
+from variant_kit import (REGRESSIONS, RecordingKernel, assert_catches_only_the_mutant,
+                         assert_gradient_oracle_is_autograd, case, killing_case, shipped, tensors)
 
 ALIBI_MUTANTS = ("mutant_alibi_wrong_sign", "mutant_alibi_top_left")
 
@@ -88,21 +87,10 @@ def test_gradient_oracle_matches_autograd_with_alibi_softcap_and_window():
     c = AttentionCase(batch=1, heads=2, kv_heads=1, seq_q=3, seq_k=5, head_dim=4,
                       causal="bottom_right", window=(2, 0), softcap=1.5, alibi="scaled",
                       data_seed=3)
-    q, k, v = tensors(c)
-    dout = torch.randn(q.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
-    got = oracle_gradients(q, k, v, dout, c).grads
-    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
-    lq, lk, lv = leaves
-    lk, lv = lk.repeat_interleave(2, dim=1), lv.repeat_interleave(2, dim=1)
-    s = 1.5 * torch.tanh(c.softmax_scale * (lq @ lk.transpose(-1, -2)) / 1.5)
     i, j = torch.arange(3)[:, None], torch.arange(5)[None, :]
     slopes = torch.tensor([4 * 2.0 ** -4, 4 * 2.0 ** -8], dtype=torch.float64)
-    s = s - slopes[:, None, None] * (i + 2 - j).abs()
-    seen = (j <= i + 2) & (j >= i + 2 - 2)
-    out = torch.softmax(s.masked_fill(~seen, -math.inf), dim=-1) @ lv
-    want = torch.autograd.grad(out, leaves, dout)
-    for name, expected in zip(("dq", "dk", "dv"), want):
-        assert torch.allclose(got[name], expected, rtol=1e-10, atol=1e-12), name
+    assert_gradient_oracle_is_autograd(c, (j <= i + 2) & (j >= i + 2 - 2), dout_seed=2,
+                                       bias=-slopes[:, None, None] * (i + 2 - j).abs())
 
 
 def test_relations_hold_under_alibi_except_key_permutation():

@@ -1,10 +1,11 @@
 """What the tests of each declared variant (window and softcap, ALiBi, paged KV caches, packed
 ragged batches) share: a small case and its float64 tensors, a kernel that records the call the
-contract makes, the shipped regression files of a mutant, and the small campaign that must kill
-each mutant."""
+contract makes, the shipped regression files of a mutant, the small campaign that must kill
+each mutant, and a textbook autograd check of the gradient oracle."""
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -16,6 +17,7 @@ from fuzzattn.campaigns.campaign import fuzz
 from fuzzattn.campaigns.regression_file import RegressionFile, load
 from fuzzattn.campaigns.file_replay import replay_one
 from fuzzattn.contract import Implementation, profiles
+from fuzzattn.gradients.reference_gradients import oracle_gradients
 from fuzzattn.inputs.materialize import materialize
 from fuzzattn.run.registry import mutants
 from fuzzattn.strategies.cases import attention_cases
@@ -32,6 +34,29 @@ def case(seq_q: int, seq_k: int, **fields) -> AttentionCase:
 def tensors(c: AttentionCase) -> list[torch.Tensor]:
     """q, k, v of a case in float64, as the oracle computes."""
     return [t.double() for t in materialize(c).tensors()]
+
+
+def assert_gradient_oracle_is_autograd(c: AttentionCase, seen: torch.Tensor, *, bias=None,
+                                       dout_seed: int = 1) -> None:
+    """The gradient oracle's dq, dk, dv for `c` (one query head group, a softcap) against
+    autograd of the forward written out from the definitions: the scaled scores capped, then
+    `bias` ((Hq, Nq, Nk), or None) added, keys outside `seen` ((Nq, Nk) bool) hidden."""
+    q, k, v = tensors(c)
+    dout = torch.randn(q.shape, dtype=torch.float64,
+                       generator=torch.Generator().manual_seed(dout_seed))
+    got = oracle_gradients(q, k, v, dout, c).grads
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    lq, lk, lv = leaves
+    group = c.heads // c.kv_heads
+    lk, lv = lk.repeat_interleave(group, dim=1), lv.repeat_interleave(group, dim=1)
+    cap = c.softcap
+    s = cap * torch.tanh(c.softmax_scale * (lq @ lk.transpose(-1, -2)) / cap)
+    if bias is not None:
+        s = s + bias
+    out = torch.softmax(s.masked_fill(~seen, -math.inf), dim=-1) @ lv
+    want = torch.autograd.grad(out, leaves, dout)
+    for name, expected in zip(("dq", "dk", "dv"), want):
+        assert torch.allclose(got[name], expected, rtol=1e-10, atol=1e-12), name
 
 
 @dataclass
