@@ -22,8 +22,8 @@ Seeded bug, on purpose (PAGED_KV; PAGED_KV_FIXED is the same kernel without it):
 
 With default flags the first case drawn in each dtype's campaign holds it, and each campaign
 reports it as one row, `needs last page partial paged_kv=...`, shrunk to B=1 H=1 Nq=1 Nk=1 in
-pages of 2. tests/test_paged_example.py pins that (float32, 30 cases), and that PAGED_KV_FIXED
-passes the same campaign.
+pages of 2. tests/user_facing/test_paged_example.py pins that (float32, 30 cases), and that
+PAGED_KV_FIXED passes the same campaign.
 """
 import fuzzattn  # noqa: F401  (first: on a machine without a GPU it selects Triton's interpreter)
 
