@@ -157,7 +157,14 @@ def _run_campaign(impl, dtype, *, profile, seconds, shard, regressions_dir, know
     from fuzzattn.strategies.cases import attention_cases
     from fuzzattn.campaigns.compile_palette import campaign_palette
     entry = dict(impl=impl.name, dtype=dtype, cases=0, seconds=0.0, refused={}, failures=[],
-                 errors=[], hypothesis_seeds=[])
+                 errors=[], hypothesis_seeds=[], variants={})
+
+    def tally(case):
+        """Count the drawn case under each attention variant it uses ("plain" for none)."""
+        for variant in case.variants or ("plain",):
+            entry["variants"][variant] = entry["variants"].get(variant, 0) + 1
+        return case
+
     start = time.perf_counter()
     for run in range(SEEDS_PER_SHARD):
         left = seconds - (time.perf_counter() - start)
@@ -168,7 +175,7 @@ def _run_campaign(impl, dtype, *, profile, seconds, shard, regressions_dir, know
         # A compiled Triton kernel draws from the seed's compile palette (strategies/palette.py).
         strategy = attention_cases(impl.caps, dtype=dtype, profile=profile,
                                    palette=campaign_palette(impl, seed if palette is None else palette,
-                                                           dtype))
+                                                           dtype)).map(tally)
         result = fuzz(impl, strategy, max_examples=profile.max_examples, seconds=left,
                       hypothesis_seed_value=seed, save_to_file=True, regressions_dir=regressions_dir,
                       gradient_every=gradient_every, judge_fn=judge_fn)
@@ -267,6 +274,9 @@ def report(runs: list[dict]) -> str:
             for f in c.get("failures", []):
                 key = (c["impl"], json.dumps(f["case"], sort_keys=True))
                 findings.setdefault(key, dict(f, impl=c["impl"], found=0))["found"] += 1
+            for variant, n in c.get("variants", {}).items():
+                per_variant = t.setdefault("variants", {})
+                per_variant[variant] = per_variant.get(variant, 0) + n
     cases = sum(t["cases"] for t in totals.values())
     longest = max(sum(c["seconds"] for c in run["campaigns"]) for run in runs)
     dates = sorted(run["date"] for run in runs)
@@ -282,6 +292,14 @@ def report(runs: list[dict]) -> str:
         rate = f"{t['cases'] / t['seconds']:.1f}" if t["seconds"] else ""
         lines.append(f"| {impl} | {dtype} | {t['cases']} | {t['seconds']:.0f} | {rate} | "
                      f"{t['refused']} | {t['failures']} |")
+    drawn: dict[tuple[str, str], int] = {}
+    for (impl, _), t in totals.items():
+        for variant, n in t.get("variants", {}).items():
+            drawn[impl, variant] = drawn.get((impl, variant), 0) + n
+    if drawn:
+        lines += ["", "Cases drawn per attention variant (every dtype; a case may use several):",
+                  "", "| implementation | variant | cases drawn |", "|---|---|---:|"]
+        lines += [f"| {impl} | {variant} | {n} |" for (impl, variant), n in sorted(drawn.items())]
     lines += ["", f"{cases} cases judged in all; side by side, {cases / longest if longest else 0:.1f} "
                   f"cases/s (the longest run {longest:.0f} s)", "", "Findings:", ""]
     if not findings:

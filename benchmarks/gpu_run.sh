@@ -2,8 +2,8 @@
 # On a CUDA host, from the repository root: install this checkout over the host's torch and
 # triton, then run what benchmarks/REPORT.md's GPU tables report. Each step writes under OUT.
 #     bash benchmarks/gpu_run.sh [suite] [zoo] [campaign] [throughput] [speed] [watched] [flex] [defects]
-#                                [sdpa] [workers] [gate] [explain]
-#                                                                          (default: all but explain)
+#                                [sdpa] [workers] [gate] [variants] [references] [explain]
+#                                            (default: all but variants, references and explain)
 #   suite       `pytest -n auto` as the README runs it (tests/ and the regressions/ replays) on
 #               compiled kernels and the CUDA backends, its SUITE_DURATIONS slowest tests
 #   zoo         every mutant (or those matching the regex ZOO_ONLY) fuzzed compiled, ZOO processes
@@ -31,13 +31,19 @@
 #               for COMPILED_SECONDS each (cases/s); sdpa bf16 against fp32 in one process
 #               (stage times, and the functions a bf16 case spends its time in), and per SDPA
 #               backend a new shape's first call against repeats (benchmarks/sdpa_shapes.py)
+#   variants    the Triton kernels on the attention variants: triton_fa2 (palettes drawing window
+#               and softcap) and triton_fa2_varlen side by side, VARIANT_PROCESSES processes
+#               sharing VARIANT_SECONDS (gradients on one case in four); cases drawn per variant
+#   references  the variant references on CUDA (sdpa_alibi, sdpa_varlen, flex_varlen), each dtype
+#               over --workers auto for REFERENCE_SECONDS per command
 #   explain     `fuzzattn explain FILE --impl NAME` for each FILE:NAME in EXPLAIN (default: the
 #               flex strided-last-dim file), to narrow a CUDA-only defect's predicate
 set -uo pipefail
 OUT=${OUT:-gpu-out} CAMPAIGN_SECONDS=${CAMPAIGN_SECONDS:-300} PARTS=${PARTS:-12} ZOO=${ZOO:-16} ZOO_SECONDS=${ZOO_SECONDS:-60}
 FLEX_SECONDS=${FLEX_SECONDS:-60} SDPA_SECONDS=${SDPA_SECONDS:-120} WORKERS=${WORKERS:-2,4,8,16,32,auto} WORKER_SECONDS=${WORKER_SECONDS:-30}
 EXPLAIN=${EXPLAIN:-regressions/208e505db4d8.json:flex}
-COMPILED_SECONDS=${COMPILED_SECONDS:-120}
+COMPILED_SECONDS=${COMPILED_SECONDS:-120} VARIANT_SECONDS=${VARIANT_SECONDS:-420}
+VARIANT_PROCESSES=${VARIANT_PROCESSES:-16} REFERENCE_SECONDS=${REFERENCE_SECONDS:-120}
 STEPS=${*:-suite zoo campaign throughput speed watched flex defects sdpa workers compiled gate}
 NGPU=$(nvidia-smi -L 2>/dev/null | grep -c "^GPU") || { echo "gpu_run.sh: no GPU visible"; exit 2; }
 mkdir -p "$OUT"
@@ -189,6 +195,29 @@ compiled)
     done
     step "sdpa per backend: a new shape's first call against repeats"
     python3 benchmarks/sdpa_shapes.py --shapes 30 --repeats 3 ;;
+variants)
+    step "variants: triton_fa2 (window, softcap) and triton_fa2_varlen, $VARIANT_PROCESSES processes"
+    rm -rf "$OUT/variants"
+    # Palettes 3 and 9 draw window+softcap (strategies/palette.py); a shared palette number lets
+    # the processes share compiled binaries through Triton's cache. Half the processes each.
+    for p in $(seq 0 $(( VARIANT_PROCESSES - 1 ))); do
+        if (( p % 2 )); then impl=triton_fa2_varlen palette=$(( p / 2 % 4 )); else
+            impl=triton_fa2 palette=$(( p / 2 % 2 ? 9 : 3 )); fi
+        OMP_NUM_THREADS=1 timeout -k 10 $(( VARIANT_SECONDS + 120 )) python3 benchmarks/gpu_campaign.py \
+            --impl "$impl" --seconds "$VARIANT_SECONDS" --shard "$p" --palette "$palette" \
+            --gradient-every 4 --out "$OUT/variants" >"$OUT/variants_$p.txt" 2>&1 &
+    done; wait
+    grep -h "failures [1-9]\|Error" "$OUT"/variants_*.txt | head -n 20
+    python3 benchmarks/gpu_campaign.py --report "$OUT/variants" | tee "$OUT/variants.md" ;;
+references)
+    for spec in sdpa_alibi sdpa_varlen flex_varlen; do
+        step "reference on CUDA: $spec, $REFERENCE_SECONDS s over --workers auto"
+        python3 -m fuzzattn.cli fuzz --impl "fuzzattn.kernels.$spec:IMPL" --profile gpu \
+            --seconds "$REFERENCE_SECONDS" --workers auto --database off --max-examples 1000000 \
+            --regressions-dir "$OUT/references_$spec" >"$OUT/references_$spec.txt" 2>&1
+        echo "fuzz exit $?"
+        sed -n '/^impl  /,/^$/p; /^defects by cause/,/^$/p; /^counted without/,/^$/p' "$OUT/references_$spec.txt"
+    done ;;
 gate)
     step "fuzzattn gate, as typed"
     rm -rf "$OUT/gate"; cp -r regressions "$OUT/gate"      # what it saves stays out of the tree

@@ -12,7 +12,7 @@ ensure_backend()
 import torch  # noqa: E402
 
 from . import (flex, sdpa, sdpa_alibi, sdpa_varlen, sdpa_window,  # noqa: E402  (after ensure_backend)
-               torch_tiled, torch_varlen, triton_fa2)
+               torch_tiled, torch_varlen, triton_fa2, triton_fa2_varlen)
 
 # sdpa.BACKEND_IMPLS: one SDPA backend each, those that can run on this torch and device
 # (sdpa.UNAVAILABLE says why the others are absent).
@@ -24,7 +24,7 @@ from . import (flex, sdpa, sdpa_alibi, sdpa_varlen, sdpa_window,  # noqa: E402  
 # report stock code's known bugs as new findings. flex_varlen's compiled path has not run at all.
 # `--impl fuzzattn.kernels.sdpa_alibi:IMPL` (sdpa_varlen, flex_varlen) fuzzes one there anyway.
 UNJUDGED_ON_CUDA = (sdpa_alibi.IMPL, sdpa_varlen.IMPL)
-IMPLEMENTATIONS = ((triton_fa2.IMPL, torch_tiled.IMPL, torch_varlen.IMPL, sdpa.IMPL)
+IMPLEMENTATIONS = ((triton_fa2.IMPL, triton_fa2_varlen.IMPL, torch_tiled.IMPL, torch_varlen.IMPL, sdpa.IMPL)
                    + sdpa.BACKEND_IMPLS + (sdpa_window.IMPL,)
                    + (() if torch.cuda.is_available() else UNJUDGED_ON_CUDA)
                    + (() if flex.REGISTERED is None else (flex.REGISTERED,)))

@@ -45,8 +45,9 @@ import triton.language as tl
 
 from fuzzattn.contract import Capabilities, Implementation, refuse
 from fuzzattn.triton_interpreter.backend import ensure_backend, is_interpreted
-from fuzzattn.kernels import triton_fa2_configs, triton_fa2_variants as variants
+from fuzzattn.kernels import triton_fa2_configs, triton_fa2_launch, triton_fa2_variants as variants
 from fuzzattn.kernels.triton_fa2_backward import triton_fa2_backward
+from fuzzattn.kernels.triton_fa2_launch import launch, output_buffer
 # The configuration space is part of this kernel's interface: its names are re-exported here.
 from fuzzattn.kernels.triton_fa2_configs import (  # noqa: F401
     ALL_CONFIGS, AUTOTUNE_CONFIGS, BACKWARD_CONFIGS, BASELINE_CONFIG, CONFIG_SPACE, MAX_HEAD_DIM,
@@ -174,7 +175,8 @@ def _attend_key_blocks(
 FORWARD_UNSPECIALIZED = (
     "stride_qb", "stride_qh", "stride_kb", "stride_kh", "stride_vb", "stride_vh",
     "stride_ob", "stride_oh", "stride_lb", "stride_lh",
-    "N_QUERIES", "N_KEYS", "HEAD_DIM", "GROUP_SIZE", "CAUSAL_SHIFT", "LEFT_SHIFT")
+    "N_QUERIES", "N_KEYS", "HEAD_DIM", "GROUP_SIZE", "CAUSAL_SHIFT", "LEFT_SHIFT",
+    "SEQ_UPPER_TOP", "SEQ_UPPER_DIAGONAL", "SEQ_LOWER_DIAGONAL")
 
 
 @triton.jit(do_not_specialize=FORWARD_UNSPECIALIZED)
@@ -187,12 +189,14 @@ def fa2_fwd_kernel(
     stride_lb, stride_lh, stride_lm,
     N_QUERIES, N_KEYS, HEAD_DIM, GROUP_SIZE, CAUSAL_SHIFT, LEFT_SHIFT,
     scale, softcap,
+    CU_Q, CU_K, SEQ_UPPER_TOP, SEQ_UPPER_DIAGONAL, SEQ_LOWER_DIAGONAL,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
     IS_CAUSAL: tl.constexpr,
     HAS_LEFT: tl.constexpr,
     SOFTCAP: tl.constexpr,
+    VARLEN: tl.constexpr = False,
 ):
     # Key j is kept for row i iff i + LEFT_SHIFT <= j (HAS_LEFT) and j <= i + CAUSAL_SHIFT
     # (IS_CAUSAL: causal's diagonal or a window's right edge, whichever is nearer).
@@ -209,6 +213,24 @@ def fa2_fwd_kernel(
     l_base = L + pid_b.to(tl.int64) * stride_lb + pid_h.to(tl.int64) * stride_lh
 
     start_m = pid_m * BLOCK_M       # first query row of this tile
+    if VARLEN:
+        # Packed sequences (kernels/triton_fa2_varlen.py): pid_b is a sequence, its rows start at
+        # its cu_seqlens offsets (the batch strides are 0), and its lengths and mask edges are
+        # its own: the edges come from its diagonal Nk - Nq as triton_fa2_variants.sequence_edges.
+        q_start = tl.load(CU_Q + pid_b)
+        k_start = tl.load(CU_K + pid_b)
+        N_QUERIES = tl.load(CU_Q + pid_b + 1) - q_start
+        N_KEYS = tl.load(CU_K + pid_b + 1) - k_start
+        CAUSAL_SHIFT = tl.minimum(SEQ_UPPER_TOP, N_KEYS - N_QUERIES + SEQ_UPPER_DIAGONAL)
+        LEFT_SHIFT = N_KEYS - N_QUERIES + SEQ_LOWER_DIAGONAL
+        # A tile past its sequence's last row (max_seqlen_q sizes the grid) loads no key: its
+        # stores are all masked, and it must not read the next sequence's rows.
+        N_KEYS = tl.where(start_m < N_QUERIES, N_KEYS, 0)
+        q_base += q_start.to(tl.int64) * stride_qm
+        k_base += k_start.to(tl.int64) * stride_kn
+        v_base += k_start.to(tl.int64) * stride_vn
+        o_base += q_start.to(tl.int64) * stride_om
+        l_base += q_start.to(tl.int64) * stride_lm
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
@@ -322,70 +344,42 @@ def triton_fa2_forward(q, k, v, *, causal, scale, window=(-1, -1), softcap=0.0, 
     BASELINE_CONFIG interpreted (timing the interpreter would tune for it). `kernel` swaps in a
     kernel with fa2_fwd_kernel's signature (mutants).
     """
-    # -- validate: everything outside the declared capabilities is refused in one line ----------
-    causal, scale = CAPS.check_inputs(q, k, v, causal=causal, scale=scale)
-    window, softcap = CAPS.check_variants(window=window, softcap=softcap)
-    if not is_interpreted() and q.device.type != "cuda":
-        refuse("device", str(q.device), "cuda when compiled (set TRITON_INTERPRET=1 for CPU)")
+    causal, scale, window, softcap, config = checked_call(CAPS, q, k, v, causal, scale, window,
+                                                          softcap, config)
     batch, heads, seq_q, head_dim = q.shape
     kv_heads, seq_k = k.shape[1], k.shape[2]
+    out = output_buffer("out", out, q.shape, q.dtype, q.device)
+    lse = output_buffer("lse", lse, q.shape[:3], torch.float32, q.device)
+    upper, lower = variants.mask_edges(causal, window, seq_q, seq_k)
+    args = (q, k, v, out, lse,
+            *q.stride(), *k.stride(), *v.stride(), *out.stride(), *lse.stride(),
+            seq_q, seq_k, head_dim, heads // kv_heads,
+            upper or 0, lower or 0,                         # CAUSAL_SHIFT, LEFT_SHIFT
+            float(scale), softcap,
+            None, None, 0, 0, 0)                            # not packed: no per-sequence edges
+    meta = dict(BLOCK_D=block_d(head_dim), IS_CAUSAL=upper is not None,
+                HAS_LEFT=lower is not None, SOFTCAP=softcap > 0)
+    launch(kernel or fa2_fwd_kernel, (seq_q, heads, batch), args, meta, config)
+    return out, lse
+
+
+def checked_call(caps, q, k, v, causal, scale, window, softcap, config):
+    """Refuse, in one line, what `caps` does not take; return the normalised
+    (causal, scale, window, softcap, config) of a call (the interpreter's config: the baseline)."""
+    causal, scale = caps.check_inputs(q, k, v, causal=causal, scale=scale)
+    window, softcap = caps.check_variants(window=window, softcap=softcap)
+    if not is_interpreted() and q.device.type != "cuda":
+        refuse("device", str(q.device), "cuda when compiled (set TRITON_INTERPRET=1 for CPU)")
     if config is None and is_interpreted():
         config = BASELINE_CONFIG
     if config is not None:
         problem = config_problem(config)
         if problem:
             refuse("config", config, f"dicts over CONFIG_SPACE; {problem}")
-        why = config_invalid(config, head_dim, dtype=q.dtype)
+        why = config_invalid(config, q.shape[-1], dtype=q.dtype)
         if why:
-            refuse("config", config, f"configurations that fit head_dim={head_dim}, {q.dtype}; {why}")
-
-    # -- outputs: the caller's buffers (checked) or fresh ones -------------------------------------
-    if out is None:
-        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    elif (not isinstance(out, torch.Tensor) or out.shape != q.shape or out.dtype != q.dtype
-          or out.device != q.device or _overlaps_itself(out)):
-        refuse("out", _describe(out), f"a non-overlapping {tuple(q.shape)} {q.dtype} tensor on {q.device}")
-    if lse is None:
-        lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
-    elif (not isinstance(lse, torch.Tensor) or lse.shape != q.shape[:3] or lse.dtype != torch.float32
-          or lse.device != q.device or _overlaps_itself(lse)):
-        refuse("lse", _describe(lse), f"a non-overlapping {tuple(q.shape[:3])} float32 tensor on {q.device}")
-
-    # -- launch: one program per (query tile, query head, batch element) -------------------------
-    # The grid depends on BLOCK_M, which the autotuner picks: a callable of the launch's meta.
-    def grid(meta):
-        return (triton.cdiv(seq_q, meta["BLOCK_M"]), heads, batch)
-
-    upper, lower = variants.mask_edges(causal, window, seq_q, seq_k)
-    args = (q, k, v, out, lse,
-            *q.stride(), *k.stride(), *v.stride(), *out.stride(), *lse.stride(),
-            seq_q, seq_k, head_dim, heads // kv_heads,
-            upper or 0, lower or 0,                         # CAUSAL_SHIFT, LEFT_SHIFT
-            float(scale), softcap)
-    meta = dict(BLOCK_D=block_d(head_dim), IS_CAUSAL=upper is not None,
-                HAS_LEFT=lower is not None, SOFTCAP=softcap > 0)
-    kernel = kernel or fa2_fwd_kernel
-    if config is None and not is_interpreted():
-        autotuned(kernel)[grid](*args, **meta)        # the production path: the autotuner picks
-    else:
-        # A pinned configuration is any point of the space, not only one the autotuner times:
-        # the plain kernel launched with its meta-parameters and launch options (under the
-        # interpreter, no configuration means the article's 16x16 baseline).
-        config = config or BASELINE_CONFIG
-        kernel[grid](*args, **meta, BLOCK_M=config["BLOCK_M"], BLOCK_N=config["BLOCK_N"],
-                     num_warps=config["num_warps"], num_stages=config["num_stages"])
-    return out, lse
-
-
-def _overlaps_itself(t: torch.Tensor) -> bool:
-    """A stride-0 dimension of size > 1 would make programs write the same element: refuse it."""
-    return any(stride == 0 and size > 1 for size, stride in zip(t.shape, t.stride()))
-
-
-def _describe(t) -> str:
-    if not isinstance(t, torch.Tensor):
-        return type(t).__name__
-    return f"{tuple(t.shape)} {t.dtype} on {t.device}, strides {t.stride()}"
+            refuse("config", config, f"configurations that fit head_dim={q.shape[-1]}, {q.dtype}; {why}")
+    return causal, scale, window, softcap, config
 
 
 IMPL = Implementation(
@@ -395,6 +389,7 @@ IMPL = Implementation(
     description="FlashAttention-2 forward in Triton: configurable tiles (article's 16x16 baseline), "
                 "autotuned when compiled, staged causal skipping (both alignments), exp2, GQA, any strides.",
     backend="triton",
-    sources=(__file__, triton_fa2_configs.__file__, triton_fa2_backward.__code__.co_filename),
+    sources=(__file__, triton_fa2_configs.__file__, triton_fa2_launch.__file__,
+             triton_fa2_backward.__code__.co_filename),
     backward_fn=triton_fa2_backward,
 )

@@ -25,17 +25,24 @@ from fuzzattn.triton_interpreter.backend import ensure_backend
 ensure_backend()      # before @triton.jit below, which reads TRITON_INTERPRET when it runs
 
 
+def sequence_edges(causal: str, window: tuple[int, int]):
+    """The kept band before the lengths are known: (upper edge from the top, upper edge from the
+    diagonal Nk - Nq, lower edge from the diagonal), None for no edge. A packed kernel applies
+    them per sequence; `mask_edges` to one pair of lengths."""
+    left, right = window
+    top = 0 if causal == "top_left" else None
+    from_diagonal = ([0] if causal == "bottom_right" else []) + ([right] if right >= 0 else [])
+    return top, min(from_diagonal) if from_diagonal else None, -left if left >= 0 else None
+
+
 def mask_edges(causal: str, window: tuple[int, int], seq_q: int, seq_k: int):
     """(upper, lower) shifts of the kept band i + lower <= j <= i + upper; None for no edge."""
-    left, right = window
+    top, upper_diagonal, lower_diagonal = sequence_edges(causal, window)
     diagonal = seq_k - seq_q
-    uppers = []
-    if causal != "none":
-        uppers.append(diagonal if causal == "bottom_right" else 0)
-    if right >= 0:
-        uppers.append(diagonal + right)
+    uppers = [e for e in (top, None if upper_diagonal is None else diagonal + upper_diagonal)
+              if e is not None]
     upper = min(uppers) if uppers else None
-    lower = diagonal - left if left >= 0 else None
+    lower = None if lower_diagonal is None else diagonal + lower_diagonal
     return upper, lower
 
 

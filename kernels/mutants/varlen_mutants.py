@@ -1,14 +1,18 @@
-"""Seeded bugs in the packed varlen loop (kernels/torch_varlen.py): one source edit each.
+"""Seeded bugs in packed varlen attention: one source edit each, in the tiled loop over the
+sequences (kernels/torch_varlen.py) or in the Triton kernel's per-sequence addressing
+(kernels/triton_fa2_varlen.py, the VARLEN branch of kernels/triton_fa2.py's kernel).
 
-Both show only on packed cases with more than one sequence: a leak needs a next sequence to read
-from, and a dropped sequence needs a last one with queries besides the first.
+They show only on packed cases with more than one sequence (or lengths that differ between q
+and k): a leak needs a next sequence to read from, a dropped sequence a last one with queries
+besides the first, and a misaligned diagonal a sequence whose lengths differ.
 """
 from __future__ import annotations
 
 from pathlib import Path
 
 from fuzzattn.contract import Implementation
-from fuzzattn.kernels import torch_varlen
+from fuzzattn.kernels import torch_varlen, triton_fa2_varlen
+from fuzzattn.kernels.triton_fa2 import _attend_key_blocks, fa2_fwd_kernel
 
 from .edit import mutate
 
@@ -25,9 +29,39 @@ VARLEN_BUGS = (
      [("for b in range(len(cu_q) - 1):", "for b in range(len(cu_q) - 2):")]),
 )
 
+TRITON_VARLEN_BUGS = (
+    ("mutant_triton_varlen_keys_by_query_offsets",
+     "the kernel counts a sequence's keys with cu_seqlens_q (code written for self-attention): "
+     "keys stop short of the sequence's end or run on into the next sequence's",
+     [("N_KEYS = tl.load(CU_K + pid_b + 1) - k_start", "N_KEYS = tl.load(CU_Q + pid_b + 1) - q_start")]),
+    ("mutant_triton_varlen_square_diagonal",
+     "the kernel aligns each sequence's bottom-right diagonal and window as if its lengths were "
+     "equal (the shift Nk - Nq of the whole batch's maxima, or none, in place of its own)",
+     [("CAUSAL_SHIFT = tl.minimum(SEQ_UPPER_TOP, N_KEYS - N_QUERIES + SEQ_UPPER_DIAGONAL)",
+       "CAUSAL_SHIFT = tl.minimum(SEQ_UPPER_TOP, SEQ_UPPER_DIAGONAL)"),
+      ("LEFT_SHIFT = N_KEYS - N_QUERIES + SEQ_LOWER_DIAGONAL", "LEFT_SHIFT = SEQ_LOWER_DIAGONAL")]),
+)
+
+
+def _triton_forward(kernel, name: str):
+    def forward(q, k, v, **kwargs):
+        return triton_fa2_varlen.triton_fa2_varlen_forward(q, k, v, kernel=kernel, **kwargs)
+
+    forward.__name__ = forward.__qualname__ = name
+    return forward
+
+
 MUTANTS = tuple(
     Implementation(name=name, fn=mutate(torch_varlen.IMPL.fn, edits, name=name),
                    caps=torch_varlen.IMPL.caps, description=description,
                    mutant_of=torch_varlen.IMPL.name, backend=torch_varlen.IMPL.backend,
                    sources=(_HERE,) + torch_varlen.IMPL.sources)
-    for name, description, edits in VARLEN_BUGS)
+    for name, description, edits in VARLEN_BUGS
+) + tuple(
+    Implementation(name=name, caps=triton_fa2_varlen.IMPL.caps, description=description,
+                   fn=_triton_forward(mutate(fa2_fwd_kernel, edits, name=name,
+                                             helpers=(_attend_key_blocks,)), name),
+                   mutant_of=triton_fa2_varlen.IMPL.name, backend="triton",
+                   sources=(_HERE,) + triton_fa2_varlen.IMPL.sources,
+                   backward_fn=triton_fa2_varlen.IMPL.backward_fn)       # forward bugs only
+    for name, description, edits in TRITON_VARLEN_BUGS)

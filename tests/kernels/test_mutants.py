@@ -109,6 +109,12 @@ CAUGHT_BY = {
     "mutant_varlen_reads_next_sequence": (case(2, 2, seqlens_q=(1, 1), seqlens_k=(1, 1)), "out"),
     "mutant_varlen_drops_last_sequence": (case(2, 2, seqlens_q=(1, 1), seqlens_k=(1, 1)),
                                           "unwritten_output"),
+    # Packed Triton kernel: the first sequence's two keys counted as its one query; one query
+    # seeing two keys bottom-right sees both, as if square only the first.
+    "mutant_triton_varlen_keys_by_query_offsets": (case(2, 3, seqlens_q=(1, 1), seqlens_k=(2, 1)),
+                                                   {"out", "lse"}),
+    "mutant_triton_varlen_square_diagonal": (case(2, 3, seqlens_q=(1, 1), seqlens_k=(2, 1),
+                                                  causal="bottom_right"), {"out", "lse"}),
     # around SDPA
     "mutant_staging_buffer_aliasing": (case(), "lse"),
     "mutant_empty_rows_mean_v": (case(seq_q=2, causal="bottom_right"), "empty_rows"),
