@@ -31,9 +31,10 @@
 #               for COMPILED_SECONDS each (cases/s); sdpa bf16 against fp32 in one process
 #               (stage times, and the functions a bf16 case spends its time in), and per SDPA
 #               backend a new shape's first call against repeats (benchmarks/sdpa_shapes.py)
-#   variants    the Triton kernels on the attention variants: triton_fa2 (palettes drawing window
-#               and softcap) and triton_fa2_varlen side by side, VARIANT_PROCESSES processes
-#               sharing VARIANT_SECONDS (gradients on one case in four); cases drawn per variant
+#   variants    the Triton kernels on the attention variants: VARIANT_IMPLS (default triton_fa2 and
+#               triton_fa2_varlen) over VARIANT_PALETTES, VARIANT_PROCESSES processes side by side
+#               for VARIANT_SECONDS (shards from VARIANT_SHARD; gradients on one case in four);
+#               cases drawn per variant
 #   references  the variant references on CUDA (sdpa_alibi, sdpa_varlen, flex_varlen), each dtype
 #               over --workers auto for REFERENCE_SECONDS per command
 #   explain     `fuzzattn explain FILE --impl NAME` for each FILE:NAME in EXPLAIN (default: the
@@ -196,16 +197,16 @@ compiled)
     step "sdpa per backend: a new shape's first call against repeats"
     python3 benchmarks/sdpa_shapes.py --shapes 30 --repeats 3 ;;
 variants)
-    step "variants: triton_fa2 (window, softcap) and triton_fa2_varlen, $VARIANT_PROCESSES processes"
+    impls=(${VARIANT_IMPLS:-triton_fa2 triton_fa2_varlen}) palettes=(${VARIANT_PALETTES:-3 9 1 0})
+    step "variants: ${impls[*]} over palettes ${palettes[*]}, $VARIANT_PROCESSES processes"
     rm -rf "$OUT/variants"
-    # Palettes 3 and 9 draw window+softcap (strategies/palette.py); a shared palette number lets
-    # the processes share compiled binaries through Triton's cache. Half the processes each.
+    # Palettes 3 and 9 draw window+softcap, 1 the window, 0 softcap (strategies/palette.py); a
+    # palette shared by several processes shares its compiled binaries through Triton's cache.
     for p in $(seq 0 $(( VARIANT_PROCESSES - 1 ))); do
-        if (( p % 2 )); then impl=triton_fa2_varlen palette=$(( p / 2 % 4 )); else
-            impl=triton_fa2 palette=$(( p / 2 % 2 ? 9 : 3 )); fi
+        impl=${impls[$(( p % ${#impls[@]} ))]} palette=${palettes[$(( p / ${#impls[@]} % ${#palettes[@]} ))]}
         OMP_NUM_THREADS=1 timeout -k 10 $(( VARIANT_SECONDS + 120 )) python3 benchmarks/gpu_campaign.py \
-            --impl "$impl" --seconds "$VARIANT_SECONDS" --shard "$p" --palette "$palette" \
-            --gradient-every 4 --out "$OUT/variants" >"$OUT/variants_$p.txt" 2>&1 &
+            --impl "$impl" --seconds "$VARIANT_SECONDS" --shard "$(( p + ${VARIANT_SHARD:-0} ))" \
+            --palette "$palette" --gradient-every 4 --out "$OUT/variants" >"$OUT/variants_$p.txt" 2>&1 &
     done; wait
     grep -h "failures [1-9]\|Error" "$OUT"/variants_*.txt | head -n 20
     python3 benchmarks/gpu_campaign.py --report "$OUT/variants" | tee "$OUT/variants.md" ;;
