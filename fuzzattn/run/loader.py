@@ -20,6 +20,7 @@ import torch
 
 from fuzzattn.contract.capabilities import Capabilities
 from fuzzattn.contract.case import AttentionCase
+from fuzzattn.contract import varlen
 from fuzzattn.contract.implementation import Implementation
 from fuzzattn.run import execute
 from fuzzattn.inputs.materialize import materialize
@@ -96,6 +97,8 @@ def _check_signature(impl: Implementation, spec: str, q, k, v, case: AttentionCa
     kwargs = dict(causal=False, scale=1.0)
     if impl.caps.pass_config(case, backward=False):
         kwargs["config"] = {}
+    if impl.caps.varlen:              # every call of a varlen declaration passes the packing
+        kwargs.update(varlen.call_kwargs(case, q.device))
     try:
         signature = inspect.signature(impl.fn)
     except (TypeError, ValueError):       # a builtin or extension without one: the call tells
@@ -119,7 +122,9 @@ def _probe(impl: Implementation, spec: str) -> Implementation:
     n = max(16, impl.caps.min_seq_len)
     n += -n % impl.caps.seq_multiple
     config = {name: choices[0] for name, choices in impl.caps.configs}
-    case = AttentionCase(1, 1, 1, n, n, head_dim, dtype=dtype, config=config)
+    # A varlen declaration takes packed cases only: one sequence of n rows.
+    packing = dict(seqlens_q=(n,), seqlens_k=(n,)) if impl.caps.varlen else {}
+    case = AttentionCase(1, 1, 1, n, n, head_dim, dtype=dtype, config=config, **packing)
     inputs = materialize(case, "cuda" if torch.cuda.is_available() else "cpu")
     _check_signature(impl, spec, *inputs.tensors(), case)
     call = execute.call(impl, *inputs.tensors(), case)
