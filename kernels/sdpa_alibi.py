@@ -7,8 +7,11 @@ Variants), built here from that definition in float32 (the slopes are float32) a
 kernel and not with the oracle. Causality and the window then hide keys with -inf on top of it
 (kernels/sdpa_window.py's `masked_sdpa`, which also gives rows keeping no key out 0, lse -inf).
 
-The mask stays float32 for bf16/fp16 inputs: SDPA adds it to its fp32 scores, where a bias of
-hundreds rounded to bf16 would move a score by units. No softcap: SDPA has no score_mod.
+The bias stays float32 for bf16/fp16 inputs, where a bias of hundreds rounded to bf16 would move
+a score by units; the call is then made on float32 copies of q, k, v (out cast back, gradients
+flowing through the casts). SDPA on CUDA cannot take a float32 mask with half inputs: its
+memory-efficient kernel requires the bias in the query's dtype ("invalid dtype for bias"). No
+softcap: SDPA has no score_mod.
 """
 from __future__ import annotations
 
@@ -18,12 +21,13 @@ import torch
 
 from fuzzattn.contract import Implementation
 from fuzzattn.kernels import sdpa, sdpa_window
+from fuzzattn.kernels.sdpa_defects import KNOWN_DEFECTS
 from fuzzattn.kernels.sdpa_window import masked_sdpa
 
-# sdpa_window's declaration with ALiBi. Its CUDA known defects are sdpa_window's own cases (a
-# causal or windowed fp32 case); none is declared here until a GPU campaign shows which of them,
-# or which others, a bias meets.
-CAPS = dataclasses.replace(sdpa_window.CAPS, alibi=True, known_defects=())
+# sdpa_window's declaration with ALiBi, and the CUDA known defect a GPU campaign of it met
+# (kernels/sdpa_defects.py): without a bias it makes sdpa_window's call.
+CAPS = dataclasses.replace(sdpa_window.CAPS, alibi=True,
+                           known_defects=KNOWN_DEFECTS["sdpa_alibi"])
 
 
 def alibi_mask(slopes: torch.Tensor, seq_q: int, seq_k: int) -> torch.Tensor:
@@ -38,8 +42,12 @@ def sdpa_alibi_forward(q, k, v, *, causal, scale, window=(-1, -1), alibi_slopes=
     causal, scale = CAPS.check_inputs(q, k, v, causal=causal, scale=scale)
     window, _ = CAPS.check_variants(window=window, softcap=0.0)
     slopes = CAPS.check_alibi(alibi_slopes, q)
-    bias = None if slopes is None else alibi_mask(slopes, q.shape[2], k.shape[2])
-    return masked_sdpa(q, k, v, causal=causal, scale=scale, window=window, bias=bias)
+    if slopes is None:
+        return masked_sdpa(q, k, v, causal=causal, scale=scale, window=window)
+    bias = alibi_mask(slopes, q.shape[2], k.shape[2])
+    out, lse = masked_sdpa(q.float(), k.float(), v.float(), causal=causal, scale=scale,
+                           window=window, bias=bias)
+    return out.to(q.dtype), lse
 
 
 IMPL = Implementation(
@@ -47,6 +55,7 @@ IMPL = Implementation(
     fn=sdpa_alibi_forward,
     caps=CAPS,
     description="torch.nn.functional.scaled_dot_product_attention with the ALiBi bias, causality "
-                "and a sliding window as one explicit float32 mask, lse computed beside it in fp32.",
+                "and a sliding window as one explicit float32 mask (float32 inputs under a bias), "
+                "lse computed beside it in fp32.",
     sources=(__file__, sdpa_window.__file__, sdpa.__file__),
 )

@@ -59,6 +59,11 @@ def _bf16_far_below_zero_unmasked(case: AttentionCase) -> bool:
             and case.values == "below_sentinel")
 
 
+def _bf16_far_below_zero_unmasked_unwindowed(case: AttentionCase) -> bool:
+    """The same on sdpa_varlen, whose windows are masks: measured without a window."""
+    return _bf16_far_below_zero_unmasked(case) and not case.windowed
+
+
 def _half_bottom_right_empty_rows(case: AttentionCase) -> bool:
     """bf16/fp16 bottom-right with Nq > Nk: the first Nq - Nk rows see no key."""
     return (case.dtype in ("bfloat16", "float16") and case.causal == "bottom_right"
@@ -72,6 +77,7 @@ def _fp16_bottom_right_custom_scale(case: AttentionCase) -> bool:
 
 _EFFICIENT_STRIDE0 = "EFFICIENT_ATTENTION: wrong rows with a mask and stride-0 k/v heads"
 _CUDNN_LEAK = "CUDNN_ATTENTION: a boolean mask lets a masked key through"
+_MISALIGNED = "backward faults (misaligned address) on rows not 16-byte aligned"
 
 KNOWN_DEFECTS: dict[str, tuple[KnownDefect, ...]] = {
     "sdpa_efficient": (
@@ -85,8 +91,7 @@ KNOWN_DEFECTS: dict[str, tuple[KnownDefect, ...]] = {
                     "3b46e3e5e539.json", check="out"),
         KnownDefect(_CUDNN_LEAK + " (bf16/fp16 dispatch)", "cuda", _half_boolean_bottom_right,
                     "95f075a17216.json", check="out"),
-        KnownDefect("backward faults (misaligned address) on rows not 16-byte aligned", "cuda",
-                    _unaligned_rows, "e9ea361b7922.json", backward=True,
+        KnownDefect(_MISALIGNED, "cuda", _unaligned_rows, "e9ea361b7922.json", backward=True,
                     check="device_fault"),
         KnownDefect("CUDNN_ATTENTION backward: NaN dq, bf16 GQA bottom-right, large scores", "cuda",
                     _bf16_gqa_large_bottom_right, "439ea7a26107.json", backward=True,
@@ -104,8 +109,16 @@ KNOWN_DEFECTS: dict[str, tuple[KnownDefect, ...]] = {
     "sdpa_window": (
         KnownDefect(_EFFICIENT_STRIDE0 + " (fp32 dispatch)", "cuda", _float_mask_fp32_stride0,
                     "3b46e3e5e539.json", check="out"),
-        KnownDefect("backward faults (misaligned address) on rows not 16-byte aligned", "cuda",
-                    _unaligned_rows, "e9ea361b7922.json", backward=True,
+        KnownDefect(_MISALIGNED, "cuda", _unaligned_rows, "e9ea361b7922.json", backward=True,
                     check="device_fault"),
+    ),
+    "sdpa_alibi": (
+        KnownDefect(_MISALIGNED, "cuda", _unaligned_rows, "446bf219443a.json", backward=True,
+                    check="device_fault"),
+    ),
+    "sdpa_varlen": (
+        KnownDefect("CUDNN_ATTENTION backward: inf dq, bf16 without a mask, scores near -1e8",
+                    "cuda", _bf16_far_below_zero_unmasked_unwindowed, "0a15d32e3a6d.json",
+                    backward=True, check="grad_nonfinite"),
     ),
 }

@@ -50,8 +50,9 @@ def test_the_sdpa_references_are_registered_declaring_their_variants():
     assert alibi.alibi and alibi.window and not alibi.softcap and not alibi.varlen
     assert varlen.varlen and varlen.window and not varlen.softcap and not varlen.alibi
     assert varlen.zero_length and varlen.backward and alibi.backward
-    # Defects are declared where a campaign saw them: none for these yet, on any device.
-    assert alibi.known_defects == varlen.known_defects == ()
+    # Defects are declared where a campaign saw them: each pinned by a file the H200 wrote.
+    assert [d.regression for d in alibi.known_defects] == ["446bf219443a.json"]
+    assert [d.regression for d in varlen.known_defects] == ["0a15d32e3a6d.json"]
     assert flex.CAPS.alibi and flex_varlen.CAPS.varlen and flex_varlen.CAPS.softcap
     assert "flex_varlen" not in registered          # its compiled path not judged anywhere yet
 
@@ -159,3 +160,25 @@ def test_flex_varlen_without_the_document_test_is_caught(eager_flex, monkeypatch
     monkeypatch.setattr(flex_varlen, "document_mask",
                         lambda *args: lambda b, h, q_idx, kv_idx: q_idx >= 0)
     assert not judge(flex_varlen.IMPL, c).passed
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("slopes", [None, torch.tensor([0.5, 0.0625])])
+def test_sdpa_alibi_never_hands_sdpa_a_mask_of_another_dtype(monkeypatch, dtype, slopes):
+    """CUDA's memory-efficient SDPA refuses an additive mask whose dtype is not the query's
+    ("invalid dtype for bias"): a float32 bias with half inputs is a call on float32 copies,
+    whose out comes back in the input dtype."""
+    seen = []
+    real = sdpa_window.F.scaled_dot_product_attention
+
+    def recording(q, k, v, attn_mask=None, **kw):
+        seen.append((q.dtype, None if attn_mask is None else attn_mask.dtype))
+        return real(q, k, v, attn_mask=attn_mask, **kw)
+
+    monkeypatch.setattr(sdpa_window.F, "scaled_dot_product_attention", recording)
+    q, k, v = (torch.randn(1, 2, 5, 8, dtype=dtype) for _ in range(3))
+    out, lse = sdpa_alibi.sdpa_alibi_forward(q, k, v, causal="bottom_right", scale=0.5,
+                                             alibi_slopes=slopes)
+    assert out.dtype == dtype and lse.dtype == torch.float32
+    assert seen and all(mask is None or mask in (torch.bool, query) for query, mask in seen)
+    assert (seen[0][0] == torch.float32) == (slopes is not None or dtype == torch.float32)
