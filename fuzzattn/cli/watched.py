@@ -139,6 +139,15 @@ def _drop_superseded(saved: list, before: set) -> None:
                   f"{display_path(shrunk[0])}, in place of {display_path(written.path)}", flush=True)
 
 
+def _crashes_alone(path, spec: str) -> bool:
+    """Whether the regression file at `path` fails again when replayed alone, in a fresh
+    isolated worker (a file recording a crash always replays isolated)."""
+    from fuzzattn.isolation import watchdog
+    done = watchdog.run_watched(command(["replay", str(path), "--impl", spec]),
+                                limit=SHRINK_SECONDS, quiet=True)
+    return done.returncode == 1 or bool(done.crashes)
+
+
 def _same_defect(directory, crash) -> list:
     """(path, record) of each readable regression file of `directory` that records `crash`'s
     implementation and check."""
@@ -230,7 +239,7 @@ def save_crash(crash, args=None, directory=None, stream=None):
 def shrink(crash, written) -> None:
     """Run the crashed campaign again isolated, from the same Hypothesis seed, so Hypothesis
     reaches the case again and shrinks it in worker processes; the shrunk file replaces the one
-    just written when it records the same check. With no example database: the default one
+    just written when it records the same check and fails again replayed on its own. With no example database: the default one
     beside the scratch directory is /tmp's, shared by every shrink on the machine, and its
     saved cases, replayed first, left a shrink at Nq=17 where the seed alone reaches Nq=3."""
     from fuzzattn.campaigns.regression_file import display_path
@@ -257,6 +266,12 @@ def shrink(crash, written) -> None:
             return
         path, record = min(same, key=lambda pr: (pr[1].case.batch * pr[1].case.heads
                                                   * pr[1].case.seq_q * pr[1].case.seq_k))
+        if not _crashes_alone(path, crash.record["spec"]):
+            # A worker judges many cases: memory an earlier case corrupted can kill it on a
+            # later, innocent one, which the shrink then shrinks. A file must replay its check.
+            print(f"fuzzattn: the shrunk case ({record.case}) did not {crash.check} again on its "
+                  f"own; the case as found is kept", flush=True)
+            return
         target = Path(written.path).parent / path.name
         if not target.exists():
             shutil.copyfile(path, target)

@@ -466,3 +466,39 @@ def test_a_real_device_fault_is_saved_with_no_flag(tmp_path):
     (saved,) = tmp_path.glob("*.json")
     record = json.loads(saved.read_text())
     assert record["check"] == "device_fault" and record["case"]["seq_q"] >= 5, record
+
+
+@pytest.mark.parametrize("alone, kept", [(1, "shrunk"), (0, "found")])
+def test_a_shrunk_crash_replaces_the_found_one_only_if_it_crashes_alone(
+        tmp_path, monkeypatch, capsys, alone, kept):
+    """A worker that judged an out-of-bounds write may die on a later, innocent case, which the
+    isolated shrink then shrinks: the shrunk file is kept only if replaying it alone fails."""
+    from fuzzattn.cli import watched
+    from fuzzattn.isolation import watchdog
+    shipped = json.loads((ROOT / "regressions" / "e4bdabec1311.json").read_text())
+    shrunk = dict(shipped, impl="odd_keys", check="segfault")
+    found = tmp_path / "reg" / "found.json"
+    found.parent.mkdir()
+    found.write_text(json.dumps(dict(shrunk, case=dict(shipped["case"], data_seed=7))))
+    calls = []
+
+    def run_watched(argv, **kw):
+        calls.append(argv)
+        if "fuzz" in argv:          # the isolated shrink: it writes the shrunk file
+            scratch = Path(argv[argv.index("--regressions-dir") + 1])
+            (scratch / "shrunk.json").write_text(json.dumps(shrunk))
+            return watchdog.Ending(returncode=1)
+        return watchdog.Ending(returncode=alone)      # the replay of the shrunk file alone
+
+    monkeypatch.setattr(watchdog, "run_watched", run_watched)
+    crash = watchdog.Crash("segfault", "SIGSEGV", {
+        "impl": "odd_keys", "spec": "odd.py:ODD_KEYS",
+        "context": {"hypothesis_seed": 0, "profile": "dev"}})
+    watched.shrink(crash, type("Written", (), {"path": found, "new": True})())
+    out = capsys.readouterr().out
+    assert len(calls) == 2 and "fuzz" in calls[0] and "replay" in calls[1]
+    names = sorted(p.name for p in found.parent.iterdir())
+    if kept == "shrunk":
+        assert names == ["shrunk.json"] and "shrunk to" in out, out
+    else:
+        assert names == ["found.json"] and "did not segfault again on its own" in out, out
