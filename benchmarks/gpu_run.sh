@@ -197,11 +197,11 @@ compiled)
     step "sdpa per backend: a new shape's first call against repeats"
     python3 benchmarks/sdpa_shapes.py --shapes 30 --repeats 3 ;;
 variants)
-    impls=(${VARIANT_IMPLS:-triton_fa2 triton_fa2_varlen}) palettes=(${VARIANT_PALETTES:-3 9 1 0})
+    impls=(${VARIANT_IMPLS:-triton_fa2 triton_fa2_varlen}) palettes=(${VARIANT_PALETTES:-2 5 0 1})
     step "variants: ${impls[*]} over palettes ${palettes[*]}, $VARIANT_PROCESSES processes"
     rm -rf "$OUT/variants"
-    # Palettes 3 and 9 draw window+softcap, 1 the window, 0 softcap (strategies/palette.py); a
-    # palette shared by several processes shares its compiled binaries through Triton's cache.
+    # For triton_fa2 palette n draws window, softcap, window+softcap as n mod 3 is 0, 1, 2
+    # (palette.in_turn); a palette several processes share is compiled once, in Triton's cache.
     for p in $(seq 0 $(( VARIANT_PROCESSES - 1 ))); do
         impl=${impls[$(( p % ${#impls[@]} ))]} palette=${palettes[$(( p / ${#impls[@]} % ${#palettes[@]} ))]}
         OMP_NUM_THREADS=1 timeout -k 10 $(( VARIANT_SECONDS + 120 )) python3 benchmarks/gpu_campaign.py \

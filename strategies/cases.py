@@ -13,7 +13,7 @@ from fuzzattn.contract.profiles import Profile, active
 from .configs import configs, constrained_length
 from .layouts import layout_choices, layouts
 from .lengths import head_dim_choices, head_dims, seq_lens, seq_shapes
-from .palette import head_dim_subset, subset
+from .palette import head_dim_subset, in_turn, subset
 from .shape_palette import entries as palette_entries, palette_size
 from .values import value_profiles
 from .variants import alibis, page_sizes, softcaps, windows
@@ -90,7 +90,7 @@ class _Parts:
         # A palette draws the variants from few combinations: each one's flags are constexprs of
         # a compiled kernel, so every combination is another set of binaries (palette.py).
         self.variants = None if palette is None else st.sampled_from(
-            subset(variant_combinations(caps), palette, "variants"))
+            in_turn(variant_combinations(caps), palette))
         # A declaration of varlen gets packed cases only (fuzzattn/contract/varlen.py).
         self.packed = None if not caps.varlen else packed_lengths(
             _shapes(caps, packed_profile(profile)),

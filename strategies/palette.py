@@ -11,7 +11,7 @@ subset of the declaration: the axis's first choice (what shrinking moves toward,
 stays as simple as before) plus CHOICES_PER_AXIS - 1 others picked by n. Campaigns with other
 palette numbers (the shards of a run) see other subsets. The declared variants (window, softcap,
 ALiBi, paged KV: flags a compiled kernel takes as constexprs) are one axis of combinations, none
-first, so a palette draws plain cases and one combination. The head dims come from one group the
+first, so a palette draws plain cases and one combination, taken in turn (`in_turn`). The head dims come from one group the
 kernel builds the same binaries for (`head_dim_subset`), with no first choice kept: shrinking
 moves toward the group's first dim. Everything else stays free: lengths, batch, heads, values,
 scale, data seed. A long campaign moves on to other palettes (fuzzattn/campaigns/rotation.py),
@@ -37,6 +37,16 @@ def subset(choices: Sequence[T], palette: int, axis: str) -> list[T]:
         return list(choices)
     others = random.Random(f"{axis}:{palette}").sample(range(1, len(choices)), CHOICES_PER_AXIS - 1)
     return [choices[0]] + [choices[i] for i in sorted(others)]
+
+
+def in_turn(choices: Sequence[T], palette: int) -> list[T]:
+    """The first of `choices` and one other, taken in turn: palette n takes other n mod
+    (len - 1), so consecutive palettes (a campaign's turns, or its shards side by side) meet
+    every other choice within len - 1 of them. For the variant combinations: a random pick left
+    a 100-case campaign's four palettes without a window, which its window bug needed."""
+    if len(choices) <= CHOICES_PER_AXIS:
+        return list(choices)
+    return [choices[0], choices[1 + palette % (len(choices) - 1)]]
 
 
 def dim_class(head_dim: int) -> int:

@@ -25,7 +25,7 @@ from fuzzattn.strategies.cases import variant_combinations
 from fuzzattn.strategies.configs import valid_configs
 from fuzzattn.strategies.layouts import layout_choices
 from fuzzattn.strategies.lengths import head_dim_choices
-from fuzzattn.strategies.palette import CHOICES_PER_AXIS, dim_class, head_dim_subset, subset
+from fuzzattn.strategies.palette import CHOICES_PER_AXIS, dim_class, head_dim_subset, in_turn, subset
 
 
 def test_a_subset_keeps_the_first_choice_and_is_the_same_everywhere():
@@ -70,7 +70,7 @@ def test_a_palette_narrows_layouts_head_dims_configurations_and_variant_combinat
     assert any(n % 16 for n in lengths) and any(n and n % 16 == 0 for n in lengths)
     assert len(lengths) > 40
     # The variants: plain cases and one combination of the declared ones, not all four.
-    combos = subset(variant_combinations(impl.caps), 4, "variants")
+    combos = in_turn(variant_combinations(impl.caps), 4)
     assert len(combos) == CHOICES_PER_AXIS < len(variant_combinations(impl.caps)) == 4
     used = {tuple(name for name, on in (("window", c.windowed), ("softcap", bool(c.softcap))) if on)
             for c in seen}
@@ -179,7 +179,7 @@ def test_the_union_over_a_rotation_covers_every_head_dim_class_and_variant_combi
     palettes = [rotation.palette(t) for t in range(12)]
     assert {dim_class(d) for p in palettes for d in head_dim_subset(dims, p)} == {
         dim_class(d) for d in dims}
-    assert {c for p in palettes for c in subset(variant_combinations(impl.caps), p, "variants")
+    assert {c for p in palettes for c in in_turn(variant_combinations(impl.caps), p)
             } == set(variant_combinations(impl.caps))
     # A run of 16 shards covers every head dim within two turns.
     assert {d for p in range(2 * 16) for d in head_dim_subset(dims, p)} == set(dims)
@@ -309,6 +309,18 @@ def test_a_campaign_with_a_case_budget_sees_several_palettes():
     assert cases_per_turn(100) == 25 and cases_per_turn(100_000) == EVERY
     assert cases_per_turn(10) == MIN_TURN
     combos = {tuple(sorted(set().union(*variants)))
-              for variants in (subset(variant_combinations(triton_fa2.CAPS), p, "variants")
+              for variants in (in_turn(variant_combinations(triton_fa2.CAPS), p)
                                for p in range(TURNS))}
     assert any("window" in c for c in combos) and any("softcap" in c for c in combos), combos
+
+
+@pytest.mark.parametrize("first", [0, 1, 7, 1000])
+def test_consecutive_palettes_take_every_variant_combination_in_turn(first):
+    """Whatever a campaign's first palette, its next len - 1 palettes (turns, or shards side by
+    side) meet every combination of the declared variants, the plain cases in each."""
+    for caps in (triton_fa2.CAPS, dataclasses.replace(triton_fa2.CAPS, alibi=True,
+                                                      paged_kv=True)):
+        combos = variant_combinations(caps)
+        taken = [in_turn(combos, p) for p in range(first, first + len(combos) - 1)]
+        assert all(t[0] == () and len(t) == CHOICES_PER_AXIS for t in taken)
+        assert {t[1] for t in taken} == set(combos[1:])
