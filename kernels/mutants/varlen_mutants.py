@@ -30,10 +30,11 @@ VARLEN_BUGS = (
 )
 
 TRITON_VARLEN_BUGS = (
-    ("mutant_triton_varlen_keys_by_query_offsets",
-     "the kernel counts a sequence's keys with cu_seqlens_q (code written for self-attention): "
-     "keys stop short of the sequence's end or run on into the next sequence's",
-     [("N_KEYS = tl.load(CU_K + pid_b + 1) - k_start", "N_KEYS = tl.load(CU_Q + pid_b + 1) - q_start")]),
+    ("mutant_triton_varlen_kv_not_offset",
+     "the kernel moves q and out to each sequence's rows but not k and v: every sequence "
+     "attends to the first sequence's keys and values (a cross-sequence leak)",
+     [("k_base += k_start.to(tl.int64) * stride_kn", "k_base += 0"),
+      ("v_base += k_start.to(tl.int64) * stride_vn", "v_base += 0")]),
     ("mutant_triton_varlen_square_diagonal",
      "the kernel aligns each sequence's bottom-right diagonal and window as if its lengths were "
      "equal (the shift Nk - Nq of the whole batch's maxima, or none, in place of its own)",

@@ -109,10 +109,10 @@ CAUGHT_BY = {
     "mutant_varlen_reads_next_sequence": (case(2, 2, seqlens_q=(1, 1), seqlens_k=(1, 1)), "out"),
     "mutant_varlen_drops_last_sequence": (case(2, 2, seqlens_q=(1, 1), seqlens_k=(1, 1)),
                                           "unwritten_output"),
-    # Packed Triton kernel: the first sequence's two keys counted as its one query; one query
-    # seeing two keys bottom-right sees both, as if square only the first.
-    "mutant_triton_varlen_keys_by_query_offsets": (case(2, 3, seqlens_q=(1, 1), seqlens_k=(2, 1)),
-                                                   {"out", "lse"}),
+    # Packed Triton kernel: the second sequence reads the first's key 0 for its key 2; one
+    # query seeing two keys bottom-right sees both, as if square only the first.
+    "mutant_triton_varlen_kv_not_offset": (case(2, 3, seqlens_q=(1, 1), seqlens_k=(2, 1)),
+                                           {"out", "lse"}),
     "mutant_triton_varlen_square_diagonal": (case(2, 3, seqlens_q=(1, 1), seqlens_k=(2, 1),
                                                   causal="bottom_right"), {"out", "lse"}),
     # around SDPA
