@@ -21,6 +21,8 @@ What a production kernel does, each for a reason (comments at each place say mor
 * p = exp2(min(s - m, 0)): p <= 1 however the compiler contracts s - m, so the cast of P to
   fp16 cannot overflow.
 * Key blocks wholly inside Nk load without bounds masks; only a ragged last block pays for them.
+* Packed ragged batches (VARLEN; kernels/triton_fa2_varlen.py launches them): each program reads
+  its sequence's offsets on the device and masks by that sequence's own lengths.
 
 Kept from the article's port:
 * Offsets + masks, not `tl.make_block_ptr` (removed in triton 3.9, broken in 3.8's interpreter).
