@@ -71,8 +71,11 @@ zoo)
         | grep -E "${ZOO_ONLY:-.}")
     for z in $(seq 0 $(( ZOO - 1 ))); do
         for i in "${!MUTANTS[@]}"; do
-            (( i % ZOO == z )) && { OMP_NUM_THREADS=1 python3 -m fuzzattn.cli mutants --only "${MUTANTS[$i]}" \
-                --profile gpu --max-examples "${ZOO_CASES:-100}" --seconds "$ZOO_SECONDS"; echo "${MUTANTS[$i]} exit $?"; }
+            # A case compiling when the cap comes runs on: `timeout` bounds each mutant, so a lane
+            # ends and the table is written whatever a compile takes.
+            (( i % ZOO == z )) && { OMP_NUM_THREADS=1 timeout -k 10 $(( ZOO_SECONDS * 3 / 2 + 30 )) \
+                python3 -m fuzzattn.cli mutants --only "${MUTANTS[$i]}" --profile gpu \
+                --max-examples "${ZOO_CASES:-100}" --seconds "$ZOO_SECONDS"; echo "${MUTANTS[$i]} exit $?"; }
         done >"$OUT/zoo/lane_$z.txt" 2>&1 &
     done; wait
     # A mutant whose command printed no kill-table row: its lane's log says why.
