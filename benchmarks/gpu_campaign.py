@@ -263,6 +263,7 @@ def report(runs: list[dict]) -> str:
     side by side (all cases over the longest run), and each distinct finding once."""
     totals: dict[tuple[str, str], dict] = {}
     findings: dict[tuple[str, str], dict] = {}
+    drawn: dict[tuple[str, str], int] = {}          # (implementation, variant) -> cases drawn
     for run in runs:
         for c in run["campaigns"]:
             t = totals.setdefault((c["impl"], c["dtype"]),
@@ -275,8 +276,7 @@ def report(runs: list[dict]) -> str:
                 key = (c["impl"], json.dumps(f["case"], sort_keys=True))
                 findings.setdefault(key, dict(f, impl=c["impl"], found=0))["found"] += 1
             for variant, n in c.get("variants", {}).items():
-                per_variant = t.setdefault("variants", {})
-                per_variant[variant] = per_variant.get(variant, 0) + n
+                drawn[c["impl"], variant] = drawn.get((c["impl"], variant), 0) + n
     cases = sum(t["cases"] for t in totals.values())
     longest = max(sum(c["seconds"] for c in run["campaigns"]) for run in runs)
     dates = sorted(run["date"] for run in runs)
@@ -292,10 +292,6 @@ def report(runs: list[dict]) -> str:
         rate = f"{t['cases'] / t['seconds']:.1f}" if t["seconds"] else ""
         lines.append(f"| {impl} | {dtype} | {t['cases']} | {t['seconds']:.0f} | {rate} | "
                      f"{t['refused']} | {t['failures']} |")
-    drawn: dict[tuple[str, str], int] = {}
-    for (impl, _), t in totals.items():
-        for variant, n in t.get("variants", {}).items():
-            drawn[impl, variant] = drawn.get((impl, variant), 0) + n
     if drawn:
         lines += ["", "Cases drawn per attention variant (every dtype; a case may use several):",
                   "", "| implementation | variant | cases drawn |", "|---|---|---:|"]

@@ -239,9 +239,10 @@ def save_crash(crash, args=None, directory=None, stream=None):
 def shrink(crash, written) -> None:
     """Run the crashed campaign again isolated, from the same Hypothesis seed, so Hypothesis
     reaches the case again and shrinks it in worker processes; the shrunk file replaces the one
-    just written when it records the same check and fails again replayed on its own. With no example database: the default one
-    beside the scratch directory is /tmp's, shared by every shrink on the machine, and its
-    saved cases, replayed first, left a shrink at Nq=17 where the seed alone reaches Nq=3."""
+    just written when it records the same check and fails again replayed on its own. With no
+    example database: the default one beside the scratch directory is /tmp's, shared by every
+    shrink on the machine, and its saved cases, replayed first, left a shrink at Nq=17 where the
+    seed alone reaches Nq=3."""
     from fuzzattn.campaigns.regression_file import display_path
     from fuzzattn.isolation import watchdog
     context = crash.record["context"]
