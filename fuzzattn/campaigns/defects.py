@@ -205,16 +205,18 @@ def needed_factors(judged, caps: Capabilities, judge, owned=None) -> dict[str, s
 def cured(case: AttentionCase, trigger: dict[str, str], caps: Capabilities) -> AttentionCase | None:
     """The case with every predicate of `trigger` undone together (each one's first variant), or
     None when it does not have them all or the result cannot be judged."""
-    options = _off_plain(case, caps)
-    if any(name not in options for name in trigger):
+    if any(name not in _off_plain(case, caps) for name in trigger):
         return None
-    changes = {}
-    fields = [f.name for f in dataclasses.fields(case)]
+    # One undo after another, each on the case the last one left: a packed case's sequence
+    # predicates change the same fields (the first sequence alone, then its lengths of 0 made 1),
+    # so their changes cannot be merged field by field; one an earlier undo removed is done.
+    result = case
     for name in trigger:
-        variant = options[name][1][0]
-        changes.update({f: getattr(variant, f) for f in fields
-                        if getattr(variant, f) != getattr(case, f)})
-    result = case.replace(**changes)
+        options = _off_plain(result, caps)
+        if name in options:
+            result = options[name][1][0]
+            if result is None:
+                return None
     return result if caps.why_not(result) is None else None
 
 

@@ -12,7 +12,7 @@ from hypothesis import find, given, settings
 
 from fuzzattn import AttentionCase
 from fuzzattn.campaigns.cause_shrink import candidates
-from fuzzattn.campaigns.defects import factors, one_change_variants
+from fuzzattn.campaigns.defects import cured, factors, one_change_variants
 from fuzzattn.campaigns.sequences import EMPTY_SEQUENCE, MANY_SEQUENCES
 from fuzzattn.cli.explain import variants as explain_variants
 from fuzzattn.contract import Implementation, profiles
@@ -242,6 +242,20 @@ def test_packed_predicates_replace_the_total_lengths_ones():
     assert [v.seqlens_q for v in found[MANY_SEQUENCES]] == [(1,), (0,), (2,)]
     assert found[EMPTY_SEQUENCE][0].seqlens_q == (1, 1, 2)
     assert factors(packed((2,), (3,), heads=1), VARLEN.caps) == {}  # one, none empty: plain
+
+
+def test_undoing_two_sequence_predicates_together_gives_a_case():
+    """Both change the lengths: undone one after the other, not merged field by field (found on
+    the H200: the first sequence's q lengths beside every sequence's k lengths, a CaseError that
+    ended the campaign)."""
+    c = packed((3, 1, 2), (4, 0, 2), heads=1)
+    trigger = {MANY_SEQUENCES: "", EMPTY_SEQUENCE: ""}
+    assert set(trigger) <= set(factors(c, VARLEN.caps))
+    cure = cured(c, trigger, VARLEN.caps)
+    assert (cure.seqlens_q, cure.seqlens_k) == ((3,), (4,))    # the first sequence alone
+    assert not set(trigger) & set(factors(cure, VARLEN.caps))
+    cure = cured(c, dict(reversed(trigger.items())), VARLEN.caps)
+    assert (cure.seqlens_q, cure.seqlens_k) == ((3,), (4,))    # lengths 0 made 1, then alone
 
 
 def test_explain_names_the_sequences_a_predicate_keeps():
