@@ -35,8 +35,9 @@
 #               triton_fa2_varlen) over VARIANT_PALETTES, VARIANT_PROCESSES processes side by side
 #               for VARIANT_SECONDS (shards from VARIANT_SHARD; gradients on one case in four);
 #               cases drawn per variant
-#   references  the variant references on CUDA (sdpa_alibi, sdpa_varlen, flex_varlen), each dtype
-#               over --workers auto for REFERENCE_SECONDS per command
+#   references  the variant references on CUDA (REFERENCE_IMPLS, default sdpa_alibi, sdpa_varlen,
+#               flex_varlen), each dtype over --workers REFERENCE_WORKERS (default auto) for
+#               REFERENCE_SECONDS per command
 #   explain     `fuzzattn explain FILE --impl NAME` for each FILE:NAME in EXPLAIN (default: the
 #               flex strided-last-dim file), to narrow a CUDA-only defect's predicate
 set -uo pipefail
@@ -52,7 +53,8 @@ step() { echo; echo "== $1 ($(date +%T))"; }
 # Bytecode cached for every later process (without it each fuzzer compiles torch's lazy imports).
 export PYTHONUNBUFFERED=1 PYTHONPYCACHEPREFIX=${PYTHONPYCACHEPREFIX:-/tmp/fuzzattn-pycache}
 unset PYTHONDONTWRITEBYTECODE
-python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1 \
+# INSTALL=0: the checkout is installed already (two runs of this script side by side).
+[ "${INSTALL:-1}" = 0 ] || python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1 \
     || { echo "install failed: $OUT/install.log"; exit 1; }
 
 for s in $STEPS; do case $s in
@@ -214,10 +216,10 @@ variants)
     grep -h "failures [1-9]\|Error" "$OUT"/variants_*.txt | head -n 20
     python3 benchmarks/gpu_campaign.py --report "$OUT/variants" | tee "$OUT/variants.md" ;;
 references)
-    for spec in sdpa_alibi sdpa_varlen flex_varlen; do
-        step "reference on CUDA: $spec, $REFERENCE_SECONDS s over --workers auto"
+    for spec in ${REFERENCE_IMPLS:-sdpa_alibi sdpa_varlen flex_varlen}; do
+        step "reference on CUDA: $spec, $REFERENCE_SECONDS s over --workers ${REFERENCE_WORKERS:-auto}"
         python3 -m fuzzattn.cli fuzz --impl "fuzzattn.kernels.$spec:IMPL" --profile gpu \
-            --seconds "$REFERENCE_SECONDS" --workers auto --database off --max-examples 1000000 \
+            --seconds "$REFERENCE_SECONDS" --workers "${REFERENCE_WORKERS:-auto}" --database off --max-examples 1000000 \
             --regressions-dir "$OUT/references_$spec" >"$OUT/references_$spec.txt" 2>&1
         echo "fuzz exit $?"
         sed -n '/^impl  /,/^$/p; /^defects by cause/,/^$/p; /^counted without/,/^$/p' "$OUT/references_$spec.txt"
@@ -231,9 +233,11 @@ gate)
     tail -n 30 "$OUT/gate.txt" ;;
 explain)
     for entry in $EXPLAIN; do
-        step "explain ${entry%%:*} on ${entry##*:}"
-        python3 -m fuzzattn.cli explain "${entry%%:*}" --impl "${entry##*:}" 2>&1 \
-            | tee "$OUT/explain_$(basename "${entry%%:*}" .json)_${entry##*:}.txt"
+        # FILE:NAME, where NAME may itself be module:NAME
+        file=${entry%%:*} impl=${entry#*:}
+        step "explain $file on $impl"
+        python3 -m fuzzattn.cli explain "$file" --impl "$impl" 2>&1 \
+            | tee "$OUT/explain_$(basename "$file" .json)_${impl//[:\/]/_}.txt"
     done ;;
 *)  echo "gpu_run.sh: unknown step $s (suite, zoo, campaign, throughput, speed, watched, flex, defects, sdpa, workers, gate, explain)"; exit 2 ;;
 esac; done

@@ -77,22 +77,28 @@ def _limits():
 SPARSE_BLOCK = 128
 
 
-def _decoding_with_a_mask(case) -> bool:
-    """Flex decoding lowers calls with Nq < 128 and a power-of-two GQA group; causal calls carry
-    a block mask."""
+def decoding(case) -> bool:
+    """Flex decoding lowers calls with Nq < 128 and a power-of-two GQA group."""
     group = case.heads // case.kv_heads
-    return (case.causal != "none" and case.seq_q < SPARSE_BLOCK and group > 1
-            and group & (group - 1) == 0)
+    return case.seq_q < SPARSE_BLOCK and group > 1 and group & (group - 1) == 0
+
+
+def _decoding_with_a_mask(case) -> bool:
+    """Flex decoding, and a block mask: causal calls carry one."""
+    return case.causal != "none" and decoding(case)
+
+
+def rows_past_the_sparse_block(case) -> bool:
+    """Flex decoding stacks the G query heads of a KV head into one tile of
+    next_power_of_2(Nq * G) rows, and drops every configuration whose tile does not divide the
+    block mask's sparse block: past 128 rows none is left (regressions/ab18a9f314cb.json). Only
+    under a block mask: without one (non-causal) flex's own block spans the whole sequence, and
+    the same shapes compile (docs/CALIBRATION.md#compiles)."""
+    return case.seq_q * (case.heads // case.kv_heads) > SPARSE_BLOCK
 
 
 def _decoding_rows_past_the_sparse_block(case) -> bool:
-    """Flex decoding stacks the G query heads of a KV head into one tile of
-    next_power_of_2(Nq * G) rows, and drops every configuration whose tile does not divide the
-    block mask's sparse block: past 128 rows none is left (regressions/ab18a9f314cb.json).
-    Without a mask (non-causal) flex's own block spans the whole sequence, and the same shapes
-    compile (docs/CALIBRATION.md#compiles)."""
-    return (_decoding_with_a_mask(case)
-            and case.seq_q * (case.heads // case.kv_heads) > SPARSE_BLOCK)
+    return _decoding_with_a_mask(case) and rows_past_the_sparse_block(case)
 
 
 def _fp32_strided_last_dim_q_and_k(case) -> bool:

@@ -22,15 +22,39 @@ import dataclasses
 import torch
 
 from fuzzattn.contract import Implementation, refuse
+from fuzzattn.contract.known_defects import KnownDefect
 from fuzzattn.contract.varlen import check_packed, dense
 from fuzzattn.kernels import flex
 
+
+
+def _packed_decoding_rows_past_the_sparse_block(case) -> bool:
+    """flex's NoValidChoicesError class (kernels/flex.py) on the packed totals: the document
+    mask is a block mask whatever the causal flag."""
+    return flex.decoding(case) and flex.rows_past_the_sparse_block(case)
+
+
+def _packed_decoding_fp32_head_dim_80(case) -> bool:
+    """flex's hang class (kernels/flex.py) on the packed totals, met with B=1 H=16/4 Nq=17 D=80."""
+    return flex.decoding(case) and case.head_dim == 80 and case.dtype == "float32"
+
+
+# A hang is judged in a worker only; its file's replay is not run (campaigns/file_replay.py).
+KNOWN_DEFECTS = (
+    KnownDefect("compiled forward raises NoValidChoicesError: flex decoding of the packed totals "
+                "(Nq < 128) under the document mask, a power-of-two GQA group, Nq * group > 128",
+                "cuda", _packed_decoding_rows_past_the_sparse_block, "7140b2b50fb8.json",
+                check="crash"),
+    KnownDefect("compiled forward gives no result within minutes: flex decoding of the packed "
+                "totals under the document mask, head dim 80, fp32", "cuda",
+                _packed_decoding_fp32_head_dim_80, "e362236127c9.json", check="hang"),
+)
+
 # flex's declaration, packed: a sequence of length 0 is refused as flex's zero lengths are (a
-# block mask needs keys), ALiBi and paged KV by AttentionCase with a packed batch. flex's CUDA
-# known defects name dense lengths: none is declared here until a GPU campaign shows which a
-# packed call meets.
+# block mask needs keys), ALiBi and paged KV by AttentionCase with a packed batch. The CUDA known
+# defects are flex's decoding classes, which every packed call under 128 query rows meets.
 CAPS = None if flex.UNAVAILABLE else dataclasses.replace(
-    flex.CAPS, varlen=True, alibi=False, known_defects=())
+    flex.CAPS, varlen=True, alibi=False, known_defects=KNOWN_DEFECTS)
 
 
 def _positions(cu: list[int], device) -> tuple[torch.Tensor, torch.Tensor]:

@@ -21,9 +21,9 @@ from fuzzattn.kernels.sdpa_defects import KNOWN_DEFECTS
 from fuzzattn.kernels.sdpa_window import masked_sdpa
 
 # sdpa_window's declaration, packed. ALiBi and paged KV are per dense batch row (AttentionCase
-# refuses them with a packed batch). The CUDA known defects are those a GPU campaign of it met
-# (kernels/sdpa_defects.py); its fp16 non-finite dq (a float mask, a scale of 2) is not explained
-# yet, so it stays registered off CUDA (kernels/__init__.py).
+# refuses them with a packed batch). The CUDA known defects are those its GPU campaigns met and
+# `fuzzattn explain` narrowed (kernels/sdpa_defects.py); it stays registered off CUDA while its
+# fp16 campaigns there still find new ones (kernels/__init__.py).
 CAPS = dataclasses.replace(sdpa_window.CAPS, varlen=True,
                            known_defects=KNOWN_DEFECTS["sdpa_varlen"])
 

@@ -27,13 +27,15 @@ from fuzzattn.run.loader import load_implementation
 from fuzzattn.relations.forward import RELATIONS
 from fuzzattn.run.registry import implementations
 from fuzzattn.kernels.sdpa import sdpa_forward
-from fuzzattn.kernels import flex, triton_fa2
+from fuzzattn.kernels import flex, flex_varlen, triton_fa2
 from fuzzattn.kernels.sdpa_defects import KNOWN_DEFECTS as SDPA_DEFECTS
 from fuzzattn.strategies import attention_cases
 
 ROOT = Path(__file__).resolve().parents[2]
-# Every built-in implementation's declared upstream defects (flex is registered on CUDA only).
-KNOWN_DEFECTS = {**SDPA_DEFECTS, "flex": flex.KNOWN_DEFECTS, "triton_fa2": triton_fa2.KNOWN_DEFECTS}
+# Every built-in implementation's declared upstream defects (flex is registered on CUDA only,
+# flex_varlen nowhere: its files replay on it through their impl_spec).
+KNOWN_DEFECTS = {**SDPA_DEFECTS, "flex": flex.KNOWN_DEFECTS, "flex_varlen": flex_varlen.KNOWN_DEFECTS,
+                 "triton_fa2": triton_fa2.KNOWN_DEFECTS}
 BUILT = ROOT / "tests" / "purpose_built.py"
 LEAKY_SPEC = f"{BUILT}:BOTTOM_RIGHT_AS_TOP_LEFT"     # wrong on every bottom-right case, Nq != Nk
 EXACT_SPEC = f"{BUILT}:EXACT"                          # right on everything

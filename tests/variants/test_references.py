@@ -13,6 +13,7 @@ with a block mask: rms error 3.5e-4 against 1.2e-4 allowed), so the shared draws
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 import torch
@@ -20,6 +21,7 @@ from hypothesis import HealthCheck, given, settings
 
 from fuzzattn import AttentionCase
 from fuzzattn.campaigns.campaign import fuzz
+from fuzzattn.campaigns.regression_file import load
 from fuzzattn.contract import Implementation, profiles
 from fuzzattn.contract.varlen import relengthed
 from fuzzattn.judgement.judge import judge
@@ -29,6 +31,7 @@ from fuzzattn.run.registry import implementations
 from fuzzattn.strategies.cases import attention_cases
 
 CI = profiles.PROFILES["ci"]
+REGRESSIONS = Path(__file__).resolve().parents[2] / "regressions"
 DRAWS = settings(max_examples=10, database=None, deadline=None,
                  suppress_health_check=list(HealthCheck))
 
@@ -42,19 +45,45 @@ def eager_flex(monkeypatch):
 # -- declarations ----------------------------------------------------------------------------------
 def test_the_sdpa_references_are_registered_declaring_their_variants():
     registered = implementations()
-    # Registered where a campaign has judged them: off CUDA (kernels/__init__.py says why).
-    on_cuda = torch.cuda.is_available()
-    assert registered.get("sdpa_alibi") is (None if on_cuda else sdpa_alibi.IMPL)
-    assert registered.get("sdpa_varlen") is (None if on_cuda else sdpa_varlen.IMPL)
+    assert registered.get("sdpa_alibi") is sdpa_alibi.IMPL
+    # sdpa_varlen off CUDA only (kernels/__init__.py says why)
+    assert registered.get("sdpa_varlen") is (None if torch.cuda.is_available() else sdpa_varlen.IMPL)
     alibi, varlen = sdpa_alibi.CAPS, sdpa_varlen.CAPS
     assert alibi.alibi and alibi.window and not alibi.softcap and not alibi.varlen
     assert varlen.varlen and varlen.window and not varlen.softcap and not varlen.alibi
     assert varlen.zero_length and varlen.backward and alibi.backward
     # Defects are declared where a campaign saw them: each pinned by a file the H200 wrote.
-    assert [d.regression for d in alibi.known_defects] == ["446bf219443a.json"]
-    assert [d.regression for d in varlen.known_defects] == ["0a15d32e3a6d.json"]
+    assert [d.regression for d in alibi.known_defects] == [
+        "446bf219443a.json", "1c90478d5144.json", "789cff29fc89.json"]
+    assert [d.regression for d in varlen.known_defects] == [
+        "0a15d32e3a6d.json", "f65d7ad72b84.json", "248883c2d64e.json", "66ad3d475eba.json"]
     assert flex.CAPS.alibi and flex_varlen.CAPS.varlen and flex_varlen.CAPS.softcap
-    assert "flex_varlen" not in registered          # its compiled path not judged anywhere yet
+    assert [d.regression for d in flex_varlen.CAPS.known_defects] == [
+        "7140b2b50fb8.json", "e362236127c9.json"]
+    assert "flex_varlen" not in registered          # compile-bound: fuzzed by --impl module:NAME
+
+
+@pytest.mark.parametrize("impl, regression, passed", [
+    (sdpa_alibi.IMPL, "1c90478d5144.json", [dict(values="normal"), dict(causal="none"),
+                                            dict(dtype="float32"), dict(alibi="standard")]),
+    (sdpa_alibi.IMPL, "789cff29fc89.json", [dict(values="normal"), dict(causal="none"),
+                                            dict(dtype="float32")]),
+    (sdpa_varlen.IMPL, "f65d7ad72b84.json", [dict(values="normal"), dict(causal="none"),
+                                             dict(dtype="float32")]),
+    (sdpa_varlen.IMPL, "248883c2d64e.json", [dict(values="normal"), dict(scale=None),
+                                             dict(dtype="bfloat16"), dict(dtype="float32")]),
+    (sdpa_varlen.IMPL, "66ad3d475eba.json", [dict(scale=None), dict(causal="none"),
+                                             dict(dtype="float32")]),
+])
+def test_a_cuda_defect_declared_for_a_reference_leaves_out_what_passed_there(impl, regression,
+                                                                             passed):
+    """Each class is no wider than its measurement: the file's case is covered on CUDA, the one
+    changes that passed there (explain, or the campaign's cause) are not."""
+    defect = next(d for d in impl.caps.known_defects if d.regression == regression)
+    case = load(REGRESSIONS / regression).case
+    assert defect.covers(case, "cuda", gradients=True)
+    for change in passed:
+        assert not defect.covers(case.replace(**change), "cuda", gradients=True), change
 
 
 def test_the_sdpa_bias_is_the_distance_from_the_bottom_right_diagonal():
@@ -87,9 +116,12 @@ def test_flex_document_mask_is_block_diagonal_and_aligned_per_sequence(causal, w
 
 
 # -- the same draws, every reference against the oracle -------------------------------------------
+# The head dims both declare: flex's Triton template on CUDA takes none below 16.
+FLEX_DIMS = dict(head_dims=flex.CAPS.head_dims)
+
 @DRAWS
-@given(attention_cases(dataclasses.replace(sdpa_alibi.CAPS, zero_length=False), dtype="float32",
-                       profile=CI).filter(lambda c: bool(c.alibi)))
+@given(attention_cases(dataclasses.replace(sdpa_alibi.CAPS, zero_length=False, **FLEX_DIMS),
+                       dtype="float32", profile=CI).filter(lambda c: bool(c.alibi)))
 def test_sdpa_and_flex_agree_with_the_oracle_under_alibi(eager_flex, c):
     for impl in (sdpa_alibi.IMPL, flex.IMPL):
         report = judge(impl, c)
@@ -97,8 +129,8 @@ def test_sdpa_and_flex_agree_with_the_oracle_under_alibi(eager_flex, c):
 
 
 @DRAWS
-@given(attention_cases(dataclasses.replace(sdpa_varlen.CAPS, zero_length=False), dtype="float32",
-                       profile=CI))
+@given(attention_cases(dataclasses.replace(sdpa_varlen.CAPS, zero_length=False, **FLEX_DIMS),
+                       dtype="float32", profile=CI))
 def test_sdpa_and_flex_agree_with_the_oracle_on_packed_batches(eager_flex, c):
     for impl in (sdpa_varlen.IMPL, flex_varlen.IMPL):
         report = judge(impl, c)
