@@ -161,6 +161,8 @@ KNOWN_DEFECTS: dict[str, tuple[KnownDefect, ...]] = {
                     backward=True, check="grad_nonfinite"),
     ),
     "sdpa_alibi": (
+        KnownDefect(_EFFICIENT_STRIDE0 + " (fp32 dispatch)", "cuda",
+                    _unbiased(_float_mask_fp32_stride0), "3b46e3e5e539.json", check="out"),
         KnownDefect(_MISALIGNED, "cuda", _unaligned_rows, "446bf219443a.json", backward=True,
                     check="device_fault"),
         KnownDefect(_HALF_CAUSAL_LARGE, "cuda", _unbiased(_half_causal_large), "1c90478d5144.json",
