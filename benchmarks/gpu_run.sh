@@ -7,7 +7,7 @@
 #   suite       `pytest -n auto` as the README runs it (tests/ and the regressions/ replays) on
 #               compiled kernels and the CUDA backends, its SUITE_DURATIONS slowest tests
 #   zoo         every mutant (or those matching the regex ZOO_ONLY) fuzzed compiled, ZOO processes
-#               side by side, ZOO_SECONDS at most each
+#               side by side, ZOO_SECONDS at most each (shared by its dtype campaigns)
 #               (ZOO_CASES cases at most each, default 100)
 #   campaign    PARTS isolated campaign parts spread over the GPUs, CAMPAIGN_SECONDS each
 #   throughput  K = 1 and 16 sdpa fp32 fuzzers side by side on GPU 0, 30 s (MPS=1: under MPS)

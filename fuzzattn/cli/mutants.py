@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import statistics
 import tempfile
+import time
 
 from fuzzattn.campaigns.outcome import FAIL, KILLED, OK, SKIP, SURVIVED, Outcome
 from fuzzattn.cli import common, tables
@@ -64,7 +65,9 @@ def select(only) -> list:
 
 def run_mutants(selected, *, profile, max_examples, seconds, hypothesis_seed, progress,
                 shrink: bool = False, isolate: bool = False, timeout: float | None = None,
-                dtype: str | None = None) -> list:
+                dtype: str | None = None, mutant_seconds: float | None = None) -> list:
+    """One row per mutant. `seconds` caps each dtype campaign; `mutant_seconds` (the command's
+    --seconds) caps a mutant's campaigns together instead, shared as `_share` says."""
     # save=False already keeps files out of regressions/; the temporary directory makes sure a
     # seeded bug can never leave a file behind even if saving were switched on.
     # Without --shrink the first failing case is reported: a mutant only has to be caught, and
@@ -75,9 +78,13 @@ def run_mutants(selected, *, profile, max_examples, seconds, hypothesis_seed, pr
         for mutant in selected:
             runs = []
             declared = common.dtypes_of(mutant, None)
-            for one in ([dtype] if dtype in declared else [] if dtype else declared):
+            dtypes = [dtype] if dtype in declared else [] if dtype else list(declared)
+            started = time.monotonic()
+            for i, one in enumerate(dtypes):
                 o = common.campaign_outcome(mutant, one, profile=profile, max_examples=max_examples,
-                                        seconds=seconds, hypothesis_seed=hypothesis_seed,
+                                        seconds=seconds if mutant_seconds is None else
+                                        _share(mutant_seconds, started, len(dtypes) - i),
+                                        hypothesis_seed=hypothesis_seed,
                                         save=False, regressions_dir=scratch, progress=progress,
                                         stage="mutant", shrink=shrink, isolate=isolate,
                                         timeout=timeout, stop_at_first=True)
@@ -87,6 +94,13 @@ def run_mutants(selected, *, profile, max_examples, seconds, hypothesis_seed, pr
                     break
             outcomes.append(_mutant_outcome(mutant, runs))
     return outcomes
+
+
+def _share(seconds: float, started: float, campaigns_left: int) -> float:
+    """A dtype campaign's part of the mutant's wall-time cap: what is left of it, shared by the
+    campaigns left, so a bug only one dtype shows is still reached when an earlier dtype's
+    campaign runs to its share (what an earlier campaign leaves passes on)."""
+    return max(seconds - (time.monotonic() - started), 0.001) / campaigns_left
 
 
 def _mutant_outcome(mutant, runs):
@@ -185,12 +199,13 @@ def run(args) -> int:
         profile = common.load_profile(name)
         max_examples = args.max_examples or profile.max_examples
         outcomes = run_mutants(selected, profile=profile, max_examples=max_examples,
-                               seconds=args.seconds, hypothesis_seed=args.hypothesis_seed,
+                               seconds=None, mutant_seconds=args.seconds,
+                               hypothesis_seed=args.hypothesis_seed,
                                progress=tables.Progress(), shrink=args.shrink, isolate=isolate,
                                timeout=timeout, dtype=args.dtype)
         print(f"fuzzattn mutants: profile={profile.name} hypothesis_seed={args.hypothesis_seed} "
               f"max_examples={max_examples} per dtype campaign"
-              f"{' seconds=%g' % args.seconds if args.seconds else ''}"
+              f"{' seconds=%g per mutant' % args.seconds if args.seconds else ''}"
               f"{' isolated' if isolate else ''}{' timeout=%g' % timeout if timeout else ''}")
         _print_table(outcomes, args.shrink)
         by_profile[profile.name] = outcomes

@@ -100,6 +100,33 @@ def test_mutants_runs_one_campaign_per_dtype(capsys, monkeypatch):
     assert status == 1 and "no failure in float32 5 cases" in out, out
 
 
+def test_mutants_seconds_is_shared_by_a_mutants_dtype_campaigns(capsys, monkeypatch):
+    """--seconds caps the mutant, not each dtype campaign: an fp32 campaign with a case budget
+    it cannot spend in time stops at its share, and the fp16 campaign still runs and kills."""
+    import time
+    import fuzzattn.run.registry
+    from fuzzattn.cli import mutants
+
+    def slow_fp16_only_bug(q, k, v, **kw):
+        time.sleep(0.05)
+        return _fp16_only_bug(q, k, v, **kw)
+    caps = Capabilities(dtypes={"float32", "float16"})
+    zoo = {"mutant_fp16_only": Implementation(name="mutant_fp16_only", fn=slow_fp16_only_bug,
+                                              caps=caps, description="doubles fp16 outputs",
+                                              mutant_of="sdpa")}
+    monkeypatch.setattr(fuzzattn.run.registry, "mutants", lambda: zoo)
+    shares = []
+    real = mutants.common.campaign_outcome
+    monkeypatch.setattr(mutants.common, "campaign_outcome",
+                        lambda *a, seconds, **kw: shares.append(seconds) or real(*a, seconds=seconds, **kw))
+    status, out, _ = run(capsys, "mutants", "--max-examples", 100000, "--seconds", 4)
+    assert status == 0 and "seconds=4 per mutant" in out, out
+    row = next(line for line in out.splitlines() if line.startswith("mutant_fp16_only"))
+    assert "killed" in row and "float16" in row, row
+    assert len(shares) == 2 and shares[0] == pytest.approx(2.0, abs=0.1)   # half each, in turn
+    assert 0 < shares[1] < 2.1, shares                      # what the fp32 campaign left
+
+
 def test_mutants_with_an_empty_zoo(capsys, monkeypatch):
     import fuzzattn.run.registry
     monkeypatch.setattr(fuzzattn.run.registry, "mutants", lambda: {})
