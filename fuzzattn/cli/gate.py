@@ -3,8 +3,8 @@ that supports it, (2) fuzz every implementation within a budget, saving what it 
 --mutants, check that every seeded bug is still caught. Exit 0 only when everything passed.
 
 The budget (--budget, the wall time of (1) and (2)) is spent in order: the replay takes what it
-needs up to a quarter of it (its files side by side over the --workers processes; files not begun
-by then are skip rows), then each fuzzing campaign (one implementation and dtype, over the same
+needs up to a quarter of it (its files side by side over the --workers processes, smallest case
+first; files not begun by then are skip rows), then each fuzzing campaign (one implementation and dtype, over the same
 processes) gets an equal share of what is left, so time a quick campaign leaves unused goes to
 the later ones; --impl kernels, fuzzed first, share 60% of it when stock ones are fuzzed too.
 The gate ends within the budget plus the time to shrink what it found, and the mutant self-test.
@@ -150,7 +150,7 @@ class _Gate:
         print(f"gate: replaying {len(self.paths)} regression file(s)", flush=True)
         ends = time.monotonic() + REPLAY_SHARE * self.budget     # a clock every worker reads
         self.outcomes = replay.replay_all(
-            self.paths, self.subjects, only_given=False, progress=self.progress,
+            replay.smallest_first(self.paths), self.subjects, only_given=False, progress=self.progress,
             isolate=self.isolate, timeout=self.timeout, processes=pool,
             given=tuple(self.args.impl), probe_isolated=self.probe_isolated, one_file_too=True,
             deadline=ends)

@@ -60,6 +60,21 @@ def any_needs_isolation(paths) -> bool:
     return False
 
 
+def smallest_first(paths) -> list:
+    """The files by the size of their case (its multiply-adds), smallest first, so a replay cut
+    by a deadline leaves out the fewest: a campaign on a GPU saves cases large enough to take
+    seconds each under the CPU interpreter. A file that does not load goes first (its row is an
+    error whatever the budget)."""
+    from fuzzattn.campaigns.regression_file import RegressionFileError, load
+
+    def size(path) -> int:
+        try:
+            return load(path).case.macs
+        except RegressionFileError:
+            return -1
+    return sorted(paths, key=size)
+
+
 def replay_all(paths, subjects, *, only_given: bool, progress, isolate: bool = False,
                timeout: float | None = None, outcomes: list | None = None,
                processes=None, given: tuple = (), probe_isolated: bool = False,

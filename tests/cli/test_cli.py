@@ -377,6 +377,19 @@ def test_gate_replay_takes_at_most_its_share_and_names_what_it_left(capsys, tmp_
     assert "--budget" in out and "gives it ~10 s" in out          # what a campaign would need
 
 
+def test_gate_replays_the_smallest_cases_first(tmp_path):
+    """A replay cut by its share then leaves out the fewest files (a GPU campaign's large cases
+    take seconds each under the interpreter); a file that does not load comes first."""
+    from fuzzattn.cli.replay import smallest_first
+    shipped = sorted((Path(__file__).resolve().parents[2] / "regressions").glob("*.json"))
+    broken = tmp_path / "broken.json"
+    broken.write_text("{")
+    ordered = smallest_first(shipped + [broken])
+    assert ordered[0] == broken and sorted(ordered[1:]) == shipped
+    sizes = [load(path).case.macs for path in ordered[1:]]
+    assert sizes == sorted(sizes) and sizes[0] < sizes[-1]
+
+
 def test_gate_gives_the_brought_kernel_most_of_the_fuzzing_time(capsys, monkeypatch, broken,
                                                                  tmp_path):
     shares = []
