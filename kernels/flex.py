@@ -98,6 +98,7 @@ def rows_past_the_sparse_block(case) -> bool:
 
 
 def _decoding_rows_past_the_sparse_block(case) -> bool:
+    """The NoValidChoicesError class: decoding, causal (a block mask), rows past 128."""
     return _decoding_with_a_mask(case) and rows_past_the_sparse_block(case)
 
 

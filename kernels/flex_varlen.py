@@ -27,7 +27,6 @@ from fuzzattn.contract.varlen import check_packed, dense
 from fuzzattn.kernels import flex
 
 
-
 def _packed_decoding_rows_past_the_sparse_block(case) -> bool:
     """flex's NoValidChoicesError class (kernels/flex.py) on the packed totals: the document
     mask is a block mask whatever the causal flag."""
@@ -52,7 +51,8 @@ KNOWN_DEFECTS = (
 
 # flex's declaration, packed: a sequence of length 0 is refused as flex's zero lengths are (a
 # block mask needs keys), ALiBi and paged KV by AttentionCase with a packed batch. The CUDA known
-# defects are flex's decoding classes, which every packed call under 128 query rows meets.
+# defects are flex's decoding classes: with a power-of-two GQA group, a packed call under 128
+# query rows takes flex decoding under a block mask, causal or not.
 CAPS = None if flex.UNAVAILABLE else dataclasses.replace(
     flex.CAPS, varlen=True, alibi=False, known_defects=KNOWN_DEFECTS)
 
