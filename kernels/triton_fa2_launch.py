@@ -38,6 +38,7 @@ def launch(kernel, rows_heads_batch, args, meta, config):
         kernel[grid](*args, **meta, BLOCK_M=config["BLOCK_M"], BLOCK_N=config["BLOCK_N"],
                      num_warps=config["num_warps"], num_stages=config["num_stages"])
 
+
 def _overlaps_itself(t: torch.Tensor) -> bool:
     """A stride-0 dimension of size > 1 would make programs write the same element: refuse it."""
     return any(stride == 0 and size > 1 for size, stride in zip(t.shape, t.stride()))

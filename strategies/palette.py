@@ -11,11 +11,12 @@ subset of the declaration: the axis's first choice (what shrinking moves toward,
 stays as simple as before) plus CHOICES_PER_AXIS - 1 others picked by n. Campaigns with other
 palette numbers (the shards of a run) see other subsets. The declared variants (window, softcap,
 ALiBi, paged KV: flags a compiled kernel takes as constexprs) are one axis of combinations, none
-first, so a palette draws plain cases and one combination, taken in turn (`in_turn`). The head dims come from one group the
-kernel builds the same binaries for (`head_dim_subset`), with no first choice kept: shrinking
-moves toward the group's first dim. Everything else stays free: lengths, batch, heads, values,
-scale, data seed. A long campaign moves on to other palettes (fuzzattn/campaigns/rotation.py),
-so what one palette leaves out (a head dim past 32, a Q load past D) comes over its turns.
+first, so a palette draws plain cases and one combination, taken in turn (`in_turn`). The head
+dims come from one group the kernel builds the same binaries for (`head_dim_subset`), with no
+first choice kept: shrinking moves toward the group's first dim. Everything else stays free:
+lengths, batch, heads, values, scale, data seed. A long campaign moves on to other palettes
+(fuzzattn/campaigns/rotation.py), so what one palette leaves out (a head dim past 32, a Q load
+past D) comes over its turns.
 """
 from __future__ import annotations
 

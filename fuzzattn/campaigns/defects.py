@@ -205,7 +205,8 @@ def needed_factors(judged, caps: Capabilities, judge, owned=None) -> dict[str, s
 def cured(case: AttentionCase, trigger: dict[str, str], caps: Capabilities) -> AttentionCase | None:
     """The case with every predicate of `trigger` undone together (each one's first variant), or
     None when it does not have them all or the result cannot be judged."""
-    if any(name not in _off_plain(case, caps) for name in trigger):
+    held = _off_plain(case, caps)
+    if any(name not in held for name in trigger):
         return None
     # One undo after another, each on the case the last one left: a packed case's sequence
     # predicates change the same fields (the first sequence alone, then its lengths of 0 made 1),

@@ -4,8 +4,8 @@ that supports it, (2) fuzz every implementation within a budget, saving what it 
 
 The budget (--budget, the wall time of (1) and (2)) is spent in order: the replay takes what it
 needs up to a quarter of it (its files side by side over the --workers processes, smallest case
-first; files not begun by then are skip rows), then each fuzzing campaign (one implementation and dtype, over the same
-processes) gets an equal share of what is left, so time a quick campaign leaves unused goes to
+first; files not begun by then are skip rows), then each fuzzing campaign (one implementation
+and dtype, over the same processes) gets an equal share of what is left, so time a quick campaign leaves unused goes to
 the later ones; --impl kernels, fuzzed first, share 60% of it when stock ones are fuzzed too.
 The gate ends within the budget plus the time to shrink what it found, and the mutant self-test.
 
